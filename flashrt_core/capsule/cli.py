@@ -1,0 +1,33 @@
+"""`flashrt capsule inspect PATH`: print an exported capsule's manifest and verify every checksum."""
+from __future__ import annotations
+
+import json
+import sys
+
+from flashrt_core.capsule.diskfmt import inspect
+
+
+def capsule_inspect(path, out=None) -> int:
+    """Print the manifest and one line per check; 0 if every check passes, else 1."""
+    out = out or sys.stdout
+    manifest, checks = inspect(path)
+    if manifest is not None:
+        shown = {k: v for k, v in manifest.items() if k not in ("buffers", "meta")}
+        print(json.dumps(shown, indent=1, sort_keys=True), file=out)
+        print(f"meta keys: {sorted(manifest.get('meta', {}))}", file=out)
+        for name, spec in manifest.get("buffers", {}).items():
+            print(f"  {name:<32} {spec.get('dtype')} {spec.get('shape')} {spec.get('nbytes')} bytes", file=out)
+    for check in checks:
+        print(f"{'OK  ' if check.ok else 'FAIL'} {check.item}: {check.detail}", file=out)
+    failed = sum(not c.ok for c in checks)
+    print(f"{len(checks) - failed} checks passed, {failed} failed", file=out)
+    return 1 if failed else 0
+
+
+def add_subparsers(subparsers) -> None:
+    """Register `capsule inspect PATH` on an argparse subparsers object; the handler is in `func`."""
+    capsule = subparsers.add_parser("capsule", help="inspect exported execution-state capsules")
+    verbs = capsule.add_subparsers(dest="capsule_verb", required=True)
+    insp = verbs.add_parser("inspect", help="print the manifest and verify every buffer checksum")
+    insp.add_argument("path", help="capsule folder (or its manifest.json / buffers.safetensors)")
+    insp.set_defaults(func=lambda args: capsule_inspect(args.path))

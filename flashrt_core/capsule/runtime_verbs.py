@@ -1,0 +1,101 @@
+"""The capsule verbs of `Runtime`, as functions of a runtime, bound as methods by the contract module.
+
+A runtime provides `persistent_buffers() -> {name: tensor}` (the live, graph-captured buffers),
+`runtime_meta() -> dict` (decision counter, stamps, RNG state, prompt state), `apply_meta(meta)`,
+`fingerprint_fields() -> dict` (model, weights_digest, precision and optionally layout) and a `capsules`
+attribute that starts as None; the store is created on first use.
+"""
+from __future__ import annotations
+
+from flashrt_core.capsule.fingerprint import Fingerprint, fingerprint
+from flashrt_core.capsule.store import CapsuleStore
+from flashrt_core.errors import CapsuleError
+
+
+def runtime_fingerprint(rt) -> Fingerprint:
+    fields = dict(rt.fingerprint_fields())
+    if "layout" not in fields:
+        fields["layout"] = rt.persistent_buffers()
+    try:
+        return fingerprint(fields["model"], fields["weights_digest"], fields["precision"], fields["layout"])
+    except KeyError as exc:
+        raise CapsuleError(f"runtime fingerprint_fields() lacks field {exc}") from exc
+
+
+def _device_of(rt):
+    buffers = rt.persistent_buffers()
+    return next(iter(buffers.values())).device if buffers else "cpu"
+
+
+def configure_capsules(rt, *, budgets=None, on_full="refuse", disk_dir=None, ring=0) -> CapsuleStore:
+    """Create (or replace, if none exists yet) the runtime's capsule store with these options."""
+    if getattr(rt, "capsules", None) is not None and rt.capsules.list():
+        raise CapsuleError("configure_capsules: the runtime already holds capsules; drop them first")
+    rt.capsules = CapsuleStore(runtime_fingerprint(rt), device=_device_of(rt), budgets=budgets,
+                               on_full=on_full, disk_dir=disk_dir, ring=ring)
+    return rt.capsules
+
+
+def capsule_store(rt) -> CapsuleStore:
+    if getattr(rt, "capsules", None) is None:
+        import tempfile
+
+        # Without explicit options the disk tier still works, in a private temporary folder.
+        configure_capsules(rt, disk_dir=tempfile.mkdtemp(prefix="flashrt_capsules_"))
+    return rt.capsules
+
+
+def _checked_store(rt, what: str) -> CapsuleStore:
+    """The store, after checking the runtime was not re-configured under it (other weights, dtype, layout)."""
+    store = capsule_store(rt)
+    live = runtime_fingerprint(rt)
+    if live != store.fingerprint:
+        diffs = "; ".join(store.fingerprint.diff(live))
+        raise CapsuleError(f"{what}: the runtime's fingerprint changed since its capsules were made "
+                           f"(capsules != runtime): {diffs}")
+    return store
+
+
+def snapshot(rt, name: str, tier: str = "device") -> str:
+    return _checked_store(rt, f"snapshot {name!r}").snapshot(name, tier, rt.persistent_buffers(), rt.runtime_meta())
+
+
+def restore(rt, capsule_id: str) -> dict:
+    """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch."""
+    meta = _checked_store(rt, f"restore of {capsule_id}").restore(capsule_id, rt.persistent_buffers())
+    rt.apply_meta(meta)
+    return meta
+
+
+def fork(rt, capsule_id: str, name: str) -> str:
+    return capsule_store(rt).fork(capsule_id, name)
+
+
+def list_capsules(rt) -> list[dict]:
+    return [] if getattr(rt, "capsules", None) is None else rt.capsules.list()
+
+
+def drop_capsule(rt, capsule_id: str) -> None:
+    if getattr(rt, "capsules", None) is None:
+        raise CapsuleError(f"unknown capsule id {capsule_id!r} (known: none)")
+    rt.capsules.drop(capsule_id)
+
+
+def move_capsule(rt, capsule_id: str, tier: str) -> None:
+    capsule_store(rt).move(capsule_id, tier)
+
+
+def export_capsule(rt, capsule_id: str, path) -> None:
+    capsule_store(rt).export(capsule_id, path)
+
+
+def import_capsule(rt, path, tier: str = "host") -> str:
+    return _checked_store(rt, f"import of {path}").import_(path, tier)
+
+
+def record_decision(rt) -> str | None:
+    """Called by the runtime after each decision: feeds the time-travel ring when it is on."""
+    store = getattr(rt, "capsules", None)
+    if store is None or store.ring == 0:
+        return None
+    return store.record(rt.persistent_buffers(), rt.runtime_meta())

@@ -1,0 +1,329 @@
+"""CapsuleStore: named copies of a runtime's persistent buffers in device, host or disk tiers.
+
+Every capsule of a store shares the store's fingerprint (and so its buffer layout). Restore validates
+everything it can before the first byte moves, so a refused restore leaves the live tensors untouched;
+copies land in place, so CUDA graphs captured over the live buffers stay valid. Budgets bound each tier;
+when one is full the store either refuses or evicts the oldest capsules one tier down (device -> host ->
+disk), and never drops a capsule on its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import secrets
+import shutil
+import threading
+import time
+from typing import Mapping
+
+import torch
+
+from flashrt_core.capsule import diskfmt
+from flashrt_core.capsule.fingerprint import Fingerprint, dtype_name, shape_text
+from flashrt_core.capsule.slab import Copier, Slab, layout_nbytes
+from flashrt_core.errors import CapsuleError
+
+TIERS = ("device", "host", "disk")
+_NEXT = {"device": "host", "host": "disk", "disk": None}
+
+
+@dataclasses.dataclass
+class _Capsule:
+    id: str
+    name: str
+    tier: str
+    nbytes: int
+    created: float
+    seq: int
+    meta_json: str
+    decision_id: object = None
+    slab: Slab | None = None  # device / host tiers
+    path: pathlib.Path | None = None  # disk tier
+    ring: bool = False
+
+
+class CapsuleStore:
+    def __init__(self, fingerprint: Fingerprint, *, device="cpu", budgets: Mapping | None = None,
+                 on_full: str = "refuse", disk_dir=None, ring: int = 0):
+        if on_full not in ("refuse", "evict"):
+            raise CapsuleError(f"on_full must be 'refuse' or 'evict', got {on_full!r}")
+        budgets = dict(budgets or {})
+        unknown = set(budgets) - set(TIERS)
+        if unknown:
+            raise CapsuleError(f"budgets: unknown tier(s) {sorted(unknown)}; tiers are {list(TIERS)}")
+        for tier, value in budgets.items():
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise CapsuleError(f"budgets[{tier!r}] must be a byte count >= 0 or None, got {value!r}")
+        if not isinstance(ring, int) or ring < 0:
+            raise CapsuleError(f"ring must be an int >= 0, got {ring!r}")
+        self.fingerprint = fingerprint
+        self.device = torch.device(device)
+        self.budgets = {t: budgets.get(t) for t in TIERS}
+        self.on_full = on_full
+        self.disk_dir = pathlib.Path(disk_dir) if disk_dir is not None else None
+        self.ring = ring
+        self.capsule_bytes = layout_nbytes(fingerprint.layout)
+        self._pinned = torch.cuda.is_available()
+        self._copier = Copier()
+        self._caps: dict[str, _Capsule] = {}
+        self._seq = 0
+        self._tag = secrets.token_hex(2)  # keeps ids of two stores sharing a disk_dir apart
+        self._ring_slots: list[Slab] = []
+        self._ring_ids: list[str | None] = []
+        self._ring_next = 0
+        self._lock = threading.RLock()  # ROS services and the control loop may call from different threads
+
+    # ---------------------------------------------------------------- public verbs
+    def snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str:
+        self._check_tier(tier)
+        self._check_buffers(tensors, f"snapshot {name!r}")
+        meta_json = diskfmt.meta_to_json(meta)
+        with self._lock:
+            self._make_room(tier, self.capsule_bytes, protect=set(), for_what=f"snapshot {name!r}")
+            cap = self._new(name, tier, meta_json, meta.get("decision_id"))
+            if tier == "disk":
+                staging = self._slab("host")
+                staging.ready = self._copier.side_copy(*self._pairs(staging.views, tensors))
+                staging.wait_host()
+                self._write_disk(cap, staging.views)
+            else:
+                cap.slab = self._slab(tier)
+                cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
+            self._caps[cap.id] = cap
+            return cap.id
+
+    def restore(self, capsule_id: str, into: Mapping[str, torch.Tensor]) -> dict:
+        """Copy a capsule into the live tensors in place; returns its meta. Validates all before copying."""
+        with self._lock:
+            cap = self._get(capsule_id)
+            self._check_buffers(into, f"restore of capsule {capsule_id}")
+            if cap.tier == "disk":
+                source, after = self._load_disk(cap, f"restore of capsule {capsule_id}"), None
+            else:
+                source, after = cap.slab.views, cap.slab.ready
+            self._copier.inline_copy(*self._pairs(into, source), after=after)
+            return diskfmt.meta_from_json(cap.meta_json)
+
+    def fork(self, capsule_id: str, name: str) -> str:
+        """A new, independent capsule with the same buffers and meta, in the source's tier."""
+        with self._lock:
+            src = self._get(capsule_id)
+            tier = "device" if src.ring else src.tier
+            self._make_room(tier, self.capsule_bytes, protect={src.id}, for_what=f"fork {name!r} of {src.id}")
+            cap = self._new(name, tier, src.meta_json, decision_id=src.decision_id)
+            if src.tier == "disk":
+                source = self._load_disk(src, f"fork of capsule {src.id}")
+            else:
+                source = src.slab.views  # its snapshot copy is already ordered before ours (see Copier)
+            if tier == "disk":
+                self._write_disk(cap, source)
+            else:
+                cap.slab = self._slab(tier)
+                cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, source))
+            self._caps[cap.id] = cap
+            return cap.id
+
+    def list(self) -> list[dict]:
+        with self._lock:
+            return [{"id": c.id, "name": c.name, "tier": c.tier, "bytes": c.nbytes, "created": c.created,
+                     "decision_id": c.decision_id, "ring": c.ring}
+                    for c in sorted(self._caps.values(), key=lambda c: c.seq)]
+
+    def drop(self, capsule_id: str) -> None:
+        with self._lock:
+            cap = self._get(capsule_id)
+            del self._caps[cap.id]
+            if cap.ring:
+                self._ring_ids[self._ring_ids.index(cap.id)] = None
+            if cap.path is not None:
+                shutil.rmtree(cap.path, ignore_errors=True)
+
+    def move(self, capsule_id: str, tier: str) -> None:
+        self._check_tier(tier)
+        with self._lock:
+            cap = self._get(capsule_id)
+            if cap.ring:
+                raise CapsuleError(f"capsule {cap.id} lives in the time-travel ring; fork it to keep or move it")
+            if cap.tier == tier:
+                return
+            self._make_room(tier, cap.nbytes, protect={cap.id}, for_what=f"move of {cap.id} to {tier}")
+            self._relocate(cap, tier)
+
+    def export(self, capsule_id: str, path) -> None:
+        with self._lock:
+            cap = self._get(capsule_id)
+            if cap.tier == "disk":
+                tensors = self._load_disk(cap, f"export of capsule {cap.id}")
+            else:
+                cap.slab.wait_host()
+                tensors = cap.slab.views
+            diskfmt.write_capsule(path, capsule_id=cap.id, name=cap.name, created=cap.created,
+                                  fingerprint=self.fingerprint.to_dict(),
+                                  fingerprint_digest=self.fingerprint.digest(), meta_json=cap.meta_json,
+                                  tensors=tensors)
+
+    def import_(self, path, tier: str = "host") -> str:
+        """Load an exported capsule into `tier` (a new id); refuses other fingerprints and corrupt files."""
+        self._check_tier(tier)
+        what = f"import of {diskfmt.capsule_dir(path)}"
+        manifest, mcheck = diskfmt.read_manifest(path)
+        if not mcheck.ok:
+            raise CapsuleError(f"{what}: {mcheck.detail}")
+        theirs = Fingerprint.from_dict(manifest["fingerprint"])
+        diffs = self.fingerprint.diff(theirs)
+        if diffs:
+            raise CapsuleError(f"{what}: fingerprint differs (this runtime != file): " + "; ".join(diffs))
+        manifest, tensors = diskfmt.load_capsule(path, what)
+        meta = diskfmt.decode_meta(manifest["meta"])
+        meta_json = diskfmt.meta_to_json(meta)
+        with self._lock:
+            self._make_room(tier, self.capsule_bytes, protect=set(), for_what=what)
+            cap = self._new(str(manifest.get("name", "")), tier, meta_json, meta.get("decision_id"))
+            if tier == "disk":
+                self._write_disk(cap, tensors)
+            else:
+                cap.slab = self._slab(tier)
+                cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
+            self._caps[cap.id] = cap
+            return cap.id
+
+    def record(self, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str | None:
+        """Time travel: keep this decision in a ring of the last `ring` decisions (None when ring=0)."""
+        if self.ring == 0:
+            return None
+        self._check_buffers(tensors, "time-travel record")
+        meta_json = diskfmt.meta_to_json(meta)
+        with self._lock:
+            if not self._ring_slots:
+                # Reserve every slot once, so a decision never allocates; the ring counts against the device budget.
+                self._make_room("device", self.ring * self.capsule_bytes, protect=set(),
+                                for_what=f"time-travel ring of {self.ring}")
+                self._ring_slots = [self._slab("device") for _ in range(self.ring)]
+                self._ring_ids = [None] * self.ring
+            i = self._ring_next % self.ring
+            self._ring_next += 1
+            if self._ring_ids[i] is not None:
+                self._caps.pop(self._ring_ids[i], None)
+            cap = self._new(f"ring/{self._ring_next}", "device", meta_json, meta.get("decision_id"))
+            cap.ring, cap.slab = True, self._ring_slots[i]
+            cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
+            self._caps[cap.id] = cap
+            self._ring_ids[i] = cap.id
+            return cap.id
+
+    def used(self, tier: str) -> int:
+        """Bytes a tier holds (the ring's reserved slots count as device bytes)."""
+        with self._lock:
+            held = sum(c.nbytes for c in self._caps.values() if c.tier == tier and not c.ring)
+            return held + (len(self._ring_slots) * self.capsule_bytes if tier == "device" else 0)
+
+    # ---------------------------------------------------------------- internals
+    def _check_tier(self, tier: str) -> None:
+        if tier not in TIERS:
+            raise CapsuleError(f"tier must be one of {list(TIERS)}, got {tier!r}")
+        if tier == "disk" and self.disk_dir is None:
+            raise CapsuleError("tier 'disk' needs a disk_dir; create the CapsuleStore with disk_dir=...")
+
+    def _check_buffers(self, tensors: Mapping[str, torch.Tensor], what: str) -> None:
+        layout = self.fingerprint.layout
+        missing = [n for n in layout if n not in tensors]
+        extra = [n for n in tensors if n not in layout]
+        if missing or extra:
+            raise CapsuleError(f"{what}: buffers do not match the fingerprint layout: "
+                               f"missing {missing}, unexpected {extra}")
+        for name, (shape, dtype) in layout.items():
+            t = tensors[name]
+            if tuple(t.shape) != shape or dtype_name(t.dtype) != dtype:
+                raise CapsuleError(f"{what}: buffer {name} is {dtype_name(t.dtype)} {shape_text(t.shape)}, "
+                                   f"the fingerprint says {dtype} {shape_text(shape)}")
+
+    def _get(self, capsule_id: str) -> _Capsule:
+        cap = self._caps.get(capsule_id)
+        if cap is None:
+            known = ", ".join(sorted(self._caps)) or "none"
+            raise CapsuleError(f"unknown capsule id {capsule_id!r} (known: {known})")
+        return cap
+
+    def _new(self, name: str, tier: str, meta_json: str, decision_id) -> _Capsule:
+        self._seq += 1
+        return _Capsule(id=f"c{self._seq:04d}-{self._tag}", name=str(name), tier=tier, nbytes=self.capsule_bytes,
+                        created=time.time(), seq=self._seq, meta_json=meta_json, decision_id=decision_id)
+
+    def _slab(self, tier: str) -> Slab:
+        if tier == "device":
+            return Slab(self.fingerprint.layout, self.device)
+        return Slab(self.fingerprint.layout, torch.device("cpu"), pinned=self._pinned)
+
+    @staticmethod
+    def _pairs(dst: Mapping[str, torch.Tensor], src: Mapping[str, torch.Tensor]):
+        names = list(dst)
+        return [dst[n] for n in names], [src[n] for n in names]
+
+    def _write_disk(self, cap: _Capsule, tensors: Mapping[str, torch.Tensor]) -> None:
+        path = self.disk_dir / cap.id
+        diskfmt.write_capsule(path, capsule_id=cap.id, name=cap.name, created=cap.created,
+                              fingerprint=self.fingerprint.to_dict(), fingerprint_digest=self.fingerprint.digest(),
+                              meta_json=cap.meta_json, tensors=tensors)
+        cap.path, cap.tier = path, "disk"
+
+    def _load_disk(self, cap: _Capsule, what: str) -> dict[str, torch.Tensor]:
+        manifest, tensors = diskfmt.load_capsule(cap.path, what)
+        diffs = self.fingerprint.diff(Fingerprint.from_dict(manifest["fingerprint"]))
+        if diffs:
+            raise CapsuleError(f"{what}: file {cap.path} has another fingerprint (runtime != file): "
+                               + "; ".join(diffs))
+        return tensors
+
+    def _relocate(self, cap: _Capsule, tier: str) -> None:
+        """Move a capsule's bytes to `tier`: the new copy is complete before the old one is freed."""
+        if tier == "disk":
+            cap.slab.wait_host()
+            self._write_disk(cap, cap.slab.views)
+            cap.slab = None
+            return
+        if cap.tier == "disk":
+            source, old_path = self._load_disk(cap, f"move of capsule {cap.id}"), cap.path
+        else:
+            source, old_path = cap.slab.views, None
+        slab = self._slab(tier)
+        slab.ready = self._copier.side_copy(*self._pairs(slab.views, source))
+        cap.slab, cap.tier, cap.path = slab, tier, None
+        if old_path is not None:
+            shutil.rmtree(old_path, ignore_errors=True)
+
+    def _make_room(self, tier: str, need: int, protect: set, for_what: str) -> None:
+        """Plan every eviction first (so a refusal changes nothing), then run it deepest tier first."""
+        for cap, to in self._plan_room(tier, need, protect, for_what):
+            self._relocate(cap, to)
+
+    def _plan_room(self, tier: str, need: int, protect: set, for_what: str) -> list:
+        budget = self.budgets[tier]
+        if budget is None:
+            return []
+        used = self.used(tier)
+        free = budget - used
+        if need <= free:
+            return []
+        holders = [c for c in sorted(self._caps.values(), key=lambda c: c.seq) if c.tier == tier and not c.ring]
+        where = (f"{for_what}: {tier} tier budget is full: needs {need} bytes, {max(free, 0)} of {budget} free "
+                 f"(held by {[c.id for c in holders] or 'nothing'})")
+        if need > budget:
+            raise CapsuleError(f"{for_what}: needs {need} bytes, more than the whole {tier} budget of {budget}")
+        if self.on_full == "refuse":
+            raise CapsuleError(f"{where}; drop or move a capsule, raise budgets[{tier!r}], or use on_full='evict'")
+        nxt = _NEXT[tier]
+        if nxt is None or (nxt == "disk" and self.disk_dir is None):
+            raise CapsuleError(f"{where}; nothing to evict to below the {tier} tier"
+                               + (" (no disk_dir)" if nxt == "disk" else ""))
+        victims, freed = [], 0
+        for cap in holders:
+            if cap.id in protect:
+                continue
+            victims.append(cap)
+            freed += cap.nbytes
+            if free + freed >= need:
+                break
+        else:
+            raise CapsuleError(f"{where}; not enough evictable capsules")
+        deeper = self._plan_room(nxt, freed, protect | {c.id for c in victims}, for_what)
+        return deeper + [(c, nxt) for c in victims]
