@@ -1,0 +1,123 @@
+"""Conversions between ROS messages and the arrays flashrt_core takes, with clear errors on bad input.
+
+cv_bridge is used when the ROS install has it; otherwise images are decoded with numpy (honouring `step`
+row padding and `is_bigendian`) and CompressedImage with OpenCV.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+SUPPORTED_ENCODINGS = ("rgb8", "bgr8", "mono8", "16UC1", "mono16")
+
+
+class ConversionError(ValueError):
+    """A message cannot be turned into model input; the message says why."""
+
+
+def stamp_to_ns(stamp) -> int:
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def ns_to_stamp(ns: int, stamp_type):
+    msg = stamp_type()
+    msg.sec, msg.nanosec = divmod(int(ns), 1_000_000_000)
+    return msg
+
+
+def _to_rgb8(array: np.ndarray, encoding: str) -> np.ndarray:
+    """Any supported decoded image -> HxWx3 uint8 RGB."""
+    if encoding == "rgb8":
+        return array
+    if encoding == "bgr8":
+        return array[..., ::-1]
+    if encoding == "mono8":
+        return np.repeat(array[..., None], 3, axis=2)
+    # 16-bit single channel (depth in mm, or mono16): keep the high byte so the range maps onto 0..255.
+    return np.repeat((array >> 8).astype(np.uint8)[..., None], 3, axis=2)
+
+
+def image_to_rgb(msg) -> np.ndarray:
+    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array."""
+    encoding = msg.encoding
+    if encoding not in SUPPORTED_ENCODINGS:
+        raise ConversionError(f"unsupported image encoding '{encoding}' (supported: {', '.join(SUPPORTED_ENCODINGS)})")
+    height, width, step = int(msg.height), int(msg.width), int(msg.step)
+    if height <= 0 or width <= 0:
+        raise ConversionError(f"image has no pixels ({width}x{height})")
+    channels = 3 if encoding in ("rgb8", "bgr8") else 1
+    itemsize = 2 if encoding in ("16UC1", "mono16") else 1
+    row_bytes = width * channels * itemsize
+    if step < row_bytes:
+        raise ConversionError(f"image step {step} is smaller than width*channels*bytes = {row_bytes}")
+    data = np.frombuffer(bytes(msg.data) if not isinstance(msg.data, (bytes, bytearray, memoryview, np.ndarray))
+                         else msg.data, dtype=np.uint8)
+    if data.size < step * height:
+        raise ConversionError(f"image data has {data.size} bytes, expected step*height = {step * height}")
+    rows = data[: step * height].reshape(height, step)[:, :row_bytes]
+    if itemsize == 2:
+        dtype = np.dtype(">u2" if msg.is_bigendian else "<u2")
+        array = np.ascontiguousarray(rows).view(dtype).reshape(height, width).astype(np.uint16)
+    else:
+        array = rows.reshape(height, width, channels) if channels == 3 else rows.reshape(height, width)
+    return np.ascontiguousarray(_to_rgb8(array, encoding))
+
+
+def compressed_to_rgb(msg) -> np.ndarray:
+    """sensor_msgs/CompressedImage (jpeg/png) -> HxWx3 uint8 RGB array."""
+    import cv2
+
+    buf = np.frombuffer(bytes(msg.data), dtype=np.uint8)
+    if buf.size == 0:
+        raise ConversionError("compressed image is empty")
+    decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    if decoded is None:
+        raise ConversionError(f"compressed image (format '{msg.format}') could not be decoded")
+    if decoded.ndim == 2:
+        return _to_rgb8(decoded, "mono8" if decoded.dtype == np.uint8 else "16UC1")
+    if decoded.shape[2] == 4:
+        decoded = decoded[..., :3]
+    return np.ascontiguousarray(decoded[..., ::-1])  # OpenCV decodes to BGR
+
+
+def rgb_to_image(rgb: np.ndarray, image_type, stamp=None, frame_id: str = "", encoding: str = "rgb8", pad: int = 0):
+    """HxWx3 uint8 RGB -> sensor_msgs/Image (used by the synthetic camera and the tests)."""
+    msg = image_type()
+    if stamp is not None:
+        msg.header.stamp = stamp
+    msg.header.frame_id = frame_id
+    height, width = rgb.shape[:2]
+    if encoding == "rgb8":
+        pixels = rgb
+    elif encoding == "bgr8":
+        pixels = rgb[..., ::-1]
+    elif encoding == "mono8":
+        pixels = rgb.mean(axis=2).astype(np.uint8)
+    elif encoding in ("16UC1", "mono16"):
+        pixels = (rgb.mean(axis=2).astype(np.uint16) << 8).astype("<u2")
+    else:
+        raise ConversionError(f"cannot encode '{encoding}'")
+    row = np.ascontiguousarray(pixels).view(np.uint8).reshape(height, -1)
+    if pad:
+        row = np.concatenate([row, np.zeros((height, pad), np.uint8)], axis=1)
+    msg.height, msg.width, msg.encoding, msg.is_bigendian = height, width, encoding, 0
+    msg.step = row.shape[1]
+    msg.data = row.tobytes()
+    return msg
+
+
+def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
+    """sensor_msgs/JointState -> float32 positions ordered by `joint_names`; every joint must be present."""
+    if len(msg.position) != len(msg.name):
+        raise ConversionError(f"JointState has {len(msg.name)} names but {len(msg.position)} positions")
+    index = {name: i for i, name in enumerate(msg.name)}
+    if not joint_names:
+        values = np.asarray(msg.position, dtype=np.float32)
+    else:
+        missing = [n for n in joint_names if n not in index]
+        if missing:
+            raise ConversionError(f"JointState lacks joints {missing} (has {list(msg.name)})")
+        values = np.asarray([msg.position[index[n]] for n in joint_names], dtype=np.float32)
+    if not np.all(np.isfinite(values)):
+        bad = [joint_names[i] if joint_names else str(i) for i in np.flatnonzero(~np.isfinite(values))]
+        raise ConversionError(f"JointState has non-finite positions for {bad}")
+    return values

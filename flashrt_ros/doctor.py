@@ -1,0 +1,63 @@
+"""`flashrt doctor`: what hardware, kernels and ROS pieces are available and which code paths will run."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+
+def _try(fn):
+    try:
+        return True, fn()
+    except Exception as exc:  # every probe reports its own failure instead of stopping the report
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def _ament_prefix():
+    for prefix in [sys.prefix] + os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep):
+        if prefix and os.path.isfile(os.path.join(prefix, "share/ament_index/resource_index/packages/flashrt_ros")):
+            return prefix
+    raise FileNotFoundError("share/ament_index/resource_index/packages/flashrt_ros in no prefix")
+
+
+def probe() -> list[tuple[str, bool, str]]:
+    rows = [("python", True, sys.version.split()[0])]
+    ok, torch = _try(lambda: importlib.import_module("torch"))
+    rows.append(("torch", ok, torch.__version__ if ok else torch))
+    cuda = ok and torch.cuda.is_available()
+    if ok:
+        detail = "not available"
+        if cuda:
+            cap = torch.cuda.get_device_capability()
+            detail = f"{torch.cuda.get_device_name()} (sm_{cap[0]}{cap[1]}), CUDA {torch.version.cuda}"
+        rows.append(("cuda", cuda, detail))
+    ok_t, triton = _try(lambda: importlib.import_module("triton"))
+    rows.append(("triton", ok_t, triton.__version__ if ok_t else triton))
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    kernels = "Triton on CUDA" if (cuda and ok_t) else (
+        "Triton interpreter on CPU (TRITON_INTERPRET=1; tests only, slow)" if (ok_t and interpret)
+        else "plain torch references")
+    rows.append(("kernel path", True, kernels))
+    rows.append(("engine path", True, "fused engine with CUDA graphs" if cuda else "fp32 reference engine on CPU"))
+    ok_r, rclpy = _try(lambda: importlib.import_module("rclpy"))
+    rows.append(("rclpy", ok_r, getattr(rclpy, "__file__", rclpy) if ok_r else rclpy))
+    ok_m, msg = _try(lambda: importlib.import_module("flashrt_ros.msg").ActionChunk)
+    rows.append(("flashrt_ros interfaces", ok_m, "ActionChunk, capsule services" if ok_m else msg))
+    ok_a, prefix = _try(_ament_prefix)
+    rows.append(("ament index", ok_a, prefix))
+    ok_c, _ = _try(lambda: importlib.import_module("cv_bridge"))
+    rows.append(("cv_bridge", ok_c, "used for images" if ok_c else "absent: numpy conversion is used"))
+    ok_l, _ = _try(lambda: importlib.import_module("launch_ros"))
+    rows.append(("launch_ros", ok_l, "ros2 launch works" if ok_l else "absent (pip-only install): run nodes directly"))
+    ok_b, bags = _try(lambda: importlib.import_module("rosbags"))
+    rows.append(("rosbags", ok_b, "replay available" if ok_b else bags))
+    return rows
+
+
+def doctor() -> int:
+    rows = probe()
+    width = max(len(name) for name, _, _ in rows)
+    for name, ok, detail in rows:
+        print(f"{name:<{width}}  {'ok ' if ok else '-- '} {detail}")
+    required = {"torch", "python"}
+    return 0 if all(ok for name, ok, _ in rows if name in required) else 1

@@ -1,0 +1,91 @@
+"""Declared parameters of policy_node, with descriptors and validation (defaults: config/policy_node.yaml)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescriptor, ParameterType
+
+# name: (default, type, description, range)
+PARAMETERS = {
+    "contract": ("", ParameterType.PARAMETER_STRING,
+                 "execution contract YAML; empty = the packaged config/pi05_tiny.yaml", None),
+    "checkpoint": ("", ParameterType.PARAMETER_STRING,
+                   "LeRobot pi0.5 checkpoint directory; empty = the contract's model (built-in tiny)", None),
+    "device": ("auto", ParameterType.PARAMETER_STRING, "cpu | cuda | cuda:N | auto", None),
+    "dtype": ("", ParameterType.PARAMETER_STRING, "float32 | bfloat16 | float16; empty = contract default", None),
+    "seed": (0, ParameterType.PARAMETER_INTEGER, "seed of the flow-matching noise generator", None),
+    "camera_topics": (["camera0/image_raw"], ParameterType.PARAMETER_STRING_ARRAY,
+                      "one topic per camera, in the model's slot order; a topic ending in /compressed "
+                      "subscribes to sensor_msgs/CompressedImage", None),
+    "joint_state_topic": ("joint_states", ParameterType.PARAMETER_STRING, "sensor_msgs/JointState topic", None),
+    "joint_names": ([""], ParameterType.PARAMETER_STRING_ARRAY,
+                    "joints in the model's state order; [''] = take JointState order as is", None),
+    "prompt": ("", ParameterType.PARAMETER_STRING, "initial task prompt (also settable on ~/prompt)", None),
+    "observe_rate_hz": (0.0, ParameterType.PARAMETER_DOUBLE,
+                        "rate of the observe stage; 0 = the contract's", FloatingPointRange(from_value=0.0, to_value=1000.0)),
+    "act_rate_hz": (0.0, ParameterType.PARAMETER_DOUBLE,
+                    "rate of the act stage; 0 = the contract's", FloatingPointRange(from_value=0.0, to_value=1000.0)),
+    "max_observation_age_ms": (0.0, ParameterType.PARAMETER_DOUBLE,
+                               "refuse to publish actions from older observations; 0 = the contract's",
+                               FloatingPointRange(from_value=0.0, to_value=600000.0)),
+    "action_dt": (0.02, ParameterType.PARAMETER_DOUBLE, "seconds between two actions of a chunk",
+                  FloatingPointRange(from_value=1e-4, to_value=10.0)),
+    "action_dim": (0, ParameterType.PARAMETER_INTEGER,
+                   "action columns to publish; 0 = len(joint_names) or the model's full width",
+                   IntegerRange(from_value=0, to_value=1024)),
+    "publish_joint_trajectory": (False, ParameterType.PARAMETER_BOOL,
+                                 "also publish ~/joint_trajectory (trajectory_msgs/JointTrajectory)", None),
+    "autostart": (False, ParameterType.PARAMETER_BOOL, "configure and activate at start-up", None),
+    "diagnostics_period_s": (1.0, ParameterType.PARAMETER_DOUBLE, "period of /diagnostics",
+                             FloatingPointRange(from_value=0.05, to_value=60.0)),
+}
+
+
+@dataclass
+class NodeParams:
+    contract: str
+    checkpoint: str
+    device: str
+    dtype: str
+    seed: int
+    camera_topics: list
+    joint_state_topic: str
+    joint_names: list
+    prompt: str
+    observe_rate_hz: float
+    act_rate_hz: float
+    max_observation_age_ms: float
+    action_dt: float
+    action_dim: int
+    publish_joint_trajectory: bool
+    autostart: bool
+    diagnostics_period_s: float
+
+
+def declare(node) -> None:
+    for name, (default, ptype, description, value_range) in PARAMETERS.items():
+        descriptor = ParameterDescriptor(name=name, type=ptype, description=description)
+        if isinstance(value_range, FloatingPointRange):
+            descriptor.floating_point_range = [value_range]
+        elif isinstance(value_range, IntegerRange):
+            descriptor.integer_range = [value_range]
+        node.declare_parameter(name, default, descriptor)
+
+
+def read(node) -> NodeParams:
+    """Current values, validated; raises ValueError naming the parameter."""
+    values = {name: node.get_parameter(name).value for name in PARAMETERS}
+    values["joint_names"] = [n for n in values["joint_names"] if n]
+    cameras = [t for t in values["camera_topics"] if t]
+    if not cameras:
+        raise ValueError("parameter 'camera_topics' must name at least one camera topic")
+    if len(set(cameras)) != len(cameras):
+        raise ValueError(f"parameter 'camera_topics' lists a topic twice: {cameras}")
+    values["camera_topics"] = cameras
+    if len(set(values["joint_names"])) != len(values["joint_names"]):
+        raise ValueError(f"parameter 'joint_names' lists a joint twice: {values['joint_names']}")
+    if values["device"] != "auto" and not (values["device"] == "cpu" or values["device"].startswith("cuda")):
+        raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{values['device']}'")
+    if values["dtype"] not in ("", "float32", "bfloat16", "float16"):
+        raise ValueError(f"parameter 'dtype' must be float32, bfloat16 or float16, not '{values['dtype']}'")
+    return NodeParams(**values)

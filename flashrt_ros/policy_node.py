@@ -1,0 +1,294 @@
+"""policy_node: a lifecycle node that runs a flashrt_core Runtime on camera and joint-state topics.
+
+configure: load the contract, the model and its buffers (a bad checkpoint or contract fails the
+transition with the reason and the node stays alive, unconfigured); activate: one timer per rate stage
+of the contract; deactivate: stop the timers; cleanup: free the runtime (and its GPU memory).
+Sensor callbacks only store the latest message; inference runs in its own callback group, and capsule
+services take the runtime lock, so they are applied between two ticks.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import rclpy
+from builtin_interfaces.msg import Time
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import Node as LifecycleNode
+from rclpy.lifecycle import TransitionCallbackReturn
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.duration import Duration
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from flashrt_ros import conversions, params
+from flashrt_ros.capsule_services import CapsuleServices
+from flashrt_ros.diagnostics import NodeHealth
+from flashrt_ros.msg import ActionChunk
+from flashrt_ros.runtime_loader import load_runtime
+
+
+class PolicyNode(LifecycleNode):
+    def __init__(self, name: str = "policy_node", **kwargs):
+        super().__init__(name, **kwargs)
+        params.declare(self)
+        self.p = None
+        self.runtime = None
+        self.runtime_lock = threading.Lock()
+        self.health = NodeHealth()
+        self.sensor_group = MutuallyExclusiveCallbackGroup()
+        self.inference_group = MutuallyExclusiveCallbackGroup()
+        self.service_group = MutuallyExclusiveCallbackGroup()
+        self._sensor_lock = threading.Lock()
+        self._images: dict[int, tuple[np.ndarray, int]] = {}
+        self._joints: tuple[np.ndarray, int] | None = None
+        self._last_stamp: dict[str, int] = {}
+        self._fed_stamp = -1
+        self._dirty = False
+        self._timers = []
+        self._subs = []
+        self._chunk_pub = self._traj_pub = None
+        self._diag_timer = None
+        self.capsules = CapsuleServices(self)
+        self.create_subscription(String, "~/prompt", self._on_prompt, 10, callback_group=self.sensor_group)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._diag_timer = self.create_timer(1.0, self._publish_diagnostics, callback_group=self.service_group)
+        if self.get_parameter("autostart").value:
+            # Deferred to the first spin so that the node is fully constructed and discoverable.
+            self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self.service_group)
+
+    # ----------------------------------------------------------------- lifecycle
+    def _autostart(self):
+        self._autostart_timer.cancel()
+        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
+            self.trigger_activate()
+
+    def on_configure(self, state) -> TransitionCallbackReturn:
+        try:
+            self.p = params.read(self)
+            runtime = load_runtime(self.p, n_cameras=len(self.p.camera_topics))
+        except Exception as exc:  # any failure: report it and stay unconfigured
+            self.health.last_error = f"configure failed: {exc}"
+            self.get_logger().error(self.health.last_error)
+            return TransitionCallbackReturn.FAILURE
+        with self.runtime_lock:
+            self.runtime = runtime
+            if self.p.prompt:
+                self.runtime.set_prompt(self.p.prompt)
+        self.health.last_error = ""
+        self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
+        period = 1.0 / runtime.stage_rates()["act"]
+        chunk_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                               durability=DurabilityPolicy.VOLATILE, deadline=Duration(seconds=4 * period))
+        self._chunk_pub = self.create_lifecycle_publisher(ActionChunk, "~/action_chunk", chunk_qos)
+        if self.p.publish_joint_trajectory:
+            self._traj_pub = self.create_lifecycle_publisher(JointTrajectory, "~/joint_trajectory", 10)
+        self._subscribe_sensors()
+        self.capsules.create_services()
+        self.get_logger().info(
+            f"configured: {runtime.describe()} cameras={self.p.camera_topics} joints={self.p.joint_names or 'as sent'}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state) -> TransitionCallbackReturn:
+        for stage, rate in self.runtime.stage_rates().items():
+            self._timers.append(self.create_timer(1.0 / rate, self._tick, callback_group=self.inference_group))
+        self.get_logger().info(f"active: stage rates {self.runtime.stage_rates()}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state) -> TransitionCallbackReturn:
+        self._stop_timers()
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self._stop_timers()
+        for sub in self._subs:
+            self.destroy_subscription(sub)
+        self._subs.clear()
+        self.capsules.destroy_services()
+        for pub in (self._chunk_pub, self._traj_pub):
+            if pub is not None:
+                self.destroy_lifecycle_publisher(pub)
+        self._chunk_pub = self._traj_pub = None
+        with self.runtime_lock:
+            if self.runtime is not None:
+                self.runtime.close()
+            self.runtime = None
+        with self._sensor_lock:
+            self._images.clear()
+            self._joints = None
+            self._last_stamp.clear()
+            self._fed_stamp = -1
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state) -> TransitionCallbackReturn:
+        return self.on_cleanup(state)
+
+    def _stop_timers(self):
+        for timer in self._timers:
+            self.destroy_timer(timer)
+        self._timers.clear()
+
+    # ----------------------------------------------------------------- inputs
+    def _subscribe_sensors(self):
+        for index, topic in enumerate(self.p.camera_topics):
+            msg_type = CompressedImage if topic.rstrip("/").endswith("compressed") else Image
+            self._subs.append(self.create_subscription(
+                msg_type, topic, lambda msg, i=index, t=topic: self._on_image(i, t, msg),
+                qos_profile_sensor_data, callback_group=self.sensor_group))
+        self._subs.append(self.create_subscription(
+            JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data,
+            callback_group=self.sensor_group))
+
+    def _check_stamp(self, source: str, stamp_ns: int) -> bool:
+        last = self._last_stamp.get(source)
+        if last is not None and stamp_ns < last:
+            self.health.reject("stamp_backwards", f"{source} stamp went back by {(last - stamp_ns) / 1e6:.1f} ms")
+            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            return False
+        self._last_stamp[source] = stamp_ns
+        return True
+
+    def _on_image(self, index: int, topic: str, msg):
+        try:
+            rgb = conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else conversions.image_to_rgb(msg)
+        except conversions.ConversionError as exc:
+            self.health.reject("image", f"{topic}: {exc}")
+            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            return
+        stamp = conversions.stamp_to_ns(msg.header.stamp)
+        with self._sensor_lock:
+            if self._check_stamp(topic, stamp):
+                self._images[index] = (rgb, stamp)
+                self._dirty = True
+
+    def _on_joints(self, msg: JointState):
+        try:
+            positions = conversions.joint_positions(msg, self.p.joint_names)
+        except conversions.ConversionError as exc:
+            self.health.reject("joint_state", str(exc))
+            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            return
+        stamp = conversions.stamp_to_ns(msg.header.stamp)
+        with self._sensor_lock:
+            if self._check_stamp("joint_states", stamp):
+                self._joints = (positions, stamp)
+                self._dirty = True
+
+    def _on_prompt(self, msg: String):
+        with self.runtime_lock:
+            if self.runtime is None:
+                self.set_parameters([rclpy.parameter.Parameter("prompt", value=msg.data)])
+                return
+            try:
+                self.runtime.set_prompt(msg.data)
+            except Exception as exc:
+                self.health.reject("prompt", str(exc))
+                self.get_logger().warning(self.health.last_rejection)
+
+    def _latest_observation(self):
+        """The newest complete observation not yet fed to the runtime, or None."""
+        with self._sensor_lock:
+            if not self._dirty or self._joints is None or len(self._images) < len(self.p.camera_topics):
+                return None
+            self._dirty = False
+            images = [self._images[i][0] for i in range(len(self.p.camera_topics))]
+            # The observation is as old as its oldest part.
+            stamp = min([self._images[i][1] for i in range(len(images))] + [self._joints[1]])
+            return images, self._joints[0], stamp
+
+    # ----------------------------------------------------------------- inference
+    def _tick(self):
+        now_ns = self.get_clock().now().nanoseconds
+        observation = self._latest_observation()
+        with self.runtime_lock:
+            if self.runtime is None:
+                return
+            if observation is not None and observation[2] >= self._fed_stamp:
+                images, state, stamp = observation
+                try:
+                    self.runtime.set_observation(images=images, state=state, stamp_ns=stamp)
+                    self._fed_stamp = stamp
+                except Exception as exc:  # InputError and friends: reject, keep the last good one
+                    self.health.reject("observation", str(exc))
+                    self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            if not self.runtime.has_observation():
+                self.health.stale_reason = "waiting for a first complete observation (all cameras and joints)"
+                return
+            try:
+                result = self.runtime.step(now_ns)
+            except Exception as exc:
+                self.health.last_error = f"step failed: {exc}"
+                self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
+                return
+        self.health.last_error = ""
+        for stage, latency in result.stage_latency_ms.items():
+            self.health.stages[stage].add(latency)
+        if result.actions is None:
+            if result.reason:
+                self.health.stale_reason = result.reason
+                self.get_logger().warning(f"no actions: {result.reason}", throttle_duration_sec=2.0)
+            return
+        self.health.stale_reason = ""
+        self._publish(result)
+
+    def _publish(self, result):
+        actions = np.asarray(result.actions, dtype=np.float32)
+        width = self.p.action_dim or len(self.p.joint_names) or actions.shape[1]
+        actions = actions[:, :width]
+        msg = ActionChunk()
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.joint_names = list(self.p.joint_names)
+        msg.horizon, msg.action_dim = int(actions.shape[0]), int(actions.shape[1])
+        msg.actions = actions.reshape(-1).tolist()
+        msg.dt = float(self.p.action_dt)
+        msg.decision_id = int(result.decision_id)
+        msg.prefix_id = int(result.prefix_id)
+        msg.observation_stamp = conversions.ns_to_stamp(result.observation_stamp_ns, Time)
+        msg.observation_age_ms = float(result.observation_age_ms)
+        msg.latency_ms = float(result.latency_ms)
+        msg.stages_ran = list(result.ran)
+        self._chunk_pub.publish(msg)
+        self.health.chunks_published += 1
+        if self._traj_pub is not None and self.p.joint_names:
+            traj = JointTrajectory()
+            traj.header = msg.header
+            traj.joint_names = list(self.p.joint_names)
+            for k, row in enumerate(actions[:, : len(self.p.joint_names)]):
+                point = JointTrajectoryPoint()
+                point.positions = row.astype(float).tolist()
+                point.time_from_start = Duration(seconds=(k + 1) * self.p.action_dt).to_msg()
+                traj.points.append(point)
+            self._traj_pub.publish(traj)
+
+    # ----------------------------------------------------------------- diagnostics
+    def _publish_diagnostics(self):
+        level, message = self.health.level_and_message()
+        status = DiagnosticStatus(level=bytes([level]), name=f"{self.get_name()}: policy", message=message,
+                                  hardware_id=self.runtime.describe() if self.runtime is not None else "unconfigured")
+        status.values = [KeyValue(key=k, value=v) for k, v in self.health.key_values()]
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(array)
+
+
+def main(args=None):
+    rclpy.init(args=args)
+    node = PolicyNode()
+    executor = MultiThreadedExecutor(num_threads=4)
+    executor.add_node(node)
+    try:
+        executor.spin()
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""Build the node's Runtime from its parameters: the contract file, rate and staleness overrides."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_CONTRACT = "pi05_tiny.yaml"
+
+
+def packaged_config(name: str) -> Path:
+    """A config file shipped with the package: installed share/flashrt_ros/config, or the checkout's config/."""
+    candidates = [Path(p) / "share" / "flashrt_ros" / "config" / name
+                  for p in [sys.prefix] + os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
+    candidates.append(Path(__file__).resolve().parents[1] / "config" / name)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"packaged config '{name}' not found in: {', '.join(map(str, candidates))}")
+
+
+def load_runtime(p, n_cameras: int):
+    """A configured Runtime for the node parameters `p` (flashrt_ros.params.NodeParams)."""
+    from flashrt_core import Runtime
+
+    contract = p.contract or str(packaged_config(DEFAULT_CONTRACT))
+    rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
+    return Runtime.from_config(
+        contract, device=p.device, seed=p.seed, checkpoint=p.checkpoint or None, dtype=p.dtype or None,
+        rates=rates or None, max_observation_age_ms=p.max_observation_age_ms or None, num_cameras=n_cameras)
