@@ -1,1 +1,1 @@
-
+"""Model implementations (weights, eager reference, fused engine): `flashrt_core.models.pi05`."""

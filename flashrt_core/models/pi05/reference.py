@@ -104,8 +104,9 @@ def embed_prefix(w: Pi05Weights, images, image_masks, lang_tokens, lang_mask):
     img = img.view(b, s * n_patch, -1)
     img_pad = image_masks.bool()[:, :, None].expand(b, s, n_patch).reshape(b, s * n_patch)
     # Gemma scales its token embeddings by sqrt(width), with the scale rounded to the table's dtype.
-    scale = torch.tensor(w.config.vlm.width ** 0.5, dtype=torch.float32).to(act)
-    lang = F.embedding(lang_tokens, w.embed) * scale.to(w.embed.device)
+    # A Python float (not a tensor) keeps this free of host->device copies inside CUDA graph capture.
+    scale = float(torch.tensor(w.config.vlm.width ** 0.5, dtype=torch.float32).to(act))
+    lang = F.embedding(lang_tokens, w.embed) * scale
     return torch.cat([img, lang], dim=1), torch.cat([img_pad, lang_mask.bool()], dim=1)
 
 

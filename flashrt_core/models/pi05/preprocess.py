@@ -1,0 +1,78 @@
+"""Camera frames -> SigLIP input, as LeRobot 0.6.1's `PI05Policy._preprocess_images` does it.
+
+LeRobot: a frame whose size differs from 224x224 is resized without distortion (bilinear, half-pixel
+centres, no antialias), clamped to [0, 1] and padded equally on both sides (the odd pixel at the
+bottom/right) with black; then [0, 1] -> [-1, 1], so padding becomes -1. A missing camera is an image of
+-1 with mask False. Present cameras come first, in order, and missing ones fill the remaining slots.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.errors import InputError
+
+
+def resize_with_pad(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """img [B, C, H, W] float in [0, 1] -> [B, C, height, width], aspect kept, centred, padded with 0."""
+    if img.ndim != 4:
+        raise InputError(f"image: expected [B, C, H, W], got shape {tuple(img.shape)}")
+    h, w = img.shape[-2:]
+    ratio = max(w / width, h / height)
+    new_h, new_w = int(h / ratio), int(w / ratio)
+    out = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    top, left = (height - new_h) // 2, (width - new_w) // 2
+    return F.pad(out, (left, width - new_w - left, top, height - new_h - top), value=0.0)
+
+
+def _to_batched_chw_float01(frame, index: int, device) -> torch.Tensor:
+    """uint8 HWC / [B,H,W,C] (0..255) or float CHW / [B,C,H,W] (0..1), numpy or torch -> float [B,3,H,W]."""
+    t = torch.from_numpy(np.ascontiguousarray(frame)) if isinstance(frame, np.ndarray) else frame
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"frames[{index}]: expected a numpy array or torch tensor, got {type(frame).__name__}")
+    if t.ndim not in (3, 4):
+        raise InputError(f"frames[{index}]: expected 3 or 4 dims, got shape {tuple(t.shape)}")
+    t = t.to(device)
+    if t.ndim == 3:
+        t = t[None]
+    if t.dtype == torch.uint8:
+        if t.shape[-1] != 3:
+            raise InputError(f"frames[{index}]: uint8 frames must be HWC with 3 channels, got {tuple(t.shape)}")
+        return t.permute(0, 3, 1, 2).float() / 255.0
+    if not t.is_floating_point():
+        raise InputError(f"frames[{index}]: dtype {t.dtype} is neither uint8 nor floating point")
+    if t.shape[1] == 3:
+        return t.float()
+    if t.shape[-1] == 3:  # float HWC, accepted like LeRobot does
+        return t.permute(0, 3, 1, 2).float()
+    raise InputError(f"frames[{index}]: no 3-channel axis in shape {tuple(t.shape)}")
+
+
+def preprocess_images(frames: Sequence, num_slots: int = 3, size: int = 224, device=None):
+    """frames: one entry per camera (None = missing) -> images [B, num_slots, 3, size, size] in [-1, 1],
+    masks [B, num_slots] bool. Present cameras fill the first slots in order (LeRobot's order)."""
+    if len(frames) > num_slots:
+        raise InputError(f"frames: {len(frames)} cameras but only {num_slots} image slots")
+    present = []
+    for i, f in enumerate(frames):
+        if f is None:
+            continue
+        img = _to_batched_chw_float01(f, i, device)
+        if tuple(img.shape[-2:]) != (size, size):
+            img = resize_with_pad(img, size, size)
+        present.append(img * 2.0 - 1.0)
+    if not present:
+        raise InputError("frames: every camera is missing; pi0.5 needs at least one image")
+    batch = present[0].shape[0]
+    for i, img in enumerate(present):
+        if img.shape[0] != batch:
+            raise InputError(f"frames: batch sizes differ ({img.shape[0]} vs {batch})")
+    images = torch.full((batch, num_slots, 3, size, size), -1.0, device=present[0].device)
+    masks = torch.zeros(batch, num_slots, dtype=torch.bool, device=present[0].device)
+    for slot, img in enumerate(present):
+        images[:, slot] = img
+        masks[:, slot] = True
+    return images, masks

@@ -1,0 +1,102 @@
+"""pi0.5 prompt: task text + discretized state -> token ids, as LeRobot 0.6.1's processors build it.
+
+LeRobot (`Pi05PrepareStateTokenizerProcessorStep` + `TokenizerProcessorStep`): the normalized state
+(in [-1, 1]) is cut into 256 bins, the task is cleaned (strip, '_' and newlines -> spaces), the text is
+"Task: {task}, State: {b0 b1 ...};\\nAction: ", tokenized with BOS first (the PaliGemma tokenizer's
+default), truncated to `max_length` and right-padded with the pad id.
+"""
+from __future__ import annotations
+
+import os
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+from flashrt_core.errors import InputError
+
+STATE_BINS = 256
+
+
+def discretize_state(state) -> np.ndarray:
+    """Normalized state [..., D] -> int bins in 0..255 (values below -1 give -1, as in LeRobot).
+
+    The input keeps its dtype (LeRobot digitizes the fp32 state), because a float64 copy of a value can
+    fall on the other side of a bin edge.
+    """
+    arr = state.detach().cpu().numpy() if isinstance(state, torch.Tensor) else np.asarray(state)
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float32)
+    if not np.all(np.isfinite(arr)):
+        raise InputError("state: contains NaN or infinity")
+    edges = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
+    return np.digitize(arr, bins=edges) - 1
+
+
+def clean_task(task: str) -> str:
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
+def format_prompt(task: str, state_normalized) -> str:
+    """One prompt for one robot: `state_normalized` is a 1-D vector in [-1, 1] (not padded)."""
+    bins = discretize_state(state_normalized)
+    if bins.ndim != 1:
+        raise InputError(f"state: expected a 1-D vector, got shape {bins.shape}")
+    digits = " ".join(str(int(b)) for b in bins)
+    return f"Task: {clean_task(task)}, State: {digits};\nAction: "
+
+
+class Tokenizer(Protocol):
+    bos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without BOS/EOS."""
+
+
+class SentencePieceTokenizer:
+    """The PaliGemma SentencePiece model (`tokenizer.model` of google/paligemma-3b-pt-224)."""
+
+    def __init__(self, path: str | os.PathLike):
+        import sentencepiece
+
+        if not os.path.isfile(path):
+            raise InputError(f"tokenizer: file not found: {path}")
+        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        self.bos_id = int(self._sp.bos_id())
+        # Gemma's pad is id 0; fall back to it for models that define no pad piece.
+        self.pad_id = int(self._sp.pad_id()) if self._sp.pad_id() >= 0 else 0
+        self.vocab_size = int(self._sp.get_piece_size())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._sp.encode(text, out_type=int))
+
+
+class TinyTokenizer:
+    """Download-free tokenizer for the built-in tiny model: one id per UTF-8 byte (id = byte + 3).
+
+    Ids 0/1/2 are pad/eos/bos as in Gemma, so the largest id is 258: fits any vocab >= 259.
+    """
+
+    pad_id, eos_id, bos_id = 0, 1, 2
+    offset = 3
+    vocab_size = 256 + 3
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.offset for b in text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i - self.offset for i in ids if i >= self.offset).decode("utf-8", errors="replace")
+
+
+def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int):
+    """-> tokens [1, max_len] long and mask [1, max_len] bool: BOS + ids, truncated, right-padded."""
+    if max_len < 1:
+        raise InputError(f"max_len: must be positive, got {max_len}")
+    ids = ([tokenizer.bos_id] + list(tokenizer.encode(text)))[:max_len]
+    n = len(ids)
+    tokens = torch.full((1, max_len), tokenizer.pad_id, dtype=torch.long)
+    tokens[0, :n] = torch.tensor(ids, dtype=torch.long)
+    mask = torch.zeros(1, max_len, dtype=torch.bool)
+    mask[0, :n] = True
+    return tokens, mask
