@@ -12,9 +12,16 @@ def capsule_inspect(path, out=None) -> int:
     out = out or sys.stdout
     manifest, checks = inspect(path)
     if manifest is not None:
-        shown = {k: v for k, v in manifest.items() if k not in ("buffers", "meta")}
-        print(json.dumps(shown, indent=1, sort_keys=True), file=out)
-        print(f"meta keys: {sorted(manifest.get('meta', {}))}", file=out)
+        fp = manifest.get("fingerprint", {})
+        for key in ("id", "name", "created", "format", "version"):
+            print(f"{key}: {manifest.get(key)}", file=out)
+        for key in ("model", "weights_digest", "precision"):
+            print(f"fingerprint.{key}: {fp.get(key)}", file=out)
+        print(f"fingerprint.digest: {manifest.get('fingerprint_digest')}", file=out)
+        meta = manifest.get("meta", {})
+        print("meta: " + json.dumps({k: v if not isinstance(v, dict) else "{...}" for k, v in meta.items()},
+                                    sort_keys=True), file=out)
+        print("buffers:", file=out)
         for name, spec in manifest.get("buffers", {}).items():
             print(f"  {name:<32} {spec.get('dtype')} {spec.get('shape')} {spec.get('nbytes')} bytes", file=out)
     for check in checks:

@@ -118,11 +118,13 @@ def write_capsule(path, *, capsule_id: str, name: str, created: float, fingerpri
     try:
         tmp.mkdir()
         st_save_file(cpu, str(tmp / TENSORS))
-        file_bytes = (tmp / TENSORS).stat().st_size
+        raw = (tmp / TENSORS).read_bytes()
+        file_bytes, header_bytes = len(raw), raw[8:8 + int.from_bytes(raw[:8], "little")]
         manifest = {
             "format": FORMAT, "version": VERSION, "id": capsule_id, "name": name, "created": created,
             "fingerprint": dict(fingerprint), "fingerprint_digest": fingerprint_digest,
             "meta": json.loads(meta_json), "tensors_file": TENSORS, "tensors_file_bytes": file_bytes,
+            "header_sha256": _sha(header_bytes),
             "buffers": {k: {"shape": list(t.shape), "dtype": dtype_name(t.dtype), "nbytes": t.numel() * t.itemsize,
                             "sha256": _sha(tensor_bytes(t))} for k, t in cpu.items()},
         }
@@ -185,14 +187,19 @@ def check_buffers(path, manifest: Mapping) -> tuple[list[Check], bytes | None]:
     checks.append(Check("file", size_ok, f"{file}: {len(data)} bytes" +
                         ("" if size_ok else f" != {want} in manifest (truncated or appended)")))
     header, base = None, 0
-    if len(data) >= 8:
-        n = int.from_bytes(data[:8], "little")
-        try:
-            header, base = json.loads(data[8:8 + n]), 8 + n
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            checks.append(Check("file", False, f"{file}: safetensors header unreadable: {exc}"))
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if n < 0 or 8 + n > len(data):
+        checks.append(Check("header", False, f"{file}: safetensors header truncated"))
+    elif _sha(data[8:8 + n]) != manifest.get("header_sha256"):
+        checks.append(Check("header", False, f"{file}: safetensors header checksum failed (corrupt)"))
+    else:
+        header, base = json.loads(data[8:8 + n]), 8 + n
+        checks.append(Check("header", True, f"{file}: header checksum ok"))
+    if header is None:  # without a trusted header no buffer can be located
+        return checks + [Check(f"buffer {k}", False, "not verified: header unusable")
+                         for k in manifest.get("buffers", {})], data
     for name, spec in manifest.get("buffers", {}).items():
-        entry = header.get(name) if isinstance(header, dict) else None
+        entry = header.get(name)
         if not isinstance(entry, dict) or "data_offsets" not in entry:
             checks.append(Check(f"buffer {name}", False, f"missing from {file.name}"))
             continue
@@ -225,9 +232,11 @@ def load_capsule(path, what: str) -> tuple[dict, dict[str, torch.Tensor]]:
     checks, data = check_buffers(path, manifest)
     bad = [c for c in checks if not c.ok]
     if bad:
-        # A checksum or truncation on a named buffer says more than the file-size check: report that first.
-        bad.sort(key=lambda c: not c.item.startswith("buffer"))
-        raise CapsuleError(f"{what}: {bad[0].item} in {capsule_dir(path)}: {bad[0].detail}")
+        # Most specific first: a bad header, then a named buffer, then the bare file-size mismatch.
+        bad.sort(key=lambda c: (c.item != "header", not c.item.startswith("buffer")))
+        first = bad[0]
+        where = f"{first.item} in {capsule_dir(path)}: " if first.item.startswith("buffer") else ""
+        raise CapsuleError(f"{what}: {where}{first.detail}")
     try:
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error types
