@@ -1,0 +1,69 @@
+"""Model bindings: what a contract's `model:` section names.
+
+A binding tells the contract its dims (for symbolic shapes) and what each of its stages reads and writes,
+and gives the runtime each stage as two parts:
+- `host(stage, io)`: CPU work that only reads host data (inputs, host buffers, the runtime's generator) and
+  stages what the device needs (`io.to_device(name, cpu_tensor)`); it never reads device results, so all
+  host parts of a plan can run before its device work is launched;
+- `device(stage, bufs)`: pure tensor work on the static buffers, in place, with no host syncs, so it can be
+  captured as a CUDA graph.
+The runtime itself knows nothing about any model.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Iterable, Mapping
+
+from flashrt_core.errors import ContractError
+
+# Built-in bindings by name; a contract may also name any binding as "package.module:Class".
+BUILTIN = {"pi05": "flashrt_core.contract.bindings.pi05:Pi05Binding"}
+
+
+class ModelBinding:
+    """Base class; subclasses fill in the class methods (cheap, no weights) and the stage parts."""
+
+    name = "model"
+
+    # ---- contract side (no weights loaded) ----
+    @classmethod
+    def dims(cls, model) -> Mapping[str, int]:
+        raise NotImplementedError
+
+    @classmethod
+    def signatures(cls, dims: Mapping[str, int], model) -> Mapping[str, Any]:
+        """stage name -> StageSignature(reads={buf: (shape, dtype)}, writes={...})."""
+        raise NotImplementedError
+
+    # ---- runtime side ----
+    def __init__(self, model, dims: Mapping[str, int], device, dtype, seed: int, tokenizer=None):
+        self.model, self.dims, self.device, self.dtype, self.seed = model, dict(dims), device, dtype, seed
+
+    def host(self, stage: str, io) -> None:
+        """Host part of a stage (default: nothing)."""
+
+    def device_part(self, stage: str):
+        """A callable(bufs) doing the stage's device work, or None for host-only stages."""
+        return None
+
+    def identity(self) -> str:
+        """Model identity for fingerprints (architecture and sizes, not the weights)."""
+        return self.name
+
+    def weights(self) -> Iterable[tuple[str, Any]]:
+        """(name, tensor) of every weight, for the weights digest."""
+        return ()
+
+
+def resolve_binding(name: str):
+    """The binding class for `model.name`: a built-in name or "package.module:Class"."""
+    target = BUILTIN.get(name, name)
+    if ":" not in target:
+        raise ContractError(f"model.name: unknown model {name!r} (built-in: {', '.join(BUILTIN)}; "
+                            "or give package.module:Class)")
+    module, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ContractError(f"model.name: cannot load binding {target!r}: {e}") from None
+    return cls

@@ -1,0 +1,276 @@
+"""The Runtime: a contract, a model binding and its buffers, stepped by a clock the caller supplies.
+
+`step(now_ns)` plans the due stages from host-side bookkeeping only (no device reads), runs their host
+parts (tokenize, stage inputs, draw noise), then their device parts as CUDA graphs (per stage or per plan)
+or eagerly on CPU, and returns the action chunk if the output stage ran. The only host sync of a decision
+is at its end, to hand the actions back.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from flashrt_core.contract import inputs
+from flashrt_core.contract.buffers import TORCH_DTYPES, BufferSet
+from flashrt_core.contract.graphs import GraphCache
+from flashrt_core.contract.schedule import BufferMeta, Ledger, Scheduler
+from flashrt_core.contract.spec import Contract, load_contract
+from flashrt_core.errors import InputError
+
+
+@dataclass
+class StepResult:
+    actions: np.ndarray | None  # [horizon, action_dim] float32, or None (see reason)
+    ran: list[str]
+    decision_id: int | None  # 1-based count of decisions, when this step made one
+    observation_age_ms: float | None  # now - stamp of the observation behind the (would-be) actions
+    latency_ms: float  # host wall time of the step, including the final sync
+    reason: str | None = None
+    stage_latency_ms: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    now_ns: int = 0
+
+
+class StageIO:
+    """What a binding's host part may touch: host buffers, input host copies, device staging, the RNG."""
+
+    def __init__(self, buffers: BufferSet, generator: torch.Generator):
+        self._b = buffers
+        self.generator = generator
+
+    def host(self, name: str) -> torch.Tensor:
+        """A host-placed buffer or the host copy of an input (read or write in place)."""
+        return self._b.host_view(name)
+
+    def to_device(self, name: str, value: torch.Tensor) -> None:
+        """Copy a CPU tensor into a device buffer, asynchronously on CUDA."""
+        dst = self._b.tensors[name]
+        if dst.device.type == "cpu":
+            dst.copy_(value)
+        else:
+            self._b.h2d.copy(name, dst, value)
+
+
+class Runtime:
+    def __init__(self, contract: Contract, binding_cls=None, device="cpu", seed: int = 0, tokenizer=None,
+                 debug_graphs: bool = False):
+        if binding_cls is None:
+            from flashrt_core.contract.bindings import resolve_binding
+
+            binding_cls = resolve_binding(contract.model.name)
+        self.contract = contract
+        self.device = torch.device(device)
+        self.seed = int(seed)
+        self.dtype = TORCH_DTYPES[contract.model.dtype]
+        self.binding = binding_cls(contract.model, contract.dims, self.device, self.dtype, self.seed, tokenizer)
+        self.buffers = BufferSet(contract, self.device)
+        self.scheduler = Scheduler(contract)
+        self.generator = torch.Generator().manual_seed(self.seed)  # host RNG: same noise on CPU and CUDA
+        self.graphs = GraphCache(self.buffers, enabled=contract.graphs != "off", debug=debug_graphs)
+        self.capsules = None  # created lazily by flashrt_core.capsule (snapshot/restore/fork verbs)
+        self._io = StageIO(self.buffers, self.generator)
+        self._device_parts = {s: self.binding.device_part(s) for s in contract.stages}
+        self._prompt: str | None = None
+        self._last_stamp: int | None = None
+        self._weights_digest: str | None = None
+        self._lock = threading.RLock()  # ROS callbacks may set inputs while a timer steps
+
+    @classmethod
+    def from_config(cls, path, device="cpu", seed: int = 0, checkpoint=None, dtype=None, tokenizer=None, *,
+                    rates: Mapping[str, float] | None = None, limits: Mapping[str, Any] | None = None,
+                    options: Mapping[str, Any] | None = None, binding=None, debug_graphs: bool = False):
+        """Load and validate a contract, apply overrides (e.g. ROS parameters), build the model and buffers."""
+        contract = load_contract(path, binding=binding)
+        if checkpoint is not None or dtype is not None or rates or limits or options:
+            contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
+                                               dtype=_dtype_name(dtype), rates=rates, limits=limits,
+                                               options=options, binding=binding)
+        return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs)
+
+    # ---- inputs ------------------------------------------------------------------------------------------
+    def set_prompt(self, text: str) -> None:
+        spec = self.contract.buffers.get("prompt")
+        if spec is None:
+            raise InputError("prompt: this contract has no prompt input")
+        data = inputs.encode_prompt(text, spec.shape[0])
+        with self._lock:
+            if text == self._prompt:
+                return  # the same command again is not a change; nothing re-encodes
+            self.buffers.host_view("prompt").copy_(torch.from_numpy(data))
+            self.buffers.ledger.write_input("prompt", None)
+            self._prompt = text
+
+    def set_observation(self, images=None, state=None, stamp_ns: int = 0) -> None:
+        b = self.contract.buffers
+        writes: dict[str, np.ndarray] = {}
+        for name, given in (("images", images), ("state", state)):
+            if name in b and given is None:
+                raise InputError(f"{name}: required by this contract")
+            if name not in b and given is not None:
+                raise InputError(f"{name}: this contract has no {name} input")
+        if "images" in b:
+            writes["images"], mask = inputs.check_images(images, b["images"].shape)
+            if "image_mask" in b:
+                writes["image_mask"] = mask
+        if "state" in b:
+            writes["state"] = inputs.check_state(state, b["state"].shape)
+        with self._lock:
+            stamp = inputs.check_stamp(stamp_ns, self._last_stamp)
+            for name, arr in writes.items():
+                self.buffers.host_view(name).copy_(torch.from_numpy(arr))
+                self.buffers.ledger.write_input(name, stamp)
+            self._last_stamp = stamp
+
+    # ---- stepping ----------------------------------------------------------------------------------------
+    def step(self, now_ns: int) -> StepResult:
+        with self._lock:
+            return self._step(int(now_ns))
+
+    def _step(self, now_ns: int) -> StepResult:
+        t_start = time.perf_counter()
+        ledger = self.buffers.ledger
+        plan = self.scheduler.plan(now_ns, ledger)
+        cuda = self.device.type == "cuda"
+        stage_ms: dict[str, float] = {}
+        for s in plan.runs:  # host parts first: they never read device results
+            t = time.perf_counter()
+            self.buffers.refresh_inputs(self.contract.stages[s].reads)
+            self.binding.host(s, self._io)
+            stage_ms[s] = (time.perf_counter() - t) * 1e3
+        device_stages = [s for s in plan.runs if self._device_parts[s] is not None]
+        events = []
+        if device_stages:
+            bufs = self.buffers.tensors
+            groups = ([device_stages] if self.contract.graphs == "plan"
+                      else [[s] for s in device_stages])
+            for group in groups:
+                fns = [self._device_parts[s] for s in group]
+                start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+                if cuda:
+                    start.record()
+                self.graphs.run(tuple(group), lambda fns=fns: [fn(bufs) for fn in fns])
+                if cuda:
+                    end = torch.cuda.Event(enable_timing=True)
+                    end.record()
+                    events.append(("+".join(group), start, end))
+                else:
+                    key = "+".join(group)
+                    stage_ms[key] = stage_ms.get(key, 0.0) + (time.perf_counter() - start) * 1e3
+        self.scheduler.commit(plan, ledger)
+        out_stage = self.scheduler.output_stage
+        actions = None
+        if out_stage in plan.runs:
+            actions = self.buffers.tensors[self.contract.output].to("cpu", copy=True).numpy()
+        elif cuda and device_stages:
+            torch.cuda.current_stream().synchronize()  # so latency covers the work launched
+        for key, start, end in events:  # already complete: the copy or sync above waited for them
+            stage_ms[key] = stage_ms.get(key, 0.0) + start.elapsed_time(end)
+        reason = None
+        if actions is None:
+            reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
+        age = plan.age_ms(out_stage)
+        return StepResult(actions=actions, ran=list(plan.runs),
+                          decision_id=ledger.decisions if actions is not None else None,
+                          observation_age_ms=age, latency_ms=(time.perf_counter() - t_start) * 1e3,
+                          reason=reason, stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns)
+
+    def warmup(self) -> None:
+        """Capture the graphs of the usual plans now (configure time) rather than at their first tick."""
+        stages = [s for s in self.contract.stages if self._device_parts[s] is not None]
+        bufs = self.buffers.tensors
+        plans = [[s] for s in stages] if self.contract.graphs != "plan" else \
+            [stages, [self.scheduler.output_stage]]
+        with self._lock:
+            for group in plans:
+                fns = [self._device_parts[s] for s in group]
+                if tuple(group) not in self.graphs and self.graphs.enabled:
+                    saved = self.buffers.clone_all()
+                    self.graphs.run(tuple(group), lambda fns=fns: [fn(bufs) for fn in fns])
+                    self.buffers.load_all(saved)  # the capture's replay ran on zeros; undo it
+
+    # ---- state for capsules ----------------------------------------------------------------------------
+    def persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent buffer, as the live tensors (copy them; write into them only to restore)."""
+        return self.buffers.persistent()
+
+    def runtime_meta(self) -> dict:
+        """Host-side state that goes with the persistent buffers at a decision boundary."""
+        with self._lock:
+            ledger = self.buffers.ledger
+            meta = {
+                "decisions": ledger.decisions,
+                "step": ledger.step,
+                "ledger": ledger.to_dict(),
+                "clocks": {n: [c.t0, c.n] for n, c in self.scheduler.clocks.items()},
+                "pending": sorted(self.scheduler.pending),
+                "rng_state": self.generator.get_state().clone(),
+                "prompt": self._prompt,
+                "last_stamp_ns": self._last_stamp,
+                "seed": self.seed,
+            }
+            if "prompt" in self.buffers.tensors:
+                meta["prompt_bytes"] = self.buffers.host_view("prompt").clone()
+            return meta
+
+    def apply_meta(self, meta: Mapping) -> None:
+        """Restore host-side state from `runtime_meta()` output (the capsule restores the buffers).
+
+        Observation inputs stay live (the robot's newest frames are not rewound); the prompt is restored.
+        """
+        with self._lock:
+            restored = Ledger.from_dict(meta["ledger"])
+            live = self.buffers.ledger
+            for name, spec in self.contract.buffers.items():
+                if spec.is_input and name != "prompt":
+                    restored.buffers[name] = BufferMeta(**vars(live.buffers[name]))
+            self.buffers.ledger = restored
+            for name in self.buffers.device_version:
+                self.buffers.device_version[name] = -1  # re-stage device copies of inputs on next use
+            for name, (t0, n) in meta["clocks"].items():
+                self.scheduler.clocks[name].t0, self.scheduler.clocks[name].n = t0, n
+            self.scheduler.pending = set(meta["pending"])
+            self.generator.set_state(meta["rng_state"].clone())
+            self._prompt = meta["prompt"]
+            if "prompt_bytes" in meta and "prompt" in self.buffers.tensors:
+                self.buffers.host_view("prompt").copy_(meta["prompt_bytes"])
+
+    def fingerprint_fields(self) -> dict:
+        """model identity, weights digest, precision and persistent-buffer layout (see capsule.fingerprint)."""
+        if self._weights_digest is None:
+            self._weights_digest = weights_digest(self.binding.weights())
+        layout = {n: (tuple(b.shape), b.dtype) for n, b in self.contract.buffers.items() if b.persistent}
+        return {"model": self.binding.identity(), "weights_digest": self._weights_digest,
+                "precision": self.contract.model.dtype, "layout": layout}
+
+    @property
+    def decisions(self) -> int:
+        return self.buffers.ledger.decisions
+
+    @property
+    def prompt(self) -> str | None:
+        return self._prompt
+
+
+def weights_digest(named_tensors) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every weight, in name order; computed once per runtime."""
+    h = hashlib.sha256()
+    for name, t in sorted(named_tensors, key=lambda kv: kv[0]):
+        shape = tuple(t.shape)
+        t = t.detach().contiguous().reshape(-1)
+        h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{shape}\n".encode())
+        h.update(t.view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _dtype_name(dtype) -> str | None:
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16",
+            "float": "float32"}.get(name, name)

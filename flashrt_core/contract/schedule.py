@@ -1,0 +1,286 @@
+"""Which stages run at a tick: a deterministic, pure-Python scheduler shared by the Runtime and `simulate`.
+
+Rules, applied to stages in DAG order at each tick `now_ns`:
+- `rate_hz`: due when `now` reached the stage's next grid point. Grid point n is
+  `t0 + ceil(n * 1e9 / rate)` ns with exact fractions, so rates that do not divide each other never drift;
+  a tick that comes after several grid points runs the stage once and counts the skipped points as misses.
+- `on_change: b`: due when buffer `b`'s version differs from the one the stage saw on its last run (planned
+  versions, so a stage earlier in the same tick counts). Combined with `rate_hz`, it also fires early.
+- `after: s`: due when stage `s` runs in this tick.
+A due stage is then held back (with a reason) when a buffer it reads was never produced; when it reads
+inputs but none of its reads changed since its last run (a late observation: `late_observe: reuse` skips
+this period and later stages use the last outputs; `wait` keeps it pending and holds every stage that
+reads its outputs); or, for the stage writing the contract's output, when the observation its reads
+came from is older than `limits.max_observation_age_ms`.
+Planning only reads the ledger (versions and stamps on the host), so it never waits for the device.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from flashrt_core.contract.spec import Contract
+
+NS = 1_000_000_000
+
+
+@dataclass
+class BufferMeta:
+    version: int = 0  # 0: never produced
+    step: int = -1  # the step that produced it
+    stamp_ns: int | None = None  # stamp of the oldest observation it was computed from
+
+
+@dataclass
+class Ledger:
+    """Host-side bookkeeping of every buffer and stage; plain data so capsules can carry it."""
+
+    buffers: dict[str, BufferMeta]
+    seen: dict[str, dict[str, int]]  # stage -> versions of its reads at its last run
+    runs: dict[str, int]
+    misses: dict[str, int]
+    lates: dict[str, int]
+    step: int = 0
+    decisions: int = 0  # runs of the output stage
+
+    @classmethod
+    def fresh(cls, contract: Contract) -> "Ledger":
+        names = list(contract.stages)
+        return cls(buffers={b: BufferMeta() for b in contract.buffers},
+                   seen={s: {b: 0 for b in contract.stages[s].reads} for s in names},
+                   runs=dict.fromkeys(names, 0), misses=dict.fromkeys(names, 0), lates=dict.fromkeys(names, 0))
+
+    def to_dict(self) -> dict:
+        return {"buffers": {k: [m.version, m.step, m.stamp_ns] for k, m in self.buffers.items()},
+                "seen": {k: dict(v) for k, v in self.seen.items()}, "runs": dict(self.runs),
+                "misses": dict(self.misses), "lates": dict(self.lates), "step": self.step,
+                "decisions": self.decisions}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Ledger":
+        return cls(buffers={k: BufferMeta(*v) for k, v in d["buffers"].items()},
+                   seen={k: dict(v) for k, v in d["seen"].items()}, runs=dict(d["runs"]),
+                   misses=dict(d["misses"]), lates=dict(d["lates"]), step=int(d["step"]),
+                   decisions=int(d["decisions"]))
+
+    def write_input(self, name: str, stamp_ns: int | None) -> None:
+        m = self.buffers[name]
+        m.version += 1
+        m.step = self.step
+        m.stamp_ns = stamp_ns
+
+
+class RateClock:
+    """Grid points t0 + ceil(n * 1e9 / rate) ns, anchored at the first tick."""
+
+    def __init__(self, rate_hz: float):
+        self.rate = Fraction(str(rate_hz))  # exact decimal, e.g. 7.5 -> 15/2
+        self.t0: int | None = None
+        self.n = 0  # index of the next grid point not yet consumed
+
+    def point(self, n: int) -> int:
+        return self.t0 + math.ceil(n * NS / self.rate)
+
+    def latest(self, now_ns: int) -> int:
+        """Index of the last grid point <= now."""
+        # point(m) <= now  <=>  m * 1e9 / rate <= now - t0 (an integer), so the floor is exact
+        return math.floor((now_ns - self.t0) * self.rate / NS)
+
+    def next_due(self) -> int:
+        return self.point(self.n)
+
+
+@dataclass
+class Plan:
+    now_ns: int
+    runs: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # stage -> reason
+    stamps: dict[str, int | None] = field(default_factory=dict)  # stage -> observation stamp of its reads
+    consume: set[str] = field(default_factory=set)  # rate stages whose due grid point is used up
+    late: set[str] = field(default_factory=set)
+    versions: dict[str, int] = field(default_factory=dict)  # planned versions after this tick
+
+    def age_ms(self, stage: str) -> float | None:
+        s = self.stamps.get(stage)
+        return None if s is None else (self.now_ns - s) / 1e6
+
+
+class Scheduler:
+    def __init__(self, contract: Contract):
+        self.contract = contract
+        self.clocks = {n: RateClock(s.trigger.rate_hz) for n, s in contract.stages.items()
+                       if s.trigger.rate_hz is not None}
+        self.pending: set[str] = set()  # late stages waiting for fresh inputs (late_observe: wait)
+        self.output_stage = contract.output_stage()
+
+    def next_due_ns(self, after_ns: int) -> int | None:
+        """The first grid point of any rate stage strictly after `after_ns` (pending stages included)."""
+        due = [c.point(max(c.n, c.latest(after_ns) + 1)) for c in self.clocks.values() if c.t0 is not None]
+        return min(due) if due else None
+
+    def plan(self, now_ns: int, ledger: Ledger) -> Plan:
+        c = self.contract
+        for clock in self.clocks.values():
+            if clock.t0 is None:
+                clock.t0 = now_ns  # phase: every rate stage is due at the first tick
+        plan = Plan(now_ns)
+        ver = {b: m.version for b, m in ledger.buffers.items()}
+        stamp = {b: m.stamp_ns for b, m in ledger.buffers.items()}
+        waiting: set[str] = set()
+        for name, s in c.stages.items():
+            t = s.trigger
+            changed = t.on_change is not None and ver[t.on_change] != ledger.seen[name][t.on_change]
+            clock_due = name in self.clocks and (name in self.pending or
+                                                 now_ns >= self.clocks[name].next_due())
+            due = changed or clock_due or (t.after is not None and t.after in plan.runs)
+            if not due:
+                continue
+            if clock_due:
+                plan.consume.add(name)
+            stamps = [stamp[b] for b in s.reads if stamp[b] is not None]
+            src = min(stamps) if stamps else None
+            plan.stamps[name] = src  # also for a held stage: how old its data would be
+            never = [b for b in s.reads if ver[b] == 0]
+            if never:
+                plan.skipped[name] = f"{never[0]} has not been produced yet"
+                continue
+            held = sorted(c.upstream(name) & waiting)
+            if held:
+                plan.skipped[name] = f"waiting for {held[0]} (late_observe: wait)"
+                waiting.add(name)
+                continue
+            reads_inputs = any(c.buffers[b].is_input for b in s.reads)
+            if reads_inputs and not changed and all(ver[b] == ledger.seen[name][b] for b in s.reads):
+                plan.late.add(name)
+                if c.limits.late_observe == "wait":
+                    plan.consume.discard(name)
+                    waiting.add(name)
+                    plan.skipped[name] = "late: no new inputs since its last run; waiting (late_observe: wait)"
+                else:
+                    plan.skipped[name] = "late: no new inputs since its last run; reusing its last outputs"
+                continue
+            limit = c.limits.max_observation_age_ms
+            if name == self.output_stage and limit is not None and src is not None \
+                    and (now_ns - src) / 1e6 > limit:
+                plan.skipped[name] = (f"observation age {(now_ns - src) / 1e6:.1f} ms exceeds "
+                                      f"limits.max_observation_age_ms = {limit:g}")
+                continue
+            plan.runs.append(name)
+            for b in s.writes:
+                ver[b] += 1
+                stamp[b] = src
+        plan.versions = ver
+        return plan
+
+    def commit(self, plan: Plan, ledger: Ledger) -> None:
+        """Record a plan as executed: versions, stamps, seen versions, counters, clocks."""
+        c = self.contract
+        for name in plan.runs:
+            s = c.stages[name]
+            for b in s.reads:
+                ledger.seen[name][b] = ledger.buffers[b].version  # includes writes earlier in this tick
+            for b in s.writes:
+                m = ledger.buffers[b]
+                m.version += 1
+                m.step = ledger.step
+                m.stamp_ns = plan.stamps[name]
+            ledger.runs[name] += 1
+            if name == self.output_stage:
+                ledger.decisions += 1
+        for name in plan.late:
+            ledger.lates[name] += 1
+        for name, clock in self.clocks.items():
+            if name in plan.consume:
+                m = clock.latest(plan.now_ns)
+                ledger.misses[name] += max(0, m - clock.n)
+                clock.n = m + 1
+                self.pending.discard(name)
+            elif name in plan.skipped and name in plan.late:
+                self.pending.add(name)  # waiting: stays due until fresh inputs arrive
+        ledger.step += 1
+
+
+# ---- simulated clock -------------------------------------------------------------------------------------
+def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None,
+             observation_hz: float | None = None) -> dict:
+    """Run the scheduler on a simulated clock over [0, duration_s) and report what ran when.
+
+    Ticks happen at the stages' grid points (tick_hz=None) or on a fixed tick grid. A fresh observation
+    (every input except the prompt-like ones nobody stamps) arrives at every tick, or at observation_hz. The
+    prompt is set once at t=0. Compute takes no simulated time, so ages are pure scheduling staleness.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration_s must be positive, got {duration_s}")
+    sched = Scheduler(contract)
+    ledger = Ledger.fresh(contract)
+    end = int(Fraction(str(duration_s)) * NS)
+    inputs = [b.name for b in contract.buffers.values() if b.is_input]
+    stamped = [b for b in inputs if not _is_prompt(contract, b)]
+    unstamped = [b for b in inputs if b not in stamped]
+    tick_clock = RateClock(tick_hz) if tick_hz else None
+    cam_clock = RateClock(observation_hz) if observation_hz else None
+    for clock in (tick_clock, cam_clock):
+        if clock:
+            clock.t0 = 0
+    events, ticks, now = [], 0, 0
+    ages: dict[str, list[float]] = {n: [] for n in contract.stages}
+    for b in unstamped:
+        ledger.write_input(b, None)
+    while now < end:
+        stamp = now if cam_clock is None else cam_clock.point(cam_clock.latest(now))
+        for b in stamped:
+            if ledger.buffers[b].stamp_ns != stamp:
+                ledger.write_input(b, stamp)
+        plan = sched.plan(now, ledger)
+        sched.commit(plan, ledger)
+        ticks += 1
+        for name in plan.runs:
+            age = plan.age_ms(name)
+            events.append({"t_ns": now, "stage": name, "age_ms": age})
+            if age is not None:
+                ages[name].append(age)
+        for name, why in plan.skipped.items():
+            events.append({"t_ns": now, "stage": name, "skipped": why})
+        if tick_clock:
+            tick_clock.n = tick_clock.latest(now) + 1
+            now = tick_clock.next_due()
+        else:
+            nxt = sched.next_due_ns(now)
+            now = nxt if nxt is not None else end
+    stages = {}
+    for name in contract.stages:
+        a = ages[name]
+        stages[name] = {"trigger": contract.stages[name].trigger.describe(), "runs": ledger.runs[name],
+                        "misses": ledger.misses[name], "lates": ledger.lates[name],
+                        "age_ms": {"min": min(a), "mean": sum(a) / len(a), "max": max(a)} if a else None}
+    return {"contract": contract.source, "duration_s": duration_s, "tick_hz": tick_hz,
+            "observation_hz": observation_hz, "ticks": ticks, "decisions": ledger.decisions,
+            "stages": stages, "events": events}
+
+
+def _is_prompt(contract: Contract, name: str) -> bool:
+    """Inputs read only by on_change stages are commands (the prompt), not stamped observations."""
+    readers = [s for s in contract.stages.values() if name in s.reads]
+    return bool(readers) and all(s.trigger.on_change == name and s.trigger.rate_hz is None for s in readers)
+
+
+def format_report(report: dict, max_events: int = 40) -> str:
+    lines = [f"simulated {report['duration_s']} s: {report['ticks']} ticks, {report['decisions']} decisions"]
+    lines.append(f"{'stage':<12}{'trigger':<28}{'runs':>6}{'misses':>8}{'lates':>7}   age ms min/mean/max")
+    for name, s in report["stages"].items():
+        a = s["age_ms"]
+        age = f"{a['min']:.1f}/{a['mean']:.1f}/{a['max']:.1f}" if a else "-"
+        lines.append(f"{name:<12}{s['trigger']:<28}{s['runs']:>6}{s['misses']:>8}{s['lates']:>7}   {age}")
+    ev = report["events"]
+    lines.append(f"first {min(max_events, len(ev))} of {len(ev)} events:")
+    for e in ev[:max_events]:
+        what = f"skipped: {e['skipped']}" if "skipped" in e else (
+            f"age {e['age_ms']:.1f} ms" if e["age_ms"] is not None else "")
+        lines.append(f"  {e['t_ns'] / 1e6:10.3f} ms  {e['stage']:<10} {what}")
+    return "\n".join(lines)
+
+
+def report_json(report: dict) -> str:
+    return json.dumps(report, indent=1)

@@ -1,0 +1,244 @@
+"""The Runtime against a toy model binding defined here: proves the runtime is model-agnostic and checks its
+bookkeeping (versions, stamps, ages, late observations, limits, input validation) with a model small enough
+to recompute by hand in plain torch."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.contract.runtime import Runtime
+from flashrt_core.contract.spec import StageSignature, validate
+from flashrt_core.contract.bindings import ModelBinding
+from flashrt_core.errors import InputError
+
+# tolerance table: the toy's device part is recomputed with the same ops in the same order
+TOL = {"actions_vs_reference": 0.0}
+
+MS = 1_000_000
+TOY_DIMS = {"views": 2, "height": 6, "width": 5, "state_dim": 3, "feat": 4, "chunk": 5, "action_dim": 2,
+            "prompt_bytes": 32}
+FLOW_STEPS = 3
+
+
+def toy_weights(seed: int) -> dict:
+    g = torch.Generator().manual_seed(1000 + seed)
+    d = TOY_DIMS
+    obs_in = d["views"] * 3 + d["state_dim"]
+    return {"w_obs": torch.randn(d["feat"], obs_in, generator=g) * 0.5,
+            "w_task": torch.randn(d["feat"], 8, generator=g) * 0.5,
+            "a": torch.randn(d["action_dim"], d["action_dim"], generator=g) * 0.5,
+            "b": torch.randn(d["feat"], d["action_dim"], generator=g) * 0.5}
+
+
+def toy_task(prompt_bytes: torch.Tensor, w_task: torch.Tensor) -> torch.Tensor:
+    """Prompt -> task vector: byte histogram over 8 buckets, projected (deterministic, prompt-sensitive)."""
+    hist = torch.zeros(8)
+    data = prompt_bytes[prompt_bytes != 0].long()
+    hist.index_add_(0, data % 8, torch.ones(len(data)))
+    return torch.tanh(w_task @ (hist / max(len(data), 1)))
+
+
+def toy_observe(images, mask, state, task, w_obs):
+    pix = images.float().mean(dim=(1, 2)) / 255.0 * mask.float()[:, None]  # [views, 3]
+    return torch.tanh(w_obs @ torch.cat([pix.reshape(-1), state]) + task)
+
+
+def toy_act(prefix, noise, a, b):
+    x = noise
+    for _ in range(FLOW_STEPS):
+        x = x + 0.1 * torch.tanh(x @ a + prefix @ b)
+    return x
+
+
+class ToyBinding(ModelBinding):
+    name = "toy"
+
+    @classmethod
+    def dims(cls, model):
+        return dict(TOY_DIMS, **{k: v for k, v in model.options.items() if k in TOY_DIMS})
+
+    @classmethod
+    def signatures(cls, dims, model):
+        d = dims
+        img = ((d["views"], d["height"], d["width"], 3), "uint8")
+        return {
+            "prompt": StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
+                                     writes={"task": ((d["feat"],), "float32")}),
+            "observe": StageSignature(
+                reads={"task": ((d["feat"],), "float32"), "images": img, "image_mask": ((d["views"],), "bool"),
+                       "state": ((d["state_dim"],), "float32")},
+                writes={"prefix": ((d["feat"],), "float32")}),
+            "act": StageSignature(reads={"prefix": ((d["feat"],), "float32")},
+                                  writes={"noise": ((d["chunk"], d["action_dim"]), "float32"),
+                                          "actions": ((d["chunk"], d["action_dim"]), "float32")}),
+            "energy": StageSignature(reads={"actions": ((d["chunk"], d["action_dim"]), "float32")},
+                                     writes={"action_energy": ((1,), "float32")}),
+        }
+
+    def __init__(self, model, dims, device, dtype, seed, tokenizer=None):
+        super().__init__(model, dims, device, dtype, seed, tokenizer)
+        self.w = {k: v.to(device) for k, v in toy_weights(seed).items()}
+        self.w_task_cpu = toy_weights(seed)["w_task"]
+
+    def host(self, stage, io):
+        if stage == "prompt":
+            io.to_device("task", toy_task(io.host("prompt"), self.w_task_cpu))
+        elif stage == "act":
+            d = self.dims
+            io.to_device("noise", torch.randn(d["chunk"], d["action_dim"], generator=io.generator))
+
+    def device_part(self, stage):
+        w = self.w
+
+        def observe(b):
+            b["prefix"].copy_(toy_observe(b["images"], b["image_mask"], b["state"], b["task"], w["w_obs"]))
+
+        def act(b):
+            b["actions"].copy_(toy_act(b["prefix"], b["noise"], w["a"], w["b"]))
+
+        def energy(b):
+            b["action_energy"].copy_((b["actions"] ** 2).sum().reshape(1))
+
+        return {"observe": observe, "act": act, "energy": energy}.get(stage)
+
+    def weights(self):
+        return list(self.w.items())
+
+
+def toy_contract(observe_hz=10, act_hz=50, late="reuse", max_age=None, graphs="stage"):
+    return {
+        "model": {"name": "test_runtime_toy:ToyBinding"},
+        "limits": {"max_observation_age_ms": max_age, "late_observe": late},
+        "output": "actions",
+        "graphs": graphs,
+        "buffers": {
+            "prompt": {"shape": ["prompt_bytes"], "dtype": "uint8", "lifetime": "input", "place": "host"},
+            "images": {"shape": ["views", "height", "width", 3], "dtype": "uint8", "lifetime": "input"},
+            "image_mask": {"shape": ["views"], "dtype": "bool", "lifetime": "input"},
+            "state": {"shape": ["state_dim"], "dtype": "float32", "lifetime": "input"},
+            "task": {"shape": ["feat"], "dtype": "float32", "lifetime": "persistent"},
+            "prefix": {"shape": ["feat"], "dtype": "float32", "lifetime": "persistent"},
+            "noise": {"shape": ["chunk", "action_dim"], "dtype": "float32", "lifetime": "transient"},
+            "actions": {"shape": ["chunk", "action_dim"], "dtype": "float32", "lifetime": "persistent"},
+            "action_energy": {"shape": [1], "dtype": "float32", "lifetime": "transient"},
+        },
+        "stages": {
+            "prompt": {"reads": ["prompt"], "writes": ["task"], "trigger": {"on_change": "prompt"}},
+            "observe": {"reads": ["task", "images", "image_mask", "state"], "writes": ["prefix"],
+                        "trigger": {"rate_hz": observe_hz, "on_change": "task"}},
+            "act": {"reads": ["prefix"], "writes": ["noise", "actions"], "trigger": {"rate_hz": act_hz}},
+            "energy": {"reads": ["actions"], "writes": ["action_energy"], "trigger": {"after": "act"}},
+        },
+    }
+
+
+def make_runtime(seed=0, **kw):
+    contract = validate(toy_contract(**kw), binding=ToyBinding)
+    return Runtime(contract, ToyBinding, device="cpu", seed=seed)
+
+
+def observation(rng, views=2, missing=()):
+    images = [None if i in missing else rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for i in range(views)]
+    return images, rng.standard_normal(3).astype(np.float32)
+
+
+def reference_actions(images, state, prompt, noise, seed=0):
+    w = toy_weights(seed)
+    enc = np.zeros(32, np.uint8)
+    enc[:len(prompt.encode())] = np.frombuffer(prompt.encode(), np.uint8)
+    task = toy_task(torch.from_numpy(enc), w["w_task"])
+    frames = torch.from_numpy(np.stack([np.zeros((6, 5, 3), np.uint8) if i is None else i for i in images]))
+    mask = torch.tensor([i is not None for i in images])
+    prefix = toy_observe(frames, mask, torch.from_numpy(state), task, w["w_obs"])
+    return toy_act(prefix, noise, w["a"], w["b"]).numpy()
+
+
+def test_decisions_match_reference_and_ages():
+    rt = make_runtime()
+    rng = np.random.default_rng(1)
+    rt.set_prompt("pick up the red cube")
+    imgs, state = observation(rng)
+    rt.set_observation(images=imgs, state=state, stamp_ns=0)
+    noise_gen = torch.Generator().manual_seed(0)
+    r0 = rt.step(0)
+    assert r0.ran == ["prompt", "observe", "act", "energy"]
+    assert r0.decision_id == 1 and r0.observation_age_ms == 0.0 and r0.reason is None
+    ref = reference_actions(imgs, state, "pick up the red cube", torch.randn(5, 2, generator=noise_gen))
+    np.testing.assert_allclose(r0.actions, ref, atol=TOL["actions_vs_reference"], rtol=0)
+    # act-only ticks reuse the prefix: exactly a whole decision on that observation with the next noise
+    for k in range(1, 5):
+        r = rt.step(k * 20 * MS)
+        assert r.ran == ["act", "energy"] and r.decision_id == k + 1
+        assert r.observation_age_ms == pytest.approx(20.0 * k)
+        ref = reference_actions(imgs, state, "pick up the red cube", torch.randn(5, 2, generator=noise_gen))
+        np.testing.assert_allclose(r.actions, ref, atol=TOL["actions_vs_reference"], rtol=0)
+    # a fresh observation stamped 95 ms, seen at the 100 ms tick: age 5 ms
+    imgs2, state2 = observation(rng)
+    rt.set_observation(images=imgs2, state=state2, stamp_ns=95 * MS)
+    r = rt.step(100 * MS)
+    assert r.ran == ["observe", "act", "energy"] and r.observation_age_ms == pytest.approx(5.0)
+    ref = reference_actions(imgs2, state2, "pick up the red cube", torch.randn(5, 2, generator=noise_gen))
+    np.testing.assert_allclose(r.actions, ref, atol=TOL["actions_vs_reference"], rtol=0)
+    led = rt.buffers.ledger.buffers
+    assert led["prefix"].version == 2 and led["prefix"].stamp_ns == 95 * MS and led["prefix"].step == 5
+    assert led["actions"].version == 6
+
+
+def test_new_prompt_reencodes_at_next_tick_and_same_prompt_does_not():
+    rt = make_runtime()
+    rng = np.random.default_rng(2)
+    rt.set_prompt("stack the blocks")
+    imgs, state = observation(rng)
+    rt.set_observation(images=imgs, state=state, stamp_ns=0)
+    rt.step(0)
+    rt.set_prompt("stack the blocks")  # unchanged: not a change
+    assert rt.step(20 * MS).ran == ["act", "energy"]
+    rt.set_prompt("open the drawer")
+    r = rt.step(40 * MS)  # observe is not due by rate (10 Hz) but the task changed
+    assert r.ran == ["prompt", "observe", "act", "energy"]
+    assert r.observation_age_ms == pytest.approx(40.0)  # same observation, new prompt
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        noise = torch.randn(5, 2, generator=gen)
+    np.testing.assert_allclose(r.actions, reference_actions(imgs, state, "open the drawer", noise), atol=0)
+    assert rt.step(60 * MS).ran == ["act", "energy"]
+
+
+def test_late_observation_reuse_then_age_limit():
+    rt = make_runtime(max_age=150)
+    rng = np.random.default_rng(3)
+    rt.set_prompt("wipe the table")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    rt.step(0)
+    r = rt.step(100 * MS)  # observe due, but no new observation: reuse the prefix
+    assert r.ran == ["act", "energy"] and "late" in r.skipped["observe"]
+    assert r.observation_age_ms == pytest.approx(100.0) and r.actions is not None
+    r = rt.step(160 * MS)
+    assert r.actions is None and r.ran == [] and r.decision_id is None
+    assert "160.0 ms exceeds limits.max_observation_age_ms = 150" in r.reason
+    assert r.observation_age_ms == pytest.approx(160.0)
+    rt.set_observation(*observation(rng), stamp_ns=170 * MS)
+    r = rt.step(200 * MS)
+    assert r.ran == ["observe", "act", "energy"] and r.observation_age_ms == pytest.approx(30.0)
+    assert rt.buffers.ledger.lates["observe"] == 1
+
+
+def test_late_observation_wait_holds_act_until_fresh_inputs():
+    rt = make_runtime(late="wait")
+    rng = np.random.default_rng(4)
+    rt.set_prompt("fold the towel")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    assert rt.step(0).ran == ["prompt", "observe", "act", "energy"]
+    assert rt.step(20 * MS).ran == ["act", "energy"]
+    r = rt.step(100 * MS)
+    assert r.actions is None and r.reason == "waiting for observe (late_observe: wait)"
+    r = rt.step(120 * MS)
+    assert r.actions is None and "waiting for observe" in r.reason
+    rt.set_observation(*observation(rng), stamp_ns=125 * MS)
+    r = rt.step(140 * MS)  # observe was pending since 100 ms: it runs now, act with it
+    assert r.ran == ["observe", "act", "energy"] and r.observation_age_ms == pytest.approx(15.0)
+    assert rt.step(160 * MS).ran == ["act", "energy"]
+    r = rt.step(200 * MS)  # observe due again with nothing new: waits again, so act is held
+    assert r.ran == [] and r.skipped["observe"].startswith("late") and r.observation_age_ms == pytest.approx(75.0)
+    assert rt.buffers.ledger.misses["observe"] == 0 and rt.buffers.ledger.runs["observe"] == 2
