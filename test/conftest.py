@@ -43,3 +43,74 @@ def loopback_ros_environment():
     log_dir = tempfile.mkdtemp(prefix="flashrt_roslog_")
     os.environ["ROS_LOG_DIR"] = log_dir
     yield
+
+
+@pytest.fixture
+def ros_context():
+    """A fresh rclpy context per test (init/shutdown around it), in the session's loopback domain."""
+    rclpy = pytest.importorskip("rclpy")
+    context = rclpy.Context()
+    rclpy.init(context=context)
+    yield context
+    rclpy.shutdown(context=context)
+
+
+@pytest.fixture
+def ros_node(ros_context):
+    import rclpy
+
+    node = rclpy.create_node(f"test_node_{random.randint(0, 1 << 30)}", context=ros_context)
+    yield node
+    node.destroy_node()
+
+
+@pytest.fixture
+def spawn():
+    """Start `python -m <module> args...` processes with the test's ROS environment; all are stopped after."""
+    import signal
+    import subprocess
+    import sys
+
+    procs = []
+
+    def start(*args, log=None):
+        out = open(log, "w") if log else subprocess.DEVNULL
+        proc = subprocess.Popen([sys.executable, "-m", *args], env=dict(os.environ), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def spin_until(node, predicate, timeout: float, executor=None) -> bool:
+    """Spin `node` until predicate() is true or `timeout` seconds passed (never a bare sleep)."""
+    import time
+
+    import rclpy
+
+    from rclpy.executors import SingleThreadedExecutor
+
+    own = executor is None
+    if own:
+        executor = SingleThreadedExecutor(context=node.context)
+        executor.add_node(node)
+    try:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            executor.spin_once(timeout_sec=0.05)
+        return predicate()
+    finally:
+        if own:
+            executor.remove_node(node)
+            executor.shutdown()

@@ -1,0 +1,96 @@
+"""ROS message <-> array conversions: every supported encoding, row padding, endianness, bad input."""
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.ros
+
+from flashrt_ros import conversions as cv  # noqa: E402
+
+
+@pytest.fixture
+def rgb():
+    return np.random.default_rng(3).integers(1, 255, size=(13, 17, 3), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("pad", [0, 5])
+@pytest.mark.parametrize("encoding", ["rgb8", "bgr8"])
+def test_colour_images_round_trip_exactly(rgb, encoding, pad):
+    from sensor_msgs.msg import Image
+
+    msg = cv.rgb_to_image(rgb, Image, encoding=encoding, pad=pad)
+    assert msg.step == 17 * 3 + pad
+    np.testing.assert_array_equal(cv.image_to_rgb(msg), rgb)
+
+
+def test_mono8_and_16uc1_become_grey_rgb(rgb):
+    from sensor_msgs.msg import Image
+
+    grey = rgb.mean(axis=2).astype(np.uint8)
+    for encoding in ("mono8", "16UC1"):
+        out = cv.image_to_rgb(cv.rgb_to_image(rgb, Image, encoding=encoding, pad=3))
+        assert out.shape == (13, 17, 3)
+        np.testing.assert_array_equal(out[..., 0], grey)
+        np.testing.assert_array_equal(out[..., 2], grey)
+
+
+def test_big_endian_16uc1_is_honoured():
+    from sensor_msgs.msg import Image
+
+    depth = np.random.default_rng(0).integers(256, 65535, size=(5, 7)).astype(np.uint16)
+    msg = Image(height=5, width=7, encoding="16UC1", is_bigendian=1, step=14)
+    msg.data = depth.astype(">u2").tobytes()
+    np.testing.assert_array_equal(cv.image_to_rgb(msg)[..., 1], (depth >> 8).astype(np.uint8))
+
+
+def test_compressed_png_decodes_to_rgb(rgb):
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+
+    ok, buf = cv2.imencode(".png", rgb[..., ::-1])
+    assert ok
+    msg = CompressedImage(format="png", data=buf.tobytes())
+    np.testing.assert_array_equal(cv.compressed_to_rgb(msg), rgb)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda m: setattr(m, "encoding", "yuv422"), "unsupported image encoding 'yuv422'"),
+    (lambda m: setattr(m, "step", 10), "step 10 is smaller"),
+    (lambda m: setattr(m, "data", bytes(m.data)[:100]), r"expected step\*height"),
+    (lambda m: setattr(m, "width", 0), "no pixels"),
+])
+def test_malformed_images_are_refused_with_the_reason(rgb, mutate, message):
+    from sensor_msgs.msg import Image
+
+    msg = cv.rgb_to_image(rgb, Image)
+    mutate(msg)
+    with pytest.raises(cv.ConversionError, match=message):
+        cv.image_to_rgb(msg)
+
+
+def test_corrupt_compressed_image_is_refused():
+    from sensor_msgs.msg import CompressedImage
+
+    with pytest.raises(cv.ConversionError, match="could not be decoded"):
+        cv.compressed_to_rgb(CompressedImage(format="jpeg", data=b"\xff\xd8 not a jpeg"))
+
+
+def test_joint_states_are_mapped_by_name_and_checked():
+    from sensor_msgs.msg import JointState
+
+    msg = JointState(name=["b", "a", "c"], position=[0.25, -0.5, 1.5])
+    np.testing.assert_array_equal(cv.joint_positions(msg, ["a", "b"]), np.float32([-0.5, 0.25]))
+    np.testing.assert_array_equal(cv.joint_positions(msg, []), np.float32([0.25, -0.5, 1.5]))
+    with pytest.raises(cv.ConversionError, match=r"lacks joints \['d'\]"):
+        cv.joint_positions(msg, ["a", "d"])
+    msg.position = [0.25, float("nan"), 1.5]
+    with pytest.raises(cv.ConversionError, match=r"non-finite positions for \['a'\]"):
+        cv.joint_positions(msg, ["a", "b"])
+    with pytest.raises(cv.ConversionError, match="3 names but 2 positions"):
+        cv.joint_positions(JointState(name=["a", "b", "c"], position=[1.0, 2.0]), [])
+
+
+def test_stamp_conversion_round_trips():
+    from builtin_interfaces.msg import Time
+
+    ns = 1_733_000_123_456_789_012
+    assert cv.stamp_to_ns(cv.ns_to_stamp(ns, Time)) == ns
