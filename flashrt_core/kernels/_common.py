@@ -1,0 +1,78 @@
+"""Shared launcher helpers: typed errors, tensor checks, block-size picks.
+
+Launchers only read tensor metadata (shape, dtype, strides, device), never values, so checking inputs costs
+no host sync and is safe inside CUDA-graph capture.
+"""
+import os
+
+import torch
+
+from flashrt_core.errors import FlashRTError
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INT_DTYPES = (torch.int32, torch.int64)
+MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64)
+
+
+class KernelInputError(FlashRTError, ValueError):
+    """A kernel was called with a tensor of the wrong shape, dtype, layout or device."""
+
+
+class KernelUnavailableError(FlashRTError, RuntimeError):
+    """`backend="triton"` was asked for where Triton kernels cannot run."""
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 set before import)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def next_pow2(n: int, minimum: int = 1) -> int:
+    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+def check(op: str, name: str, t, *, ndim=None, dtypes=FLOAT_DTYPES, shape=None, contiguous=False,
+          last_contiguous=True, device=None) -> torch.Tensor:
+    """Validate one launcher argument; every message names the op and the argument."""
+    if not isinstance(t, torch.Tensor):
+        raise KernelInputError(f"{op}: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        raise KernelInputError(f"{op}: `{name}` must have {ndim} dims, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise KernelInputError(f"{op}: `{name}` has dtype {t.dtype}, expected one of {names}")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                raise KernelInputError(
+                    f"{op}: `{name}` has shape {tuple(t.shape)}, expected dim {i} = {want}")
+        if len(shape) != t.dim():
+            raise KernelInputError(f"{op}: `{name}` has shape {tuple(t.shape)}, expected {len(shape)} dims")
+    if contiguous and not t.is_contiguous():
+        raise KernelInputError(f"{op}: `{name}` must be contiguous (strides {t.stride()})")
+    if last_contiguous and t.dim() > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise KernelInputError(f"{op}: `{name}` must have a unit stride in its last dim (strides {t.stride()})")
+    if device is not None and t.device != device:
+        raise KernelInputError(f"{op}: `{name}` is on {t.device}, expected {device} like the first input")
+    return t
+
+
+def check_out(op: str, name: str, out, like_shape, device, dtypes=FLOAT_DTYPES):
+    """An optional preallocated output (static buffer) must match exactly and be contiguous."""
+    if out is None:
+        return None
+    check(op, name, out, dtypes=dtypes, contiguous=True, device=device)
+    if tuple(out.shape) != tuple(like_shape):
+        raise KernelInputError(f"{op}: `{name}` has shape {tuple(out.shape)}, expected {tuple(like_shape)}")
+    return out
+
+
+def row_warps(block: int) -> int:
+    """Warps for a one-row-per-program kernel: enough lanes to cover the row in a few vector loads."""
+    if block >= 8192:
+        return 16
+    if block >= 2048:
+        return 8
+    if block >= 512:
+        return 4
+    return 2

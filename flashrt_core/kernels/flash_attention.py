@@ -1,0 +1,153 @@
+"""Flash-style (online softmax) attention with a key padding mask, GQA, and an optional second key set.
+
+Two uses in pi0.5:
+  * prefix / SigLIP: q over k, v of the same tokens; `key_mask` drops padded prefix tokens (bidirectional,
+    no causal mask); SigLIP passes no mask.
+  * action expert: the 50 suffix queries over [cached prefix K/V (with its pad mask)] + [suffix K/V]
+    passed as k2 / v2, so the cache is never concatenated or copied.
+Layouts: q and out [B, T, Hq, Dh] (token-major, what the QKV split writes and o_proj reads); k, v, k2, v2
+[B, Hkv, S, Dh] with any strides (a token-major [B, S, H, Dh] tensor passes as `.transpose(1, 2)`), unit
+stride in the last dim. GQA packs the Hq / Hkv query heads that share one kv head into the rows of one
+program, so each K/V tile is loaded once per group instead of once per query head.
+Softmax runs in fp32 with exp2; P is cast to the value dtype for the second dot (as in FlashAttention).
+A query whose keys are all masked returns zeros.
+Reference: `reference.attention_ref`.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from flashrt_core.kernels._common import MASK_DTYPES, KernelInputError, check, check_out, interpreting, next_pow2
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, n_keys, qk_scale, d, d_mask,
+            HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """Fold the keys [0, n_keys) of one (batch, kv head) into the running (acc, max, sum) of the rows."""
+    for start in range(0, n_keys, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        in_range = n < n_keys
+        valid = in_range
+        if HAS_MASK:
+            valid = valid & (tl.load(M + n, mask=in_range, other=0) != 0)
+        k = tl.load(K + n[None, :] * k_ss + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        # m_i starts finite (-1e30), so a fully masked tile gives exp2(-inf) = 0, never inf - inf = NaN.
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + n[:, None] * v_ss + d[None, :], mask=in_range[:, None] & d_mask[None, :], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attention_kernel(Q, K, V, M, K2, V2, O, T, S, S2, HKV, DH, qk_scale,
+                      q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
+                      k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
+                      GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)
+    kvh = bh % HKV
+    r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (token, head within the group) rows
+    t = r // GROUP
+    head = kvh * GROUP + r % GROUP
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < DH
+    io_mask = (t < T)[:, None] & d_mask[None, :]
+    q = tl.load(Q + b * q_sb + t[:, None] * q_st + head[:, None] * q_sh + d[None, :], mask=io_mask, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b * k_sb + kvh * k_sh, V + b * v_sb + kvh * v_sh,
+                            M + b * m_sb, k_ss, v_ss, S, qk_scale, d, d_mask, HAS_MASK, BLOCK_N, PRECISION, UPCAST)
+    if HAS_SECOND:
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2 + b * k2_sb + kvh * k2_sh, V2 + b * v2_sb + kvh * v2_sh,
+                                M, k2_ss, v2_ss, S2, qk_scale, d, d_mask, False, BLOCK_N, PRECISION, UPCAST)
+    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+             out.to(O.dtype.element_ty), mask=io_mask)
+
+
+def _blocks(rows, batch_heads, block_d):
+    """(BLOCK_M, BLOCK_N, num_warps): shrink BLOCK_M until the grid roughly fills an H200's 132 SMs,
+    since the expert's 50-token suffix would otherwise run on a handful of programs."""
+    if interpreting():
+        return 16, 16, 1
+    block_n = 64 if block_d <= 128 else 32
+    block_m = 64
+    while block_m > 16 and triton.cdiv(rows, block_m) * batch_heads < 132:
+        block_m //= 2
+    return block_m, block_n, 4 if block_d <= 128 else 8
+
+
+def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
+    check(op, name, t, ndim=4, dtypes=(dtype,), shape=(b, hkv, s, dh), device=device)
+    return t
+
+
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None):
+    """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
+    None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
+    scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`)."""
+    op = "attention"
+    check(op, "q", q, ndim=4)
+    b, t, hq, dh = q.shape
+    check(op, "k", k, ndim=4, dtypes=(q.dtype,), device=q.device)
+    hkv, s = k.shape[1], k.shape[2]
+    if hkv < 1 or hq % hkv:
+        raise KernelInputError(f"{op}: `q` has {hq} heads, not a multiple of the {hkv} kv heads of `k`")
+    _kv(op, "k", k, b, hkv, dh, q.dtype, q.device)
+    _kv(op, "v", v, b, hkv, dh, q.dtype, q.device, s)
+    if key_mask is not None:
+        check(op, "key_mask", key_mask, dtypes=MASK_DTYPES, shape=(b, s), device=q.device)
+        if key_mask.dtype == torch.bool:
+            key_mask = key_mask.view(torch.uint8)  # same bytes; Triton loads bytes more reliably than i1
+    if (k2 is None) != (v2 is None):
+        raise KernelInputError(f"{op}: `k2` and `v2` must be given together")
+    s2 = 0
+    if k2 is not None:
+        _kv(op, "k2", k2, b, hkv, dh, q.dtype, q.device)
+        s2 = k2.shape[2]
+        _kv(op, "v2", v2, b, hkv, dh, q.dtype, q.device, s2)
+    out = check_out(op, "out", out, q.shape, q.device) if out is not None else q.new_empty(q.shape)
+    if out.dtype != q.dtype:
+        raise KernelInputError(f"{op}: `out` has dtype {out.dtype}, expected {q.dtype} like `q`")
+    scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
+    group = hq // hkv
+    block_d = next_pow2(dh, 16)
+    block_m, block_n, warps = _blocks(t * group, b * hkv, block_d)
+    if b * t == 0:
+        return out
+    m_arg = key_mask if key_mask is not None else q
+    upcast = interpreting() and q.dtype != torch.float32
+    k2_arg, v2_arg = (k2, v2) if k2 is not None else (k, v)
+    _attention_kernel[(triton.cdiv(t * group, block_m), b * hkv)](
+        q, k, v, m_arg, k2_arg, v2_arg, out, t, s, s2, hkv, dh, scale * _LOG2E,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
+        k2_arg.stride(0), k2_arg.stride(1), k2_arg.stride(2), v2_arg.stride(0), v2_arg.stride(1), v2_arg.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
+        # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
+        PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
+        num_warps=warps, num_stages=2)
+    return out

@@ -1,0 +1,59 @@
+"""SigLIP LayerNorm with bias, optionally fused with the residual add that precedes it.
+Reference: `reference.layer_norm_ref`, `reference.add_layer_norm_ref`.
+"""
+import torch
+import triton
+import triton.language as tl
+
+from flashrt_core.kernels._common import check, check_out, next_pow2, row_warps
+
+
+@triton.jit
+def _layer_norm_kernel(X_ptr, R_ptr, W_ptr, B_ptr, Y_ptr, RES_OUT_ptr, D, eps,
+                       HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    x = tl.load(X_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        s = x + tl.load(R_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        s_stored = s.to(RES_OUT_ptr.dtype.element_ty)
+        tl.store(RES_OUT_ptr + row * D + cols, s_stored, mask=mask)
+        x = s_stored.to(tl.float32)
+    mean = tl.sum(x, axis=0) / D
+    xc = tl.where(mask, x - mean, 0.0)  # two-pass variance: no cancellation for rows with a large mean
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / D + eps)
+    w = tl.load(W_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y_ptr + row * D + cols, (xc * rstd * w + b).to(Y_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch(op, x, residual, weight, bias, eps, out, residual_out):
+    check(op, "x", x, contiguous=True)
+    d = x.shape[-1]
+    check(op, "weight", weight, ndim=1, shape=(d,), device=x.device)
+    check(op, "bias", bias, ndim=1, shape=(d,), device=x.device)
+    out = check_out(op, "out", out, x.shape, x.device) if out is not None else torch.empty_like(x)
+    if residual is not None:
+        check(op, "residual", residual, shape=tuple(x.shape), contiguous=True, device=x.device)
+        residual_out = (check_out(op, "residual_out", residual_out, x.shape, x.device)
+                        if residual_out is not None else torch.empty_like(residual))
+    rows = x.numel() // d if d else 0
+    if rows:
+        block = next_pow2(d, 16)
+        _layer_norm_kernel[(rows,)](
+            x, residual if residual is not None else x, weight, bias, out,
+            residual_out if residual is not None else out, d, float(eps),
+            HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=row_warps(block))
+    return out, residual_out
+
+
+def layer_norm(x, weight, bias, eps=1e-6, *, out=None):
+    """LayerNorm over the last dim of contiguous x [..., D] with weight and bias [D]."""
+    return _launch("layer_norm", x, None, weight, bias, eps, out, None)[0]
+
+
+def add_layer_norm(x, residual, weight, bias, eps=1e-6, *, out=None, residual_out=None):
+    """Returns (residual + x, layer_norm(residual + x)). Pass residual_out=residual to update it in place."""
+    out, residual_out = _launch("add_layer_norm", x, residual, weight, bias, eps, out, residual_out)
+    return residual_out, out
