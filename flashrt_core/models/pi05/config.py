@@ -176,7 +176,8 @@ class Pi05Config:
             head_dim = int(td.get("head_dim", k[0] // kv_heads))
             if k[0] != kv_heads * head_dim or q[0] % head_dim:
                 raise CheckpointError(
-                    f"{name}: k_proj rows {k[0]} / q_proj rows {q[0]} do not fit kv_heads={kv_heads}, head_dim={head_dim}")
+                    f"{name}: k_proj rows {k[0]} / q_proj rows {q[0]} do not fit "
+                    f"kv_heads={kv_heads}, head_dim={head_dim}")
             cfg = GemmaConfig(
                 width=q[1], depth=count_layers(prefix + "layers."),
                 mlp=shape(prefix + "layers.0.mlp.gate_proj.weight")[0],

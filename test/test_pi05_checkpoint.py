@@ -1,0 +1,179 @@
+"""Checkpoint I/O in LeRobot's layout: key set, size inference, typed errors, bit-exact tiny round trip."""
+import json
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from flashrt_core.errors import CheckpointError
+from flashrt_core.models import pi05
+from flashrt_core.models.pi05.checkpoint import EMBED_KEY, IGNORED_KEYS
+from flashrt_core.models.pi05.config import Pi05Config
+
+# Tolerances: every comparison in this file is exact (bit-for-bit); there is no numeric tolerance.
+TOL = {"round_trip": 0.0}
+FIXTURE = "lerobot_pi05_tiny"
+
+
+def _full_key_table(shared_ref):
+    """Expand `lerobot_pi05_state_dict.txt` ('{i}' rows with a [0..n] range) into {key: shape}."""
+    out = {}
+    for line in (shared_ref / "lerobot_pi05_state_dict.txt").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r"(\S+)\s+\[([\d, ]+)\]\s+\S+(?:\s+\[0\.\.(\d+)\])?", line)
+        key, shape = m.group(1), tuple(int(s) for s in m.group(2).split(","))
+        for i in range(int(m.group(3)) + 1 if m.group(3) else 1):
+            out[key.replace("{i}", str(i))] = shape
+    return out
+
+
+def _copy_fixture(fixtures_dir, tmp_path):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(fixtures_dir / FIXTURE, dst)
+    for f in dst.iterdir():
+        f.chmod(0o644)  # the shared fixtures are read-only
+    return dst
+
+
+def _rewrite(folder, edit):
+    tensors = load_file(str(folder / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def test_expected_keys_match_lerobot_full_checkpoint(fixtures_dir):
+    table = _full_key_table(fixtures_dir.parent)
+    assert len(table) == 813  # the count printed at the top of the table
+    want = pi05.expected_keys(Pi05Config.full())
+    assert set(want) | set(IGNORED_KEYS) == set(table)
+    assert all(table[k] == shape for k, shape in want.items())
+    # The shapes alone (no dims.json) are enough to recover the released sizes.
+    assert Pi05Config.from_state_dict_shapes(table) == Pi05Config.full()
+
+
+def test_fixture_loads_with_dims_from_dims_json(fixtures_dir):
+    config, state = pi05.load_checkpoint(fixtures_dir / FIXTURE)
+    dims = json.loads((fixtures_dir / FIXTURE / "dims.json").read_text())
+    assert (config.vlm.width, config.vlm.depth, config.vlm.mlp, config.vlm.heads) == (64, 2, 128, 8)
+    assert (config.expert.width, config.expert.heads, config.expert.head_dim) == (32, 8, 16)
+    assert config.vision.heads == dims["vision"]["num_attention_heads"] == 4
+    assert config.tokenizer_max_length == 16  # from LeRobot's config.json
+    assert config.num_image_slots == 3 and config.vocab_size == 1024
+    assert set(state) == set(pi05.expected_keys(config))  # lm_head dropped
+    # Loading the file path directly gives the same result.
+    config2, _ = pi05.load_checkpoint(fixtures_dir / FIXTURE / "model.safetensors")
+    assert config2 == config
+
+
+def test_missing_unexpected_and_misshaped_keys_are_listed(fixtures_dir, tmp_path):
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+    gone = "model.paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight"
+    bent = "model.time_mlp_out.bias"
+
+    def edit(t):
+        del t[gone]
+        t["model.state_proj.weight"] = torch.ones(32, 32)
+        t[bent] = torch.ones(31)
+
+    _rewrite(folder, edit)
+    with pytest.raises(CheckpointError) as err:
+        pi05.load_checkpoint(folder)
+    msg = str(err.value)
+    assert f"1 missing keys: {gone}" in msg
+    assert "1 unexpected keys: model.state_proj.weight" in msg
+    assert f"1 mis-shaped keys: {bent} [31] (expected [32])" in msg
+    assert str(folder / "model.safetensors") in msg
+
+
+def test_long_key_lists_are_truncated(fixtures_dir, tmp_path):
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+
+    def edit(t):
+        for i in range(14):
+            t[f"model.extra.{i:02d}"] = torch.zeros(1)
+
+    _rewrite(folder, edit)
+    with pytest.raises(CheckpointError, match=r"14 unexpected keys: model\.extra\.00, .* \(4 more\)"):
+        pi05.load_checkpoint(folder)
+
+
+def test_missing_and_corrupt_files(fixtures_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        pi05.load_checkpoint(tmp_path / "nowhere")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match=re.escape(str(empty / "model.safetensors"))):
+        pi05.load_checkpoint(empty)
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])  # truncated download
+    with pytest.raises(CheckpointError, match="unreadable safetensors"):
+        pi05.load_checkpoint(folder)
+    (folder / "model.safetensors").write_bytes(b"\x07\x00\x00\x00\x00\x00\x00\x00garbage")
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        pi05.load_checkpoint(folder)
+
+
+def test_dims_json_disagreeing_with_tensors_is_an_error(fixtures_dir, tmp_path):
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+    dims = json.loads((folder / "dims.json").read_text())
+    dims["vlm"]["mlp_dim"] = 256
+    (folder / "dims.json").write_text(json.dumps(dims))
+    with pytest.raises(CheckpointError, match=r"vlm\.mlp_dim=256"):
+        pi05.load_checkpoint(folder)
+    (folder / "dims.json").unlink()  # without dims.json, SigLIP's head count cannot be inferred for width 32
+    with pytest.raises(CheckpointError, match="num_attention_heads"):
+        pi05.load_checkpoint(folder)
+
+
+def test_given_config_is_enforced(fixtures_dir):
+    with pytest.raises(CheckpointError, match="mis-shaped"):
+        pi05.load_checkpoint(fixtures_dir / FIXTURE, config=Pi05Config.full())
+
+
+def test_embedding_falls_back_to_lm_head(fixtures_dir, tmp_path):
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+    _rewrite(folder, lambda t: t.pop(EMBED_KEY))
+    _, state = pi05.load_checkpoint(folder)  # LeRobot fills the embedding from lm_head the same way
+    assert torch.equal(state[EMBED_KEY], load_file(str(folder / "model.safetensors"))[IGNORED_KEYS[0]])
+
+
+def test_tiny_round_trip_is_bit_exact(tmp_path):
+    config, state = pi05.build_tiny(seed=0)
+    path = pi05.tiny_checkpoint(tmp_path / "tiny", seed=0)
+    loaded_config, loaded = pi05.load_checkpoint(path)
+    assert loaded_config == config == Pi05Config.tiny()
+    assert set(loaded) == set(state)
+    for k, t in state.items():
+        assert loaded[k].dtype == t.dtype and torch.equal(loaded[k], t), k
+    # Deterministic from the seed; a different seed gives different weights.
+    _, same = pi05.build_tiny(seed=0)
+    _, other = pi05.build_tiny(seed=1)
+    assert all(torch.equal(same[k], state[k]) for k in state)
+    assert not torch.equal(other[EMBED_KEY], state[EMBED_KEY])
+    # Every tensor is random and non-trivial (norms not at their neutral value, biases non-zero).
+    for k, t in state.items():
+        assert t.std() > 0.01, k
+    assert (state["model.paligemma_with_expert.paligemma.model.language_model.norm.weight"].abs().mean() > 0.01)
+    # The saved folder runs through load() like any checkpoint, with the same result as the in-memory model.
+    g = torch.Generator().manual_seed(2)
+    images = torch.rand(1, 3, 3, 224, 224, generator=g) * 2 - 1
+    masks = torch.tensor([[True, False, True]])
+    tokens = torch.randint(3, 259, (1, 9), generator=g)
+    lang_mask = torch.ones(1, 9, dtype=torch.bool)
+    noise = torch.randn(1, 50, 32, generator=g)
+    a = pi05.load(path).sample_actions(images, masks, tokens, lang_mask, noise=noise)
+    b = pi05.load(None).sample_actions(images, masks, tokens, lang_mask, noise=noise)
+    assert torch.equal(a, b)
+
+
+def test_config_json_round_trip():
+    for config in (Pi05Config.full(), Pi05Config.tiny()):
+        assert Pi05Config.from_json(config.to_json()) == config
+    with pytest.raises(ValueError, match="vocab_size"):
+        d = Pi05Config.tiny().to_dict()
+        del d["vocab_size"]
+        Pi05Config.from_dict(d)

@@ -1,0 +1,76 @@
+"""pi0.5 prompt text, state discretization and tokenization, checked against hand-computed values."""
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.errors import InputError
+from flashrt_core.models.pi05 import (SentencePieceTokenizer, TinyTokenizer, discretize_state, format_prompt,
+                                      tokenize_prompt)
+
+# Tolerances: none; every value here is an exact integer or string.
+TOL = {}
+
+
+def test_discretize_by_hand():
+    # 256 bins of width 1/128 over [-1, 1): bin = floor((x + 1) * 128), edges inclusive on the left,
+    # everything >= 1 - 1/128 in bin 255, and values below -1 give -1 (LeRobot does not clip).
+    state = np.array([-1.0, -0.99, -0.5, 0.0, 0.5, 0.999, 1.0, 3.0, -1.5], dtype=np.float32)
+    assert discretize_state(state).tolist() == [0, 1, 64, 128, 192, 255, 255, 255, -1]
+    # torch input and a batch dimension work the same way.
+    t = torch.tensor([[0.25, -0.25]])
+    assert discretize_state(t).tolist() == [[160, 96]]
+
+
+def test_discretize_keeps_float32_like_lerobot():
+    # 0.1 in fp32 is 0.100000001490116...; (x + 1) * 128 = 140.8 either way, but an edge value like
+    # -1 + 141/128 = 0.1015625 is exact in both: it must land in bin 141, not 140.
+    assert discretize_state(np.float32([0.1015625])).tolist() == [141]
+    assert discretize_state(np.float32([np.nextafter(np.float32(0.1015625), np.float32(0))])).tolist() == [140]
+    with pytest.raises(InputError, match="NaN"):
+        discretize_state(np.array([0.0, np.nan]))
+
+
+def test_format_prompt_by_hand():
+    text = format_prompt("  pick_up\nthe red_cube ", np.float32([-1.0, 0.0, 0.5, 1.0]))
+    assert text == "Task: pick up the red cube, State: 0 128 192 255;\nAction: "
+    with pytest.raises(InputError, match="1-D"):
+        format_prompt("x", np.zeros((2, 3), np.float32))
+
+
+def test_tiny_tokenizer_and_padding():
+    tok = TinyTokenizer()
+    ids = tok.encode("Ab é")
+    assert ids == [65 + 3, 98 + 3, 32 + 3, 0xC3 + 3, 0xA9 + 3]  # UTF-8 bytes shifted past pad/eos/bos
+    assert tok.decode(ids) == "Ab é"
+    tokens, mask = tokenize_prompt(tok, "Hi", 6)
+    assert tokens.tolist() == [[2, 72 + 3, 105 + 3, 0, 0, 0]]  # BOS first, right-padded with pad id 0
+    assert mask.tolist() == [[True, True, True, False, False, False]]
+    assert tokens.dtype == torch.long and mask.dtype == torch.bool
+    long_tokens, long_mask = tokenize_prompt(tok, "abcdef", 4)  # truncation keeps BOS and the first ids
+    assert long_tokens.tolist() == [[2, 100, 101, 102]] and long_mask.all()
+    full = format_prompt("pick up the red cube", np.float32(np.linspace(-1, 1, 8)))
+    t, m = tokenize_prompt(tok, full, 128)
+    assert int(m.sum()) == 1 + len(full.encode()) <= 128 and int(t.max()) < 1024  # fits the tiny model
+    with pytest.raises(InputError, match="max_len"):
+        tokenize_prompt(tok, "x", 0)
+
+
+def test_sentencepiece_tokenizer_adds_bos(tmp_path):
+    import sentencepiece as spm
+
+    corpus = ["Task: pick up the red cube, State: 1 2 3;", "Action: move the arm", "put the block in the bowl"] * 20
+    model = tmp_path / "tok.model"
+    with open(model, "wb") as f:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=f, vocab_size=60,
+                                       hard_vocab_limit=False,
+                                       pad_id=0, eos_id=1, bos_id=2, unk_id=3, minloglevel=2)
+    tok = SentencePieceTokenizer(model)
+    assert (tok.bos_id, tok.pad_id) == (2, 0)
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    text = "Task: pick up the cube, State: 3 2;\nAction: "
+    tokens, mask = tokenize_prompt(tok, text, 48)
+    n = int(mask.sum())
+    assert tokens[0, :n].tolist() == sp.encode(text, add_bos=True)
+    assert (tokens[0, n:] == 0).all() and n > 5
+    with pytest.raises(InputError, match="not found"):
+        SentencePieceTokenizer(tmp_path / "missing.model")
