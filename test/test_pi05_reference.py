@@ -173,3 +173,21 @@ def test_tiny_policy_bf16_close_to_fp32():
     b = bf16.sample_actions(images, masks, tokens, lang_mask, noise=noise)
     cos = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)
     assert b.dtype == torch.float32 and cos > TOL["bf16_cosine"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_reference_matches_lerobot(fixture_model, cases, name):
+    folder, _ = fixture_model
+    c = {k: v.cuda() for k, v in cases[name].items()}
+    policy = pi05.load(folder, device="cuda")
+    bf16 = pi05.load(folder, device="cuda", dtype="bfloat16")
+    # cuDNN would run the patch convolution in TF32 by default; parity is judged in true fp32.
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        prefix = policy.encode_prefix(*_inputs(c))
+        actions = policy.denoise(prefix, c["noise"])
+        low = bf16.sample_actions(*_inputs(c), noise=c["noise"])
+    assert prefix.k.is_cuda and actions.is_cuda
+    assert (actions - c["actions"]).abs().max().item() < TOL["actions_vs_lerobot"]
+    cos = torch.nn.functional.cosine_similarity(low.flatten(), c["actions"].flatten(), dim=0)
+    assert cos > TOL["bf16_cosine"]
