@@ -35,6 +35,8 @@ class StepResult:
     stage_latency_ms: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     now_ns: int = 0
+    observation_stamp_ns: int | None = None  # stamp of the observation behind the (would-be) actions
+    prefix_id: int | None = None  # version of the observation stage's outputs the actions were made from
 
 
 class StageIO:
@@ -76,6 +78,13 @@ class Runtime:
         self.capsules = None  # created lazily by flashrt_core.capsule (snapshot/restore/fork verbs)
         self._io = StageIO(self.buffers, self.generator)
         self._device_parts = {s: self.binding.device_part(s) for s in contract.stages}
+        # The stage upstream of the output that reads observation inputs (observe): its output version is
+        # the id of the prefix that actions were made from.
+        out = contract.output_stage()
+        self._observation_stage = next(
+            (n for n in contract.stages if (n in contract.upstream(out) or n == out)
+             and any(contract.buffers[b].is_input for b in contract.stages[n].reads)
+             and contract.stages[n].trigger.rate_hz is not None), None)
         self._prompt: str | None = None
         self._last_stamp: int | None = None
         self._weights_digest: str | None = None
@@ -83,10 +92,20 @@ class Runtime:
 
     @classmethod
     def from_config(cls, path, device="cpu", seed: int = 0, checkpoint=None, dtype=None, tokenizer=None, *,
-                    rates: Mapping[str, float] | None = None, limits: Mapping[str, Any] | None = None,
+                    rates: Mapping[str, float] | None = None, max_observation_age_ms: float | None = None,
+                    num_cameras: int | None = None, limits: Mapping[str, Any] | None = None,
                     options: Mapping[str, Any] | None = None, binding=None, debug_graphs: bool = False):
-        """Load and validate a contract, apply overrides (e.g. ROS parameters), build the model and buffers."""
+        """Load and validate a contract, apply overrides (e.g. ROS parameters), build the model and buffers.
+
+        `rates` {stage: hz}, `max_observation_age_ms`, `limits` and `options` (model options; `num_cameras`
+        is options["views"]) override the file; the result is validated again as a whole."""
         contract = load_contract(path, binding=binding)
+        limits = dict(limits or {})
+        if max_observation_age_ms is not None:
+            limits["max_observation_age_ms"] = max_observation_age_ms
+        options = dict(options or {})
+        if num_cameras is not None:
+            options["views"] = num_cameras
         if checkpoint is not None or dtype is not None or rates or limits or options:
             contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
                                                dtype=_dtype_name(dtype), rates=rates, limits=limits,
@@ -129,7 +148,7 @@ class Runtime:
 
     # ---- stepping ----------------------------------------------------------------------------------------
     def step(self, now_ns: int) -> StepResult:
-        with self._lock:
+        with self._lock, torch.no_grad():
             return self._step(int(now_ns))
 
     def _step(self, now_ns: int) -> StepResult:
@@ -174,11 +193,19 @@ class Runtime:
         reason = None
         if actions is None:
             reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
-        age = plan.age_ms(out_stage)
+        if actions is not None and self.capsules is not None:
+            from flashrt_core.capsule.runtime_verbs import record_decision
+
+            record_decision(self)  # the optional time-travel ring of recent decisions
+        prefix_id = None
+        if self._observation_stage is not None:
+            prefix_id = ledger.buffers[self.contract.stages[self._observation_stage].writes[0]].version
         return StepResult(actions=actions, ran=list(plan.runs),
                           decision_id=ledger.decisions if actions is not None else None,
-                          observation_age_ms=age, latency_ms=(time.perf_counter() - t_start) * 1e3,
-                          reason=reason, stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns)
+                          observation_age_ms=plan.age_ms(out_stage),
+                          latency_ms=(time.perf_counter() - t_start) * 1e3, reason=reason,
+                          stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns,
+                          observation_stamp_ns=plan.stamps.get(out_stage), prefix_id=prefix_id)
 
     def warmup(self) -> None:
         """Capture the graphs of the usual plans now (configure time) rather than at their first tick."""
@@ -186,7 +213,7 @@ class Runtime:
         bufs = self.buffers.tensors
         plans = [[s] for s in stages] if self.contract.graphs != "plan" else \
             [stages, [self.scheduler.output_stage]]
-        with self._lock:
+        with self._lock, torch.no_grad():
             for group in plans:
                 fns = [self._device_parts[s] for s in group]
                 if tuple(group) not in self.graphs and self.graphs.enabled:
@@ -247,6 +274,74 @@ class Runtime:
         layout = {n: (tuple(b.shape), b.dtype) for n, b in self.contract.buffers.items() if b.persistent}
         return {"model": self.binding.identity(), "weights_digest": self._weights_digest,
                 "precision": self.contract.model.dtype, "layout": layout}
+
+    # ---- description -----------------------------------------------------------------------------------
+    def stage_rates(self) -> dict[str, float]:
+        """Rate of every rate-triggered stage (Hz)."""
+        return {n: s.trigger.rate_hz for n, s in self.contract.stages.items() if s.trigger.rate_hz is not None}
+
+    def describe(self) -> str:
+        c = self.contract
+        rates = ", ".join(f"{n} {hz:g} Hz" for n, hz in self.stage_rates().items())
+        return (f"{c.model.name} ({c.model.checkpoint or 'built-in weights'}) {c.model.dtype} on {self.device}, "
+                f"{rates}, graphs {c.graphs}")
+
+    def has_observation(self) -> bool:
+        """Whether every observation input has been set at least once."""
+        led = self.buffers.ledger.buffers
+        return all(led[n].version > 0 for n, b in self.contract.buffers.items() if b.is_input and n != "prompt")
+
+    def close(self) -> None:
+        """Drop graphs, buffers and weights so device memory can be freed."""
+        with self._lock:
+            self.graphs = GraphCache(self.buffers, enabled=False)
+            self.buffers.tensors.clear()
+            self.binding = None
+            self._device_parts = {}
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    # ---- capsule verbs (implemented in flashrt_core.capsule.runtime_verbs) -------------------------------
+    def snapshot(self, name: str, tier: str = "device") -> str:
+        from flashrt_core.capsule import runtime_verbs
+
+        with self._lock:
+            return runtime_verbs.snapshot(self, name, tier)
+
+    def restore(self, capsule_id: str) -> dict:
+        from flashrt_core.capsule import runtime_verbs
+
+        with self._lock:
+            return runtime_verbs.restore(self, capsule_id)
+
+    def fork(self, capsule_id: str, name: str) -> str:
+        from flashrt_core.capsule import runtime_verbs
+
+        with self._lock:
+            return runtime_verbs.fork(self, capsule_id, name)
+
+    def list_capsules(self) -> list[dict]:
+        from flashrt_core.capsule import runtime_verbs
+
+        return runtime_verbs.list_capsules(self)
+
+    def drop_capsule(self, capsule_id: str) -> None:
+        from flashrt_core.capsule import runtime_verbs
+
+        with self._lock:
+            runtime_verbs.drop_capsule(self, capsule_id)
+
+    def export_capsule(self, capsule_id: str, path) -> None:
+        from flashrt_core.capsule import runtime_verbs
+
+        with self._lock:
+            runtime_verbs.export_capsule(self, capsule_id, path)
+
+    def import_capsule(self, path, tier: str = "host") -> str:
+        from flashrt_core.capsule import runtime_verbs
+
+        with self._lock:
+            return runtime_verbs.import_capsule(self, path, tier)
 
     @property
     def decisions(self) -> int:

@@ -154,7 +154,8 @@ class Contract:
         return validate(data, binding=binding, source=self.source)
 
     def summary(self) -> str:
-        lines = [f"model {self.model.name} ({self.model.checkpoint or 'built-in tiny'}, {self.model.dtype}); "
+        weights = self.model.checkpoint or "no checkpoint: built-in random weights"
+        lines = [f"model {self.model.name} ({weights}, {self.model.dtype}); "
                  f"output {self.output}; graphs {self.graphs}"]
         for s in self.stages.values():
             lines.append(f"  stage {s.name}: {s.trigger.describe()}; reads {', '.join(s.reads) or '-'}; "

@@ -1,0 +1,240 @@
+"""pi0.5 behind a contract: stages `prompt`, `observe` and `act` over static buffers.
+
+- prompt (host, on a new prompt): cleans the task text into the persistent host buffer `task`.
+- observe: host part tokenizes "Task: ..., State: ...;" (pi0.5 puts the discretized state into the prompt,
+  so the tokens change with every observation) and stages them; device part turns the uint8 camera frames
+  into SigLIP input (resize with pad, [-1, 1], present cameras first) and fills the persistent prefix K/V.
+- act: host part draws the noise from the runtime's seeded generator; device part runs the flow steps of the
+  action expert over the cached prefix into the persistent `prev_chunk` and the output `actions`.
+Model options (contract `model.options`): variant (tiny | full, without a checkpoint), views, image_height,
+image_width, action_dim (columns the robot uses), state_dim, prompt_len, prompt_bytes, image_slots, engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+
+import torch
+
+from flashrt_core.contract.bindings import ModelBinding
+from flashrt_core.contract.inputs import decode_prompt, encode_prompt
+from flashrt_core.contract.spec import StageSignature
+from flashrt_core.errors import CheckpointError, ContractError
+from flashrt_core.models import pi05
+from flashrt_core.models.pi05.checkpoint import DIMS_FILE, LEROBOT_CONFIG_FILE, WEIGHTS_FILE
+from flashrt_core.models.pi05.policy import make_engine
+from flashrt_core.models.pi05.preprocess import resize_with_pad
+from flashrt_core.models.pi05.prompt import clean_task
+
+_OPTIONS = {"variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
+            "prompt_bytes", "image_slots", "engine"}
+
+
+def model_config(model) -> pi05.Pi05Config:
+    """Sizes of the model a contract names (no weights read): checkpoint shapes, or the tiny/full variant,
+    with the run-time fields (camera slots, prompt length) taken from the options."""
+    opts = dict(model.options)
+    unknown = sorted(set(opts) - _OPTIONS)
+    if unknown:
+        raise ContractError(f"model.options.{unknown[0]}: unknown option for pi05 "
+                            f"(expected: {', '.join(sorted(_OPTIONS))})")
+    if model.checkpoint:
+        config = _checkpoint_config(model.checkpoint)
+    else:
+        variant = opts.get("variant", "tiny")
+        if variant not in ("tiny", "full"):
+            raise ContractError(f"model.options.variant: tiny or full, got {variant!r}")
+        config = pi05.Pi05Config.tiny() if variant == "tiny" else pi05.Pi05Config.full()
+    views = _positive(opts, "views", 2)
+    slots = _positive(opts, "image_slots", views)
+    if slots < views:
+        raise ContractError(f"model.options.image_slots: {slots} is fewer than views ({views})")
+    return dataclasses.replace(config, num_image_slots=slots,
+                               tokenizer_max_length=_positive(opts, "prompt_len", config.tokenizer_max_length))
+
+
+def _checkpoint_config(path: str) -> pi05.Pi05Config:
+    from safetensors import safe_open
+
+    p = pathlib.Path(path)
+    file = p / WEIGHTS_FILE if p.is_dir() else p
+    if not file.is_file():
+        raise ContractError(f"model.checkpoint: {file} not found")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:
+        raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
+
+    def read(name):
+        q = file.parent / name
+        return json.loads(q.read_text()) if q.is_file() else None
+
+    return pi05.Pi05Config.from_state_dict_shapes(shapes, dims=read(DIMS_FILE), lerobot_config=read(LEROBOT_CONFIG_FILE))
+
+
+def _positive(opts, key, default) -> int:
+    v = opts.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ContractError(f"model.options.{key}: must be a positive integer, got {v!r}")
+    return v
+
+
+class Pi05Binding(ModelBinding):
+    name = "pi05"
+
+    @classmethod
+    def dims(cls, model) -> dict[str, int]:
+        c = model_config(model)
+        opts = model.options
+        action_dim = _positive(opts, "action_dim", min(7, c.action_dim))
+        if action_dim > c.action_dim:
+            raise ContractError(f"model.options.action_dim: {action_dim} exceeds the model's {c.action_dim}")
+        return {"views": _positive(opts, "views", 2), "image_height": _positive(opts, "image_height", 224),
+                "image_width": _positive(opts, "image_width", 224), "state_dim": _positive(opts, "state_dim", 8),
+                "prompt_bytes": _positive(opts, "prompt_bytes", 256), "prompt_len": c.tokenizer_max_length,
+                "slots": c.num_image_slots, "layers": c.vlm.depth, "kv_heads": c.vlm.kv_heads,
+                "head_dim": c.vlm.head_dim, "prefix_len": c.prefix_len, "chunk": c.chunk_size,
+                "max_action_dim": c.action_dim, "action_dim": action_dim}
+
+    @classmethod
+    def signatures(cls, d, model) -> dict[str, StageSignature]:
+        kv = ((d["layers"], d["kv_heads"], d["prefix_len"], d["head_dim"]), model.dtype)
+        chunk = ((d["chunk"], d["max_action_dim"]), "float32")
+        prefix = {"prefix_k": kv, "prefix_v": kv, "prefix_mask": ((d["prefix_len"],), "bool"),
+                  "prefix_valid": ((1,), "int64")}
+        return {
+            "prompt": StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
+                                     writes={"task": ((d["prompt_bytes"],), "uint8")}),
+            "observe": StageSignature(
+                reads={"task": ((d["prompt_bytes"],), "uint8"),
+                       "images": ((d["views"], d["image_height"], d["image_width"], 3), "uint8"),
+                       "image_mask": ((d["views"],), "bool"), "state": ((d["state_dim"],), "float32")},
+                writes={"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool"),
+                        **prefix}),
+            "act": StageSignature(reads=prefix, writes={"noise": chunk, "prev_chunk": chunk,
+                                                        "actions": ((d["chunk"], d["action_dim"]), "float32")}),
+        }
+
+    def __init__(self, model, dims, device, dtype, seed, tokenizer=None):
+        super().__init__(model, dims, device, dtype, seed, tokenizer)
+        self.config = model_config(model)
+        if model.checkpoint:
+            _, state = pi05.load_checkpoint(model.checkpoint)
+            config = self.config
+        elif model.options.get("variant", "tiny") == "tiny":
+            _, state = pi05.build_tiny(seed)
+            config = self.config
+        else:
+            config = self.config
+            state = random_state(config, seed, device)
+        weights = pi05.convert(config, state).to(device=device, dtype=dtype)
+        del state
+        engine = make_engine(model.options.get("engine", "reference"), weights)
+        self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed,
+                                      tokenizer=self._tokenizer(tokenizer))
+
+    def _tokenizer(self, tokenizer):
+        if tokenizer is not None:
+            return pi05.SentencePieceTokenizer(tokenizer) if isinstance(tokenizer, (str, pathlib.Path)) else tokenizer
+        if self.model.checkpoint:
+            p = pathlib.Path(self.model.checkpoint)
+            sp = (p if p.is_dir() else p.parent) / "tokenizer.model"
+            if sp.is_file():
+                return pi05.SentencePieceTokenizer(sp)
+        if self.model.checkpoint and self.config.vocab_size >= 257152:
+            raise CheckpointError(f"{self.model.checkpoint}: no tokenizer.model beside the weights; "
+                                  "pass tokenizer= (the PaliGemma SentencePiece model)")
+        return pi05.TinyTokenizer()  # the built-in models: byte ids fit any vocab they have
+
+    # ---- stages ----------------------------------------------------------------------------------------
+    def host(self, stage, io):
+        if stage == "prompt":
+            text = clean_task(decode_prompt(io.host("prompt")))
+            io.host("task").copy_(torch.from_numpy(encode_prompt(text or " ", io.host("task").shape[0])))
+        elif stage == "observe":
+            text = pi05.format_prompt(decode_prompt(io.host("task")), io.host("state").numpy())
+            tokens, mask = pi05.tokenize_prompt(self.policy.tokenizer, text, self.dims["prompt_len"])
+            io.to_device("lang_tokens", tokens[0])
+            io.to_device("lang_mask", mask[0])
+        elif stage == "act":
+            d = self.dims
+            io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
+
+    def device_part(self, stage):
+        return {"observe": self._observe, "act": self._act}.get(stage)
+
+    def _observe(self, b) -> None:
+        images, masks = device_images(b["images"], b["image_mask"], self.config.num_image_slots,
+                                      self.config.vision.image_size)
+        cache = self.policy.encode_prefix(images[None], masks[None], b["lang_tokens"][None], b["lang_mask"][None])
+        b["prefix_k"].copy_(cache.k[:, 0])
+        b["prefix_v"].copy_(cache.v[:, 0])
+        b["prefix_mask"].copy_(cache.pad_mask[0])
+        b["prefix_valid"].copy_(cache.n_valid)
+
+    def _act(self, b) -> None:
+        cache = prefix_cache(b)
+        chunk = self.policy.denoise(cache, b["noise"][None])[0]
+        b["prev_chunk"].copy_(chunk)
+        b["actions"].copy_(chunk[:, :self.dims["action_dim"]])
+
+    def identity(self) -> str:
+        return "pi05:" + self.config.to_json().replace("\n", "").replace(" ", "")
+
+    def weights(self):
+        return list(named_tensors(self.policy.weights, "w"))
+
+
+def prefix_cache(b) -> pi05.PrefixCache:
+    """The persistent prefix buffers viewed as the model's PrefixCache (batch 1, no copies)."""
+    return pi05.PrefixCache(k=b["prefix_k"][:, None], v=b["prefix_v"][:, None], pad_mask=b["prefix_mask"][None],
+                            n_valid=b["prefix_valid"])
+
+
+def device_images(frames: torch.Tensor, present: torch.Tensor, slots: int, size: int):
+    """uint8 frames [views, H, W, 3] + present [views] bool (on device) -> SigLIP input [slots, 3, size, size]
+    in [-1, 1] and masks [slots], as `pi05.preprocess_images` builds them (present cameras first, missing ones
+    as -1 images with mask False), without reading the mask on the host."""
+    views = frames.shape[0]
+    x = frames.permute(0, 3, 1, 2).float() / 255.0
+    if tuple(x.shape[-2:]) != (size, size):
+        x = resize_with_pad(x, size, size)
+    x = torch.where(present[:, None, None, None], x * 2.0 - 1.0, -1.0)
+    p = present.long()
+    n_present = p.sum()
+    dest = torch.where(present, torch.cumsum(p, 0) - 1, n_present + torch.cumsum(1 - p, 0) - 1)
+    images = torch.full((slots, 3, size, size), -1.0, device=frames.device)
+    images.index_copy_(0, dest, x)
+    masks = torch.arange(slots, device=frames.device) < n_present
+    return images, masks
+
+
+def named_tensors(value, name: str):
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from named_tensors(v, f"{name}.{i}")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, pi05.Pi05Config):
+        for f in dataclasses.fields(value):
+            yield from named_tensors(getattr(value, f.name), f"{name}.{f.name}")
+
+
+def random_state(config: pi05.Pi05Config, seed: int, device) -> dict[str, torch.Tensor]:
+    """Random full-size weights drawn on `device` (minutes on a CPU, a second on a GPU): matrices
+    ~ N(0, 1/fan_in), norm weights near neutral, small biases, so every path changes the output."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in sorted(pi05.expected_keys(config).items()):
+        t = torch.randn(shape, generator=gen, device=device)
+        if name.endswith(".bias"):
+            t.mul_(0.1)
+        elif len(shape) == 1:
+            t.mul_(0.1).add_(1.0 if "vision_tower" in name else 0.0)
+        else:
+            t.div_(math.sqrt(math.prod(shape[1:])))
+        out[name] = t
+    return out

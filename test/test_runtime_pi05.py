@@ -1,0 +1,195 @@
+"""The Runtime with the pi0.5 binding and the built-in tiny model (config/pi05_tiny.yaml), against the model's
+own whole-decision path (`preprocess_images` + `tokenize` + `sample_actions`)."""
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.contract.runtime import Runtime
+from flashrt_core.errors import InputError
+from flashrt_core.models import pi05
+
+# tolerance table (absolute, on actions in normalized space)
+TOL = {
+    "cpu_fp32_vs_whole_decision": 0.0,  # same ops in the same order on the same device: bit-identical
+    "cuda_graph_vs_eager": 0.0,  # a graph replays the eager kernels
+}
+
+CONFIG = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
+MS = 1_000_000
+PROMPT = "pick up the red cube"
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return pi05.load(None, device="cpu", dtype="float32", seed=0)
+
+
+def frames(rng, shape=(224, 224, 3), missing=()):
+    return [None if i in missing else rng.integers(0, 256, shape, dtype=np.uint8) for i in range(2)]
+
+
+def state_vec(rng):
+    return rng.uniform(-1, 1, 8).astype(np.float32)
+
+
+def whole_decision(policy, imgs, state, prompt, noise):
+    """Reference: one full decision through the model's own public path."""
+    images, masks = policy.preprocess_images(imgs, num_slots=2)
+    tokens, mask = pi05.tokenize_prompt(pi05.TinyTokenizer(), pi05.format_prompt(prompt, state), 128)
+    return policy.sample_actions(images, masks, tokens, mask, noise=noise[None])[0, :, :7].numpy()
+
+
+def noises(seed=0, n=8):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(50, 32, generator=g) for _ in range(n)]
+
+
+def test_act_reuses_prefix_exactly_and_new_prompt_reencodes(policy):
+    rt = Runtime.from_config(CONFIG, device="cpu", seed=0)
+    rng = np.random.default_rng(0)
+    imgs, st = frames(rng), state_vec(rng)
+    rt.set_prompt(PROMPT)
+    rt.set_observation(images=imgs, state=st, stamp_ns=0)
+    noise = noises()
+    r = rt.step(0)
+    assert r.ran == ["prompt", "observe", "act"] and r.decision_id == 1 and r.prefix_id == 1
+    assert r.actions.shape == (50, 7) and r.actions.dtype == np.float32
+    tol = TOL["cpu_fp32_vs_whole_decision"]
+    np.testing.assert_allclose(r.actions, whole_decision(policy, imgs, st, PROMPT, noise[0]), atol=tol, rtol=0)
+    # act-only ticks: the cached prefix + fresh noise == a whole decision on the same observation and noise
+    for k in (1, 2):
+        r = rt.step(k * 20 * MS)
+        assert r.ran == ["act"] and r.prefix_id == 1 and r.observation_age_ms == pytest.approx(20.0 * k)
+        np.testing.assert_allclose(r.actions, whole_decision(policy, imgs, st, PROMPT, noise[k]), atol=tol, rtol=0)
+    np.testing.assert_array_equal(rt.persistent_buffers()["prev_chunk"][:, :7].numpy(), r.actions)
+    # a new prompt re-encodes at the next tick, with the same observation
+    rt.set_prompt("open the top drawer")
+    r = rt.step(60 * MS)
+    assert r.ran == ["prompt", "observe", "act"] and r.prefix_id == 2
+    assert r.observation_age_ms == pytest.approx(60.0)
+    ref_new = whole_decision(policy, imgs, st, "open the top drawer", noise[3])
+    np.testing.assert_allclose(r.actions, ref_new, atol=tol, rtol=0)
+    assert np.abs(ref_new - whole_decision(policy, imgs, st, PROMPT, noise[3])).max() > 1e-3
+    # the state is part of the pi0.5 prompt: a new observation changes the tokens
+    st2 = state_vec(rng)
+    rt.set_observation(images=imgs, state=st2, stamp_ns=90 * MS)
+    r = rt.step(100 * MS)
+    assert r.ran == ["observe", "act"] and r.observation_age_ms == pytest.approx(10.0)
+    np.testing.assert_allclose(r.actions, whole_decision(policy, imgs, st2, "open the top drawer", noise[4]),
+                               atol=tol, rtol=0)
+
+
+def test_missing_camera_and_other_resolution(policy):
+    rt = Runtime.from_config(CONFIG, seed=0, options={"image_height": 120, "image_width": 160},
+                             rates={"act": 25.0}, max_observation_age_ms=1000)
+    assert rt.stage_rates() == {"observe": 10.0, "act": 25.0}
+    rng = np.random.default_rng(1)
+    imgs, st = frames(rng, shape=(120, 160, 3), missing=(0,)), state_vec(rng)
+    rt.set_prompt("wipe the table")
+    rt.set_observation(images=imgs, state=st, stamp_ns=5 * MS)
+    r = rt.step(7 * MS)
+    assert r.observation_age_ms == pytest.approx(2.0)
+    np.testing.assert_allclose(r.actions, whole_decision(policy, imgs, st, "wipe the table", noises()[0]),
+                               atol=TOL["cpu_fp32_vs_whole_decision"], rtol=0)
+
+
+def test_input_errors_leave_the_runtime_untouched():
+    rt = Runtime.from_config(CONFIG, seed=0)
+    rng = np.random.default_rng(2)
+    rt.set_observation(images=frames(rng), state=state_vec(rng), stamp_ns=100)
+    versions = {n: m.version for n, m in rt.buffers.ledger.buffers.items()}
+    good = frames(rng)
+    cases = [
+        (dict(images=good[:1], state=state_vec(rng), stamp_ns=200), "images: expected 2 cameras, got 1"),
+        (dict(images=[good[0], good[1][:, :100]], state=state_vec(rng), stamp_ns=200), "images[1]: shape"),
+        (dict(images=[good[0], good[1].astype(np.float32)], state=state_vec(rng), stamp_ns=200),
+         "images[1]: dtype float32"),
+        (dict(images=[None, None], state=state_vec(rng), stamp_ns=200), "every camera is missing"),
+        (dict(images=good, state=np.array([0.1] * 7 + [np.nan], np.float32), stamp_ns=200), "state[7]"),
+        (dict(images=good, state=np.array([0.1] * 3 + [np.inf] * 5, np.float32), stamp_ns=200), "state[3]"),
+        (dict(images=good, state=np.zeros(7, np.float32), stamp_ns=200), "state: shape (7,)"),
+        (dict(images=good, state=np.zeros(8, np.int64), stamp_ns=200), "state: dtype int64"),
+        (dict(images=good, state=state_vec(rng), stamp_ns=99), "older than the last observation (100)"),
+        (dict(images=good, state=state_vec(rng), stamp_ns=1.5), "stamp_ns: expected an integer"),
+        (dict(images=good, state=None, stamp_ns=200), "state: required"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(InputError, match=None) as e:
+            rt.set_observation(**kwargs)
+        assert message in str(e.value), (message, str(e.value))
+    for text, message in ((42, "prompt: expected a string"), ("  ", "prompt: empty"),
+                          ("x" * 300, "300 bytes")):
+        with pytest.raises(InputError) as e:
+            rt.set_prompt(text)
+        assert message in str(e.value)
+    assert {n: m.version for n, m in rt.buffers.ledger.buffers.items()} == versions
+
+
+def test_meta_round_trip_reproduces_the_next_decisions():
+    """What a capsule needs: persistent buffers + runtime_meta restore the exact continuation."""
+    rt = Runtime.from_config(CONFIG, seed=3)
+    rng = np.random.default_rng(3)
+    imgs, st = frames(rng), state_vec(rng)
+    rt.set_prompt(PROMPT)
+    rt.set_observation(images=imgs, state=st, stamp_ns=0)
+    rt.step(0)
+    rt.step(20 * MS)
+    saved = {n: t.clone() for n, t in rt.persistent_buffers().items()}
+    meta = rt.runtime_meta()
+    assert meta["decisions"] == 2 and meta["prompt"] == PROMPT and meta["rng_state"].dtype == torch.uint8
+    ptrs = {n: t.data_ptr() for n, t in rt.persistent_buffers().items()}
+    first = [rt.step(t * MS).actions for t in (40, 60)]
+    rt.set_prompt("stack the cups")  # dirty the state
+    rt.step(80 * MS)
+    for n, t in rt.persistent_buffers().items():
+        t.copy_(saved[n])
+    rt.apply_meta(meta)
+    assert rt.prompt == PROMPT and rt.decisions == 2
+    again = [rt.step(t * MS) for t in (40, 60)]
+    assert [r.ran for r in again] == [["act"], ["act"]]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b.actions)
+    assert {n: t.data_ptr() for n, t in rt.persistent_buffers().items()} == ptrs
+
+
+def test_fingerprint_fields():
+    a = Runtime.from_config(CONFIG, seed=0)
+    f = a.fingerprint_fields()
+    assert set(f) == {"model", "weights_digest", "precision", "layout"}
+    assert f["precision"] == "float32" and f["model"].startswith("pi05:")
+    assert f["layout"] == {n: (tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                           for n, t in a.persistent_buffers().items()}
+    assert set(f["layout"]) == {"task", "prefix_k", "prefix_v", "prefix_mask", "prefix_valid", "prev_chunk"}
+    assert Runtime.from_config(CONFIG, seed=0).fingerprint_fields() == f
+    assert Runtime.from_config(CONFIG, seed=1).fingerprint_fields()["weights_digest"] != f["weights_digest"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", ["stage", "plan"])
+def test_cuda_graphs_match_eager_and_never_move(graphs):
+    from flashrt_core.contract.spec import load_contract
+
+    base = load_contract(CONFIG)
+    runs = {}
+    for mode in (graphs, "off"):
+        contract = base.with_overrides(dtype="float32")
+        contract = type(contract)(**{**vars(contract), "graphs": mode})
+        rt = Runtime(contract, device="cuda", seed=0, debug_graphs=True)
+        rng = np.random.default_rng(5)
+        rt.set_prompt(PROMPT)
+        out = []
+        for k in range(12):
+            if k % 5 == 0:
+                rt.set_observation(images=frames(rng), state=state_vec(rng), stamp_ns=k * 20 * MS)
+            r = rt.step(k * 20 * MS)
+            out.append((r.ran, r.actions))
+        runs[mode] = (out, rt.graphs.captures, rt.graphs.keys())
+    (g_out, captures, keys), (e_out, _, _) = runs[graphs], runs["off"]
+    for (ran_g, a_g), (ran_e, a_e) in zip(g_out, e_out):
+        assert ran_g == ran_e
+        np.testing.assert_allclose(a_g, a_e, atol=TOL["cuda_graph_vs_eager"], rtol=0)
+    assert captures == 2  # stage: observe, act; plan: observe+act, act
+    assert sorted(keys) == (sorted([("observe",), ("act",)]) if graphs == "stage"
+                            else sorted([("observe", "act"), ("act",)]))
