@@ -1,0 +1,136 @@
+"""The two gates every swap must pass: parity (cosine and max relative error) and a paired A/B timing.
+
+Parity compares every floating tensor of two outputs. Relative error is max |new - ref| / max |ref| over a
+tensor (normalising by the largest reference value keeps it meaningful where the reference crosses zero).
+Timing alternates original and fused rounds (ABBA order, so drift and warm caches hit both alike) and keeps
+the median of the per-round ratios; the timer is injectable: `timer(fn) -> seconds per call of fn`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from flashrt_core.adopt.signature import tensors_in
+
+# Default bound on the max relative error, by the lowest floating precision a unit computes in.
+MAX_REL_ERR = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+class ParityMismatch(Exception):
+    """Two outputs differ in structure (tensor count, shapes, None positions)."""
+
+
+@dataclass(frozen=True)
+class Parity:
+    cosine: float
+    max_rel_err: float
+
+    def passes(self, cos_min: float, rel_max: float) -> bool:
+        return self.cosine >= cos_min and self.max_rel_err <= rel_max
+
+
+def compute_dtype(*sources) -> torch.dtype:
+    """The lowest floating precision among tensors and module parameters: it sets the error bound."""
+    order = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+    worst = torch.float64
+    for src in sources:
+        tensors = list(src.parameters()) if isinstance(src, torch.nn.Module) else tensors_in(src)
+        for t in tensors:
+            if t.dtype in order and order.index(t.dtype) > order.index(worst):
+                worst = t.dtype
+    return worst
+
+
+def _structure(value):
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape))
+    if isinstance(value, (tuple, list)):
+        return tuple(_structure(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _structure(v)) for k, v in sorted(value.items()))
+    if hasattr(value, "to_tuple"):
+        return _structure(value.to_tuple())
+    return None if value is None else type(value).__name__
+
+
+def parity(reference, candidate) -> Parity:
+    """Worst cosine and worst relative error over all floating tensors of two same-structured outputs."""
+    if _structure(reference) != _structure(candidate):
+        raise ParityMismatch(f"output structure differs: {_structure(reference)} vs {_structure(candidate)}")
+    pairs = [(r, c) for r, c in zip(tensors_in(reference), tensors_in(candidate)) if r.is_floating_point()]
+    if not pairs:
+        raise ParityMismatch("no floating tensor in the output to compare")
+    cosines, rels = [], []
+    for r, c in pairs:
+        r64, c64 = r.detach().double().flatten(), c.detach().double().flatten()
+        denom = r64.norm() * c64.norm()
+        cos = (r64 @ c64 / denom) if denom > 0 else torch.tensor(1.0 if torch.equal(r64, c64) else 0.0)
+        cosines.append(float(cos))
+        rels.append(float((r64 - c64).abs().max() / r64.abs().max().clamp_min(1e-30)) if r64.numel() else 0.0)
+    return Parity(min(cosines), max(rels))
+
+
+class TimedCall:
+    """A callable handed to the timer; `variant` ("original"/"fused", "eager"/"adopted", "graph") and `unit`
+    tell an injected timer what it is timing."""
+
+    def __init__(self, fn, variant: str, unit: str):
+        self.fn, self.variant, self.unit = fn, variant, unit
+
+    def __call__(self):
+        return self.fn()
+
+
+class DefaultTimer:
+    """CUDA events on CUDA, perf_counter on CPU; repeats fn until about `target_s` per measurement."""
+
+    def __init__(self, device: torch.device, target_s: float = 0.004, max_reps: int = 200):
+        self.cuda = device.type == "cuda"
+        self.target_s, self.max_reps = target_s, max_reps
+
+    def _once(self, fn, reps: int) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(reps):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / reps
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps
+
+    def __call__(self, fn) -> float:
+        first = self._once(fn, 1)  # also the warm-up
+        reps = max(1, min(self.max_reps, int(self.target_s / max(first, 1e-7))))
+        return self._once(fn, reps)
+
+
+@dataclass(frozen=True)
+class Timing:
+    before_s: float  # median seconds of the original
+    after_s: float  # median seconds of the fused form
+    gain: float  # median over rounds of before/after, minus 1
+
+    def passes(self, min_gain: float) -> bool:
+        return self.gain >= min_gain
+
+
+def paired_timing(timer, original: TimedCall, fused: TimedCall, rounds: int) -> Timing:
+    before, after, ratios = [], [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            a = timer(original)
+            b = timer(fused)
+        else:
+            b = timer(fused)
+            a = timer(original)
+        before.append(a)
+        after.append(b)
+        ratios.append(a / b if b > 0 else float("inf"))
+    return Timing(statistics.median(before), statistics.median(after), statistics.median(ratios) - 1.0)
