@@ -1,11 +1,15 @@
 """Fused Triton kernels for the glue between GEMMs, each with a plain-torch reference (`reference.py`).
 
 Every public op picks its backend per call:
-  * backend=None (auto): Triton where it can run on the inputs' device (`available(device)`), else torch;
-  * backend="triton": Triton or KernelUnavailableError; backend="torch": the reference.
-So on a CPU-only machine the engine runs plain torch, while tests run the very same Triton kernels in the
-interpreter by setting TRITON_INTERPRET=1 *before* this package's kernel modules are imported (Triton reads
-it when the @triton.jit decorators run). Kernel modules are imported lazily, on first Triton call.
+  * backend=None / "auto": the compiled Triton kernel for CUDA tensors, the torch reference otherwise, so
+    the CPU path is plain torch (the interpreter is a testing tool, orders of magnitude slower than torch,
+    and a stray TRITON_INTERPRET must not slow the CPU engine down);
+  * backend="triton": the Triton kernel, or KernelUnavailableError where it cannot run (`available`);
+    on CPU tensors that needs TRITON_INTERPRET=1 set *before* the first kernel module is imported, since
+    Triton reads it when the @triton.jit decorators run;
+  * backend="torch": the reference.
+Kernel modules are imported lazily, on the first Triton call. Import ops from this package, not from the
+kernel modules, so that importing the engine never freezes Triton's interpreter setting early.
 """
 import importlib
 
@@ -49,12 +53,13 @@ def _use_triton(op: str, backend, device) -> bool:
         raise KernelInputError(f"{op}: `backend` must be one of None, 'auto', 'triton', 'torch', got {backend!r}")
     if backend == "torch":
         return False
-    ok = available(device)
-    if backend == "triton" and not ok:
-        raise KernelUnavailableError(
-            f"{op}: backend='triton' but Triton kernels cannot run on {device} "
-            f"(needs CUDA, or TRITON_INTERPRET=1 set before importing the kernels)")
-    return ok
+    if backend == "triton":
+        if not available(device):
+            raise KernelUnavailableError(
+                f"{op}: backend='triton' but Triton kernels cannot run on {device} "
+                f"(needs CUDA, or TRITON_INTERPRET=1 set before importing the kernels)")
+        return True
+    return torch.device(device).type == "cuda" and not interpreting() and available(device)
 
 
 def _kernel(module: str, name: str):

@@ -1,0 +1,181 @@
+"""Flash attention (key padding mask, GQA, second always-valid key set) vs the torch reference; the reference
+itself is checked against torch's scaled_dot_product_attention.
+
+Interpreter by default (TRITON_INTERPRET=1); with TRITON_INTERPRET=0 on CUDA the same tests run compiled.
+"""
+import math
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from flashrt_core import kernels as K  # noqa: E402
+from flashrt_core.kernels import reference as R  # noqa: E402
+from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa: E402
+
+# (atol, rtol) per dtype. bf16/fp16: inputs are rounded identically on both sides; the kernel's online
+# softmax (and on GPU its bf16 P tile) adds well under one output ulp of error for these magnitudes.
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (3e-3, 3e-3)}
+
+
+@pytest.fixture(scope="module")
+def dev():
+    if interpreting():
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
+
+
+def close(out, ref):
+    atol, rtol = TOL[ref.dtype]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def randn(*shape, dtype=torch.float32, dev="cpu", seed=0, std=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * std).to(dtype).to(dev)
+
+
+def pad_mask(b, s, dev, seed=0):
+    """Random key padding mask with some keys dropped in every batch row, and at least one kept."""
+    g = torch.Generator().manual_seed(seed)
+    m = torch.rand(b, s, generator=g) > 0.35
+    m[:, 0] = True
+    m[:, -1] = False
+    return m.to(dev)
+
+
+CASES = [  # b, t, hq, hkv, dh, s: T == S is the prefix, the rest are over a cache of another length
+    (2, 19, 8, 1, 16, 19),
+    (1, 13, 8, 1, 256, 23),
+    (2, 7, 4, 2, 72, 19),
+    (1, 9, 3, 3, 40, 40),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}t{}hq{}hkv{}dh{}s{}".format(*c))
+def test_prefix_attention_with_pad_mask(dev, dtype, case):
+    b, t, hq, hkv, dh, s = case
+    q = randn(b, t, hq, dh, dtype=dtype, dev=dev, seed=1, std=2.0)  # std 2: peaky softmax rows
+    k, v = randn(b, hkv, s, dh, dtype=dtype, dev=dev, seed=2), randn(b, hkv, s, dh, dtype=dtype, dev=dev, seed=3)
+    mask = pad_mask(b, s, dev, seed=4)
+    close(K.attention(q, k, v, mask, backend="triton"), R.attention_ref(q, k, v, mask))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_siglip_attention_no_mask_token_major_kv(dev, dtype):
+    """SigLIP: head_dim 72, no mask, k / v straight from a token-major QKV output via transpose views."""
+    b, t, h, dh = 2, 19, 3, 72
+    qkv = randn(b, t, 3, h, dh, dtype=dtype, dev=dev, seed=5)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+    assert not q.is_contiguous() and not k.is_contiguous()
+    close(K.attention(q, k, v, backend="triton"), R.attention_ref(q, k, v))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dh", [16, 256])
+def test_suffix_over_cached_prefix_and_suffix_kv(dev, dtype, dh):
+    """Action expert: suffix queries over [prefix cache with pad mask] + [suffix K/V], GQA 8:1."""
+    b, sp, ts, hq = 2, 23, 7, 8
+    q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=6, std=2.0)
+    kp, vp = randn(b, 1, sp, dh, dtype=dtype, dev=dev, seed=7), randn(b, 1, sp, dh, dtype=dtype, dev=dev, seed=8)
+    ks, vs = randn(b, 1, ts, dh, dtype=dtype, dev=dev, seed=9), randn(b, 1, ts, dh, dtype=dtype, dev=dev, seed=10)
+    mask = pad_mask(b, sp, dev, seed=11)
+    out = K.attention(q, kp, vp, mask, ks, vs, backend="triton")
+    close(out, R.attention_ref(q, kp, vp, mask, ks, vs))
+    # Same thing as one concatenated key set with the suffix marked valid.
+    cat_mask = torch.cat((mask, torch.ones(b, ts, dtype=torch.bool, device=dev)), dim=1)
+    close(out, K.attention(q, torch.cat((kp, ks), 2), torch.cat((vp, vs), 2), cat_mask, backend="triton"))
+
+
+@pytest.mark.interpret
+def test_masked_keys_do_not_matter_and_empty_rows_are_zero(dev):
+    b, t, hq, hkv, dh, s = 2, 7, 8, 1, 16, 19
+    q, k, v = randn(b, t, hq, dh, dev=dev, seed=12), randn(b, hkv, s, dh, dev=dev, seed=13), \
+        randn(b, hkv, s, dh, dev=dev, seed=14)
+    mask = pad_mask(b, s, dev, seed=15)
+    mask[1] = False  # batch 1 has no valid key at all
+    out = K.attention(q, k, v, mask, backend="triton")
+    assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros_like(out[1]))
+    k2, v2 = k.clone(), v.clone()
+    k2[~mask[:, None, :].expand_as(k2[..., 0])] = 1e4  # garbage in masked slots must not leak
+    v2[~mask[:, None, :].expand_as(v2[..., 0])] = -1e4
+    close(K.attention(q, k2, v2, mask, backend="triton"), out)
+    close(out, R.attention_ref(q, k, v, mask))
+
+
+@pytest.mark.interpret
+def test_scale_override_mask_dtypes_and_out_buffer(dev):
+    b, t, hq, hkv, dh, s = 1, 7, 2, 1, 24, 13
+    q, k, v = randn(b, t, hq, dh, dev=dev, seed=16), randn(b, hkv, s, dh, dev=dev, seed=17), \
+        randn(b, hkv, s, dh, dev=dev, seed=18)
+    mask = pad_mask(b, s, dev, seed=19)
+    ref = R.attention_ref(q, k, v, mask, scale=0.3)
+    for m in (mask, mask.to(torch.int32), mask.to(torch.uint8)):
+        close(K.attention(q, k, v, m, scale=0.3, backend="triton"), ref)
+    out = torch.empty_like(q)
+    assert K.attention(q, k, v, mask, scale=0.3, out=out, backend="triton").data_ptr() == out.data_ptr()
+    close(out, ref)
+
+
+def test_reference_matches_torch_sdpa():
+    """The reference against an independent implementation: SDPA with a boolean mask and repeated kv heads."""
+    b, t, hq, hkv, dh, s = 2, 7, 8, 2, 24, 19
+    q, k, v = randn(b, t, hq, dh, seed=20), randn(b, hkv, s, dh, seed=21), randn(b, hkv, s, dh, seed=22)
+    mask = pad_mask(b, s, "cpu", seed=23)
+    want = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1),
+        attn_mask=mask[:, None, None, :], scale=1 / math.sqrt(dh)).transpose(1, 2)
+    torch.testing.assert_close(R.attention_ref(q, k, v, mask), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.interpret
+def test_launcher_errors_name_the_argument(dev):
+    b, t, hq, hkv, dh, s = 1, 7, 8, 1, 16, 13
+    q, k, v = randn(b, t, hq, dh, dev=dev), randn(b, hkv, s, dh, dev=dev), randn(b, hkv, s, dh, dev=dev)
+    with pytest.raises(KernelInputError, match="not a multiple of the 3 kv heads"):
+        K.attention(q, randn(b, 3, s, dh, dev=dev), randn(b, 3, s, dh, dev=dev), backend="triton")
+    with pytest.raises(KernelInputError, match="`key_mask` has shape"):
+        K.attention(q, k, v, torch.ones(b, s + 1, dtype=torch.bool, device=dev), backend="triton")
+    with pytest.raises(KernelInputError, match="`key_mask` has dtype"):
+        K.attention(q, k, v, torch.ones(b, s, device=dev), backend="triton")
+    with pytest.raises(KernelInputError, match="`k2` and `v2`"):
+        K.attention(q, k, v, None, k, backend="triton")
+    with pytest.raises(KernelInputError, match="`v` has shape"):
+        K.attention(q, k, randn(b, hkv, s + 2, dh, dev=dev), backend="triton")
+    with pytest.raises(KernelInputError, match="`k` has dtype"):
+        K.attention(q, k.double(), v, backend="triton")
+    with pytest.raises(KernelInputError, match="`k` has shape"):
+        K.attention(q, randn(b, hkv, s, dh + 8, dev=dev), v, backend="triton")
+    with pytest.raises(KernelInputError, match="`q` must have 4 dims"):
+        K.attention(q[0], k, v, backend="triton")
+    with pytest.raises(KernelInputError, match="`out` has shape"):
+        K.attention(q, k, v, out=torch.empty(b, t, hq, dh + 1, device=dev), backend="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting(), reason="full shapes are too slow for the Triton interpreter")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_full_shapes_on_cuda(dtype):
+    # Gemma prefix: 560 tokens (two 256-token views + a 48-token prompt), 8:1 GQA, head_dim 256.
+    q = randn(1, 560, 8, 256, dtype=dtype, dev="cuda", seed=30)
+    k, v = randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=31), randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=32)
+    mask = pad_mask(1, 560, "cuda", seed=33)
+    close(K.attention(q, k, v, mask, backend="triton"), R.attention_ref(q, k, v, mask))
+    # Action expert: 50 suffix queries over the prefix cache + 50 suffix keys.
+    qs = randn(1, 50, 8, 256, dtype=dtype, dev="cuda", seed=34)
+    ks, vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35), randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
+    close(K.attention(qs, k, v, mask, ks, vs, backend="triton"), R.attention_ref(qs, k, v, mask, ks, vs))
+    # SigLIP: 2 views x 256 tokens, 16 heads of 72, no mask.
+    qkv = randn(2, 256, 3, 16, 72, dtype=dtype, dev="cuda", seed=37)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
+    close(K.attention(q, k, v, backend="triton"), R.attention_ref(q, k, v))

@@ -1,0 +1,196 @@
+"""QKV split + RoPE + K/V cache write vs the torch reference, plus checks of RoPE itself that do not use
+the reference (HF's table formula, position 0 is the identity, scores depend on relative position only).
+
+Interpreter by default (TRITON_INTERPRET=1); with TRITON_INTERPRET=0 on CUDA the same tests run compiled.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from flashrt_core import kernels as K  # noqa: E402
+from flashrt_core.kernels import reference as R  # noqa: E402
+from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa: E402
+
+# (atol, rtol) per dtype. The kernel rotates in fp32 and rounds once, like the reference.
+TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
+
+
+@pytest.fixture(scope="module")
+def dev():
+    if interpreting():
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
+
+
+def close(out, ref):
+    atol, rtol = TOL[ref.dtype]
+    assert out.dtype == ref.dtype and out.shape == ref.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+def randn(*shape, dtype=torch.float32, dev="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(dev)
+
+
+def make(b, t, hq, hkv, dh, s, dtype, dev, seed=0):
+    qkv = randn(b, t, (hq + 2 * hkv) * dh, dtype=dtype, dev=dev, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    positions = torch.randint(0, 300, (b, t), generator=g).to(dev)
+    cache = randn(b, hkv, s, dh, dtype=dtype, dev=dev, seed=seed + 2)  # non-zero: untouched rows must stay
+    return qkv, positions, cache
+
+
+def run_both(qkv, positions, cache, offset, hq, hkv, k_layout=None):
+    cos, sin = K.rope_cos_sin(320, qkv.shape[-1] // (hq + 2 * hkv), device=qkv.device)
+    caches = [cache.clone() for _ in range(4)]
+    if k_layout is not None:
+        caches = [k_layout(c) for c in caches]
+    q = K.qkv_rope_cache(qkv, positions, cos, sin, caches[0], caches[1], offset, num_q_heads=hq,
+                         num_kv_heads=hkv, backend="triton")
+    q_ref = R.qkv_rope_cache_ref(qkv, positions, cos, sin, caches[2], caches[3], offset, num_q_heads=hq,
+                                 num_kv_heads=hkv)
+    return q, q_ref, caches
+
+
+CASES = [  # b, t, hq, hkv, dh, s
+    (2, 7, 8, 1, 24, 19),   # pi0.5's GQA ratio (8 q heads share 1 kv head), small head_dim
+    (1, 13, 4, 2, 72, 23),  # half = 36: not a power of two
+    (3, 5, 2, 2, 16, 11),
+]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}t{}hq{}hkv{}dh{}s{}".format(*c))
+@pytest.mark.parametrize("offset_kind", ["int", "tensor"])
+def test_qkv_rope_cache(dev, dtype, case, offset_kind):
+    b, t, hq, hkv, dh, s = case
+    qkv, positions, cache = make(b, t, hq, hkv, dh, s, dtype, dev)
+    offsets = [(3 * i + 1) % (s - t + 1) for i in range(b)]
+    offset = offsets[0] if offset_kind == "int" else torch.tensor(offsets, device=dev)
+    if offset_kind == "int":
+        offsets = [offset] * b
+    q, q_ref, (k, v, k_ref, v_ref) = run_both(qkv, positions, cache, offset, hq, hkv)
+    close(q, q_ref)
+    close(k, k_ref)
+    close(v, v_ref)
+    for i, o in enumerate(offsets):  # rows outside [o, o + t) are untouched
+        keep = torch.ones(s, dtype=torch.bool)
+        keep[o:o + t] = False
+        assert torch.equal(k[i][:, keep], cache[i][:, keep]) and torch.equal(v[i][:, keep], cache[i][:, keep])
+    # V is copied, not rotated.
+    heads = qkv.reshape(b, t, hq + 2 * hkv, dh)
+    assert torch.equal(v[0, :, offsets[0]:offsets[0] + t].transpose(0, 1), heads[0, :, hq + hkv:])
+
+
+@pytest.mark.interpret
+def test_token_major_cache_view_and_q_out(dev):
+    """k/v caches may be any strided [B, Hkv, S, Dh] view, e.g. a token-major buffer transposed."""
+    b, t, hq, hkv, dh, s = 2, 7, 4, 2, 24, 19
+    qkv, positions, cache = make(b, t, hq, hkv, dh, s, torch.float32, dev, seed=5)
+    token_major = cache.transpose(1, 2).contiguous()
+    q, q_ref, (k, v, k_ref, v_ref) = run_both(qkv, positions, token_major, 4, hq, hkv,
+                                              k_layout=lambda c: c.transpose(1, 2))
+    close(k, k_ref)
+    close(v, v_ref)
+    q_out = torch.empty(b, t, hq, dh, device=dev)
+    cos, sin = K.rope_cos_sin(320, dh, device=dev)
+    kc, vc = cache.clone(), cache.clone()
+    got = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, 4, num_q_heads=hq, num_kv_heads=hkv,
+                           q_out=q_out, backend="triton")
+    assert got.data_ptr() == q_out.data_ptr()
+    close(q_out, q_ref)
+
+
+def test_rope_tables_match_hf_gemma_formula():
+    """HF computes freqs as inv_freq[:, None] @ positions[None, :] in fp32 and cos/sin of cat(freqs, freqs)."""
+    dh, n = 72, 600
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dh, 2, dtype=torch.int64).float() / dh))
+    freqs = (inv_freq[None, :, None] @ torch.arange(n).float()[None, None, :]).transpose(1, 2)[0]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = K.rope_cos_sin(n, dh)
+    torch.testing.assert_close(torch.cat((cos, cos), -1), emb.cos(), atol=0, rtol=0)
+    torch.testing.assert_close(torch.cat((sin, sin), -1), emb.sin(), atol=0, rtol=0)
+
+
+@pytest.mark.interpret
+def test_rope_properties_without_the_reference(dev):
+    """Position 0 is the identity, other positions rotate, and every rotation preserves the norm."""
+    dh = 24
+    qkv = randn(1, 1, 3 * dh, dev=dev, seed=9).expand(1, 4, 3 * dh).contiguous()  # one vector, 4 positions
+    cos, sin = K.rope_cos_sin(64, dh, device=dev)
+    kc, vc = torch.zeros(1, 1, 8, dh, device=dev), torch.zeros(1, 1, 8, dh, device=dev)
+    q = K.qkv_rope_cache(qkv, torch.tensor([[0, 5, 17, 40]], device=dev), cos, sin, kc, vc, 0,
+                         num_q_heads=1, num_kv_heads=1, backend="triton")[0, :, 0]
+    close(q[0], qkv[0, 0, :dh])
+    close(kc[0, 0, 0], qkv[0, 0, dh:2 * dh])
+    assert not torch.allclose(q[1], q[0], atol=1e-3)
+    close(q.norm(dim=-1), qkv[0, :, :dh].norm(dim=-1))
+
+
+@pytest.mark.interpret
+def test_relative_position_invariance(dev):
+    dh = 24
+    vec = randn(3 * dh, dev=dev, seed=11)
+    cos, sin = K.rope_cos_sin(128, dh, device=dev)
+
+    def qk(pq, pk):
+        qkv = vec.expand(1, 2, 3 * dh).contiguous()
+        kc, vc = torch.zeros(1, 1, 2, dh, device=dev), torch.zeros(1, 1, 2, dh, device=dev)
+        q = K.qkv_rope_cache(qkv, torch.tensor([[pq, pk]], device=dev), cos, sin, kc, vc, 0,
+                             num_q_heads=1, num_kv_heads=1, backend="triton")
+        return (q[0, 0, 0] @ kc[0, 0, 1]).item()
+
+    assert qk(10, 3) == pytest.approx(qk(60, 53), rel=1e-4, abs=1e-4)
+    assert qk(3, 10) == pytest.approx(qk(100, 107), rel=1e-4, abs=1e-4)
+    assert qk(3, 10) != pytest.approx(qk(10, 3), rel=1e-3)  # not symmetric: the rotation is real
+
+
+@pytest.mark.interpret
+def test_launcher_errors_name_the_argument(dev):
+    b, t, hq, hkv, dh, s = 2, 7, 8, 1, 24, 19
+    qkv, positions, cache = make(b, t, hq, hkv, dh, s, torch.float32, dev)
+    cos, sin = K.rope_cos_sin(320, dh, device=dev)
+
+    def call(**kw):
+        args = dict(qkv=qkv, positions=positions, cos=cos, sin=sin, k_cache=cache.clone(),
+                    v_cache=cache.clone(), cache_offset=0, num_q_heads=hq, num_kv_heads=hkv, backend="triton")
+        args.update(kw)
+        return K.qkv_rope_cache(**args)
+
+    with pytest.raises(KernelInputError, match="`qkv` last dim"):
+        call(num_q_heads=7)
+    with pytest.raises(KernelInputError, match="head_dim 23 must be even"):
+        call(qkv=randn(b, t, 10 * 23, dev=dev), cos=cos[:, :11].contiguous(), sin=sin[:, :11].contiguous())
+    with pytest.raises(KernelInputError, match="`positions` has dtype"):
+        call(positions=positions.float())
+    with pytest.raises(KernelInputError, match="`positions` has shape"):
+        call(positions=positions[:, :3].contiguous())
+    with pytest.raises(KernelInputError, match="`cache_offset` 13"):
+        call(cache_offset=13)
+    with pytest.raises(KernelInputError, match="`k_cache`"):
+        call(k_cache=torch.zeros(b, 2, s, dh, device=dev))
+    with pytest.raises(KernelInputError, match="`v_cache`"):
+        call(v_cache=torch.zeros(b, hkv, s + 1, dh, device=dev))
+    with pytest.raises(KernelInputError, match="`cos`"):
+        call(cos=cos[:, :5].contiguous())
+    with pytest.raises(KernelInputError, match="`cache_offset`"):
+        call(cache_offset=torch.zeros(3, dtype=torch.int64, device=dev))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting(), reason="full shapes are too slow for the Triton interpreter")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_full_shapes_on_cuda(dtype):
+    for t, s, offset in ((560, 610, 0), (50, 610, 560)):  # prefix fill, then suffix behind it
+        qkv, positions, cache = make(1, t, 8, 1, 256, s, dtype, "cuda", seed=t)
+        q, q_ref, (k, v, k_ref, v_ref) = run_both(qkv, positions, cache, offset, 8, 1)
+        close(q, q_ref)
+        close(k, k_ref)
+        close(v, v_ref)
