@@ -6,7 +6,6 @@ every buffer's byte range against the manifest before any tensor is built, and n
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
@@ -21,7 +20,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save_file as st_save_file
 
 from flashrt_core.capsule.fingerprint import dtype_name
-from flashrt_core.capsule.slab import torch_dtype
+from flashrt_core.capsule.meta import encode_meta
 from flashrt_core.errors import CapsuleError
 
 FORMAT, VERSION = "flashrt-capsule", 1
@@ -34,60 +33,6 @@ class Check:
     item: str
     ok: bool
     detail: str
-
-
-# ---- meta: JSON with tagged tensors / bytes / tuples, so RNG states and counters survive exactly ----
-
-def encode_meta(obj: Any, where: str = "meta") -> Any:
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {"__tensor__": {"dtype": dtype_name(t.dtype), "shape": list(t.shape),
-                               "b64": base64.b64encode(raw).decode()}}
-    if isinstance(obj, (bytes, bytearray)):
-        return {"__bytes__": base64.b64encode(bytes(obj)).decode()}
-    if isinstance(obj, tuple):
-        return {"__tuple__": [encode_meta(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
-    if isinstance(obj, list):
-        return [encode_meta(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, Mapping):
-        out = {}
-        for k, v in obj.items():
-            if not isinstance(k, str):
-                raise CapsuleError(f"{where}: key {k!r} is not a string; capsule meta keys must be strings")
-            out[k] = encode_meta(v, f"{where}.{k}")
-        return out
-    raise CapsuleError(f"{where}: cannot store a {type(obj).__name__} in a capsule "
-                       "(use numbers, strings, lists, dicts, tuples, bytes or tensors)")
-
-
-def decode_meta(obj: Any) -> Any:
-    if isinstance(obj, list):
-        return [decode_meta(v) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    if set(obj) == {"__tensor__"}:
-        spec = obj["__tensor__"]
-        raw = bytearray(base64.b64decode(spec["b64"]))
-        dtype = torch_dtype(spec["dtype"])
-        if not raw:
-            return torch.empty(spec["shape"], dtype=dtype)
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(spec["shape"]).clone()
-    if set(obj) == {"__bytes__"}:
-        return base64.b64decode(obj["__bytes__"])
-    if set(obj) == {"__tuple__"}:
-        return tuple(decode_meta(v) for v in obj["__tuple__"])
-    return {k: decode_meta(v) for k, v in obj.items()}
-
-
-def meta_to_json(meta: Mapping) -> str:
-    return json.dumps(encode_meta(dict(meta)), sort_keys=True, separators=(",", ":"))
-
-
-def meta_from_json(text: str) -> dict:
-    return decode_meta(json.loads(text))
 
 
 # ---- checksums and the manifest ----
@@ -107,7 +52,7 @@ def _manifest_digest(manifest: Mapping) -> str:
 
 
 def write_capsule(path, *, capsule_id: str, name: str, created: float, fingerprint: Mapping,
-                  fingerprint_digest: str, meta_json: str, tensors: Mapping[str, torch.Tensor]) -> int:
+                  fingerprint_digest: str, meta: Mapping, tensors: Mapping[str, torch.Tensor]) -> int:
     """Write atomically to folder `path` (must not exist). Returns the bytes of the tensors file."""
     path = pathlib.Path(path)
     if path.exists():
@@ -123,7 +68,7 @@ def write_capsule(path, *, capsule_id: str, name: str, created: float, fingerpri
         manifest = {
             "format": FORMAT, "version": VERSION, "id": capsule_id, "name": name, "created": created,
             "fingerprint": dict(fingerprint), "fingerprint_digest": fingerprint_digest,
-            "meta": json.loads(meta_json), "tensors_file": TENSORS, "tensors_file_bytes": file_bytes,
+            "meta": encode_meta(meta), "tensors_file": TENSORS, "tensors_file_bytes": file_bytes,
             "header_sha256": _sha(header_bytes),
             "buffers": {k: {"shape": list(t.shape), "dtype": dtype_name(t.dtype), "nbytes": t.numel() * t.itemsize,
                             "sha256": _sha(tensor_bytes(t))} for k, t in cpu.items()},

@@ -7,6 +7,8 @@ attribute that starts as None; the store is created on first use.
 """
 from __future__ import annotations
 
+import torch
+
 from flashrt_core.capsule.fingerprint import Fingerprint, fingerprint
 from flashrt_core.capsule.store import CapsuleStore
 from flashrt_core.errors import CapsuleError
@@ -23,8 +25,11 @@ def runtime_fingerprint(rt) -> Fingerprint:
 
 
 def _device_of(rt):
-    buffers = rt.persistent_buffers()
-    return next(iter(buffers.values())).device if buffers else "cpu"
+    """The runtime's compute device (some persistent buffers may be placed on the host)."""
+    if getattr(rt, "device", None) is not None:
+        return rt.device
+    devices = [t.device for t in rt.persistent_buffers().values()]
+    return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
 
 
 def configure_capsules(rt, *, budgets=None, on_full="refuse", disk_dir=None, ring=0) -> CapsuleStore:

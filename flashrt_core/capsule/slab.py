@@ -6,6 +6,7 @@ copy instead of one launch per buffer, so snapshot and restore cost close to the
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import torch
@@ -22,33 +23,29 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def layout_nbytes(layout: Mapping[str, tuple]) -> int:
-    """Bytes of buffer payload (no padding); what budgets and `list()` count."""
-    total = 0
-    for shape, dtype in layout.values():
-        n = 1
-        for s in shape:
-            n *= s
-        total += n * torch_dtype(dtype).itemsize
-    return total
+class SlabPlan:
+    """Where each buffer of a layout sits in a slab; computed once per store, reused by every capsule."""
+
+    def __init__(self, layout: Mapping[str, tuple]):
+        self.entries, offset, payload = [], 0, 0
+        for name, (shape, dtype) in layout.items():
+            dt = torch_dtype(dtype)
+            nbytes = math.prod(shape) * dt.itemsize
+            self.entries.append((name, offset, nbytes, dt, tuple(shape)))
+            offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            payload += nbytes
+        self.total_bytes = offset  # with alignment padding
+        self.payload_bytes = payload  # what budgets and `list()` count
 
 
 class Slab:
     """One flat allocation holding every buffer of a layout; `views[name]` is that buffer's tensor."""
 
-    def __init__(self, layout: Mapping[str, tuple], device: torch.device, pinned: bool = False):
-        offsets, total = {}, 0
-        for name, (shape, dtype) in layout.items():
-            offsets[name] = total
-            n = layout_nbytes({name: (shape, dtype)})
-            total += (n + _ALIGN - 1) // _ALIGN * _ALIGN
+    def __init__(self, plan: SlabPlan, device: torch.device, pinned: bool = False):
         self.device = torch.device(device)
-        self.flat = torch.empty(max(total, 1), dtype=torch.uint8, device=self.device,
+        self.flat = torch.empty(max(plan.total_bytes, 1), dtype=torch.uint8, device=self.device,
                                 pin_memory=pinned and self.device.type == "cpu")
-        self.views = {}
-        for name, (shape, dtype) in layout.items():
-            n = layout_nbytes({name: (shape, dtype)})
-            self.views[name] = self.flat[offsets[name]:offsets[name] + n].view(torch_dtype(dtype)).view(shape)
+        self.views = {name: self.flat[o:o + n].view(dt).view(shape) for name, o, n, dt, shape in plan.entries}
         self.ready = None  # CUDA event recorded after the copy that filled it, when one was async
 
     def wait_host(self) -> None:

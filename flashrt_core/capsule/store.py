@@ -20,7 +20,8 @@ import torch
 
 from flashrt_core.capsule import diskfmt
 from flashrt_core.capsule.fingerprint import Fingerprint, dtype_name, shape_text
-from flashrt_core.capsule.slab import Copier, Slab, layout_nbytes
+from flashrt_core.capsule.meta import copy_meta, decode_meta
+from flashrt_core.capsule.slab import Copier, Slab, SlabPlan, torch_dtype
 from flashrt_core.errors import CapsuleError
 
 TIERS = ("device", "host", "disk")
@@ -35,11 +36,17 @@ class _Capsule:
     nbytes: int
     created: float
     seq: int
-    meta_json: str
-    decision_id: object = None
+    meta: dict  # private copy (see capsule.meta)
+    decision_id: object = None  # for list(): meta's 'decision_id', else the runtime's 'decisions' counter
     slab: Slab | None = None  # device / host tiers
     path: pathlib.Path | None = None  # disk tier
     ring: bool = False
+
+
+def _own_meta(meta) -> dict:
+    if not isinstance(meta, Mapping):
+        raise CapsuleError(f"meta must be a dict, got {type(meta).__name__}")
+    return copy_meta(meta)
 
 
 class CapsuleStore:
@@ -62,7 +69,9 @@ class CapsuleStore:
         self.on_full = on_full
         self.disk_dir = pathlib.Path(disk_dir) if disk_dir is not None else None
         self.ring = ring
-        self.capsule_bytes = layout_nbytes(fingerprint.layout)
+        self._plan = SlabPlan(fingerprint.layout)
+        self.capsule_bytes = self._plan.payload_bytes
+        self._expect = {n: (torch.Size(shape), torch_dtype(dt)) for n, (shape, dt) in fingerprint.layout.items()}
         self._pinned = torch.cuda.is_available()
         self._copier = Copier()
         self._caps: dict[str, _Capsule] = {}
@@ -77,10 +86,10 @@ class CapsuleStore:
     def snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str:
         self._check_tier(tier)
         self._check_buffers(tensors, f"snapshot {name!r}")
-        meta_json = diskfmt.meta_to_json(meta)
+        meta = _own_meta(meta)
         with self._lock:
             self._make_room(tier, self.capsule_bytes, protect=set(), for_what=f"snapshot {name!r}")
-            cap = self._new(name, tier, meta_json, meta.get("decision_id"))
+            cap = self._new(name, tier, meta)
             if tier == "disk":
                 staging = self._slab("host")
                 staging.ready = self._copier.side_copy(*self._pairs(staging.views, tensors))
@@ -102,7 +111,7 @@ class CapsuleStore:
             else:
                 source, after = cap.slab.views, cap.slab.ready
             self._copier.inline_copy(*self._pairs(into, source), after=after)
-            return diskfmt.meta_from_json(cap.meta_json)
+            return copy_meta(cap.meta)
 
     def fork(self, capsule_id: str, name: str) -> str:
         """A new, independent capsule with the same buffers and meta, in the source's tier."""
@@ -110,7 +119,7 @@ class CapsuleStore:
             src = self._get(capsule_id)
             tier = "device" if src.ring else src.tier
             self._make_room(tier, self.capsule_bytes, protect={src.id}, for_what=f"fork {name!r} of {src.id}")
-            cap = self._new(name, tier, src.meta_json, decision_id=src.decision_id)
+            cap = self._new(name, tier, copy_meta(src.meta))
             if src.tier == "disk":
                 source = self._load_disk(src, f"fork of capsule {src.id}")
             else:
@@ -159,7 +168,7 @@ class CapsuleStore:
                 tensors = cap.slab.views
             diskfmt.write_capsule(path, capsule_id=cap.id, name=cap.name, created=cap.created,
                                   fingerprint=self.fingerprint.to_dict(),
-                                  fingerprint_digest=self.fingerprint.digest(), meta_json=cap.meta_json,
+                                  fingerprint_digest=self.fingerprint.digest(), meta=cap.meta,
                                   tensors=tensors)
 
     def import_(self, path, tier: str = "host") -> str:
@@ -174,11 +183,10 @@ class CapsuleStore:
         if diffs:
             raise CapsuleError(f"{what}: fingerprint differs (this runtime != file): " + "; ".join(diffs))
         manifest, tensors = diskfmt.load_capsule(path, what)
-        meta = diskfmt.decode_meta(manifest["meta"])
-        meta_json = diskfmt.meta_to_json(meta)
+        meta = _own_meta(decode_meta(manifest["meta"]))
         with self._lock:
             self._make_room(tier, self.capsule_bytes, protect=set(), for_what=what)
-            cap = self._new(str(manifest.get("name", "")), tier, meta_json, meta.get("decision_id"))
+            cap = self._new(str(manifest.get("name", "")), tier, meta)
             if tier == "disk":
                 self._write_disk(cap, tensors)
             else:
@@ -192,7 +200,7 @@ class CapsuleStore:
         if self.ring == 0:
             return None
         self._check_buffers(tensors, "time-travel record")
-        meta_json = diskfmt.meta_to_json(meta)
+        meta = _own_meta(meta)
         with self._lock:
             if not self._ring_slots:
                 # Reserve every slot once, so a decision never allocates; the ring counts against the device budget.
@@ -204,7 +212,7 @@ class CapsuleStore:
             self._ring_next += 1
             if self._ring_ids[i] is not None:
                 self._caps.pop(self._ring_ids[i], None)
-            cap = self._new(f"ring/{self._ring_next}", "device", meta_json, meta.get("decision_id"))
+            cap = self._new(f"ring/{self._ring_next}", "device", meta)
             cap.ring, cap.slab = True, self._ring_slots[i]
             cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
             self._caps[cap.id] = cap
@@ -226,14 +234,15 @@ class CapsuleStore:
 
     def _check_buffers(self, tensors: Mapping[str, torch.Tensor], what: str) -> None:
         layout = self.fingerprint.layout
-        missing = [n for n in layout if n not in tensors]
-        extra = [n for n in tensors if n not in layout]
-        if missing or extra:
+        if len(tensors) != len(layout) or any(n not in tensors for n in layout):
+            missing = [n for n in layout if n not in tensors]
+            extra = [n for n in tensors if n not in layout]
             raise CapsuleError(f"{what}: buffers do not match the fingerprint layout: "
                                f"missing {missing}, unexpected {extra}")
-        for name, (shape, dtype) in layout.items():
+        for name, (size, dt) in self._expect.items():  # torch.Size / dtype compares: cheap on the hot path
             t = tensors[name]
-            if tuple(t.shape) != shape or dtype_name(t.dtype) != dtype:
+            if t.shape != size or t.dtype != dt:
+                shape, dtype = layout[name]
                 raise CapsuleError(f"{what}: buffer {name} is {dtype_name(t.dtype)} {shape_text(t.shape)}, "
                                    f"the fingerprint says {dtype} {shape_text(shape)}")
 
@@ -244,15 +253,16 @@ class CapsuleStore:
             raise CapsuleError(f"unknown capsule id {capsule_id!r} (known: {known})")
         return cap
 
-    def _new(self, name: str, tier: str, meta_json: str, decision_id) -> _Capsule:
+    def _new(self, name: str, tier: str, meta: dict) -> _Capsule:
         self._seq += 1
         return _Capsule(id=f"c{self._seq:04d}-{self._tag}", name=str(name), tier=tier, nbytes=self.capsule_bytes,
-                        created=time.time(), seq=self._seq, meta_json=meta_json, decision_id=decision_id)
+                        created=time.time(), seq=self._seq, meta=meta,
+                        decision_id=meta.get("decision_id", meta.get("decisions")))
 
     def _slab(self, tier: str) -> Slab:
         if tier == "device":
-            return Slab(self.fingerprint.layout, self.device)
-        return Slab(self.fingerprint.layout, torch.device("cpu"), pinned=self._pinned)
+            return Slab(self._plan, self.device)
+        return Slab(self._plan, torch.device("cpu"), pinned=self._pinned)
 
     @staticmethod
     def _pairs(dst: Mapping[str, torch.Tensor], src: Mapping[str, torch.Tensor]):
@@ -263,7 +273,7 @@ class CapsuleStore:
         path = self.disk_dir / cap.id
         diskfmt.write_capsule(path, capsule_id=cap.id, name=cap.name, created=cap.created,
                               fingerprint=self.fingerprint.to_dict(), fingerprint_digest=self.fingerprint.digest(),
-                              meta_json=cap.meta_json, tensors=tensors)
+                              meta=cap.meta, tensors=tensors)
         cap.path, cap.tier = path, "disk"
 
     def _load_disk(self, cap: _Capsule, what: str) -> dict[str, torch.Tensor]:

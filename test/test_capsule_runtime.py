@@ -1,0 +1,118 @@
+"""Capsules on the tiny pi0.5 Runtime: a restored or forked branch continues exactly like the undisturbed run.
+
+Three runtimes built alike are fed the same observations on the same simulated clock (observe at 10 Hz, act
+at 50 Hz). A runs straight through (the reference). B snapshots after tick K, forks the capsule twice,
+exports one fork, is then disturbed (every persistent buffer overwritten, the noise RNG reseeded, an extra
+step taken), restores the other fork and continues. C replays the same history, is disturbed, imports the
+exported fork (a second process would do the same) and continues. Both continuations must reproduce A's
+actions bit for bit, including the observe tick in the middle.
+"""
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core.contract.runtime import Runtime
+from flashrt_core.errors import CapsuleError
+
+# Tolerance table: restore copies bytes and the RNG state, so continued actions match exactly.
+TOLERANCE = {"continued_actions_max_abs": 0.0}
+
+MS = 1_000_000
+TICK_MS = 20  # 50 Hz act; observe (10 Hz) runs at ticks 0, 5, ...
+K = 3  # snapshot after this tick
+TICKS = 9
+PROMPT = "pick up the red cube"
+
+
+def observation(tick):
+    rng = np.random.default_rng(1000 + tick)
+    images = [rng.integers(1, 255, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    return images, rng.standard_normal(8).astype(np.float32) + 0.1
+
+
+def run_ticks(rt, ticks):
+    out = []
+    for t in ticks:
+        images, state = observation(t)
+        rt.set_observation(images=images, state=state, stamp_ns=t * TICK_MS * MS)
+        res = rt.step(t * TICK_MS * MS + MS)
+        out.append((tuple(res.ran), res.decision_id, None if res.actions is None else res.actions.copy()))
+    return out
+
+
+def disturb(rt, seed):
+    g = torch.Generator().manual_seed(seed)
+    for name, t in rt.persistent_buffers().items():
+        noise = torch.randint(1, 200, t.shape, generator=g) if not t.dtype.is_floating_point else torch.randn(t.shape, generator=g)
+        t.copy_(noise.to(t.dtype).to(t.device))
+    rt.generator.manual_seed(seed)
+    rt.step(K * TICK_MS * MS + 11 * MS)  # an extra act on the disturbed state moves counters, clocks and RNG
+
+
+def assert_same_run(got, want):
+    assert len(got) == len(want)
+    for (ran, did, act), (ran_w, did_w, act_w) in zip(got, want):
+        assert ran == ran_w and did == did_w
+        assert (act is None) == (act_w is None)
+        if act is not None:
+            assert np.array_equal(act, act_w), f"tick actions differ: max abs {np.abs(act - act_w).max()}"
+
+
+def make_runtime(device):
+    rt = Runtime.from_config("config/pi05_tiny.yaml", device=device, seed=0)
+    rt.set_prompt(PROMPT)
+    return rt
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_restored_and_forked_branches_continue_like_the_undisturbed_run(tmp_path, device):
+    a = make_runtime(device)
+    reference = run_ticks(a, range(TICKS))
+    assert any("observe" in ran for ran, _, _ in reference[K + 1:])  # the continuation recomputes the prefix too
+
+    b = make_runtime(device)
+    assert_same_run(run_ticks(b, range(K + 1)), reference[:K + 1])
+    before = {k: v.clone() for k, v in b.persistent_buffers().items()}
+    cid = b.snapshot("after_tick_k", tier="device")
+    f1, f2 = b.fork(cid, name="branch_1"), b.fork(cid, name="branch_2")
+    b.export_capsule(f2, tmp_path / "branch_2")
+    rows = {r["id"]: r for r in b.list_capsules()}
+    assert rows[f1]["name"] == "branch_1" and rows[f1]["decision_id"] == reference[K][1]
+
+    disturb(b, seed=7)
+    assert not torch.equal(b.persistent_buffers()["prefix_k"], before["prefix_k"])
+    b.restore(f1)
+    for k, v in b.persistent_buffers().items():
+        assert torch.equal(v, before[k]), f"buffer {k} not restored"
+    assert_same_run(run_ticks(b, range(K + 1, TICKS)), reference[K + 1:])
+
+    c = make_runtime(device)
+    run_ticks(c, range(K + 1))
+    disturb(c, seed=8)
+    imported = c.import_capsule(tmp_path / "branch_2", tier="device")
+    c.restore(imported)
+    assert_same_run(run_ticks(c, range(K + 1, TICKS)), reference[K + 1:])
+
+
+def test_runtime_refusals_leave_the_live_state_untouched(tmp_path):
+    rt = make_runtime("cpu")
+    run_ticks(rt, range(2))
+    cid = rt.snapshot("x", tier="host")
+    rt.export_capsule(cid, tmp_path / "x")
+    live = {k: v.clone() for k, v in rt.persistent_buffers().items()}
+    decisions = rt.decisions
+    with pytest.raises(CapsuleError, match="unknown capsule id 'c-missing'"):
+        rt.restore("c-missing")
+    other = Runtime.from_config("config/pi05_tiny.yaml", device="cpu", seed=1)  # other weights
+    with pytest.raises(CapsuleError, match="weights_digest"):
+        other.import_capsule(tmp_path / "x")
+    data = bytearray((tmp_path / "x" / "buffers.safetensors").read_bytes())
+    data[-3] ^= 0xFF  # inside the last buffer's bytes
+    (tmp_path / "x" / "buffers.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CapsuleError, match="checksum failed"):
+        rt.import_capsule(tmp_path / "x")
+    for k, v in rt.persistent_buffers().items():
+        assert torch.equal(v, live[k])
+    assert rt.decisions == decisions and [r["id"] for r in rt.list_capsules()] == [cid]
+    rt.drop_capsule(cid)
+    assert rt.list_capsules() == []
