@@ -55,14 +55,12 @@ class Slab:
 
 
 def _copy_lists(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    if not dst:
-        return
-    same_device = all(d.device == s.device for d, s in zip(dst, src))
-    if same_device and hasattr(torch, "_foreach_copy_"):
+    same = [(d, s) for d, s in zip(dst, src) if d.device == s.device]
+    if same:
         # One multi-tensor kernel instead of one launch per buffer (dozens of K/V layers).
-        torch._foreach_copy_(list(dst), list(src), non_blocking=True)
-    else:
-        for d, s in zip(dst, src):
+        torch._foreach_copy_([d for d, _ in same], [s for _, s in same], non_blocking=True)
+    for d, s in zip(dst, src):  # host-placed buffers of a CUDA runtime: a copy each
+        if d.device != s.device:
             d.copy_(s, non_blocking=True)
 
 
