@@ -252,8 +252,9 @@ def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None
     stages = {}
     for name in contract.stages:
         a = ages[name]
+        held = sum(1 for e in events if e["stage"] == name and "skipped" in e)
         stages[name] = {"trigger": contract.stages[name].trigger.describe(), "runs": ledger.runs[name],
-                        "misses": ledger.misses[name], "lates": ledger.lates[name],
+                        "misses": ledger.misses[name], "lates": ledger.lates[name], "skipped": held,
                         "age_ms": {"min": min(a), "mean": sum(a) / len(a), "max": max(a)} if a else None}
     return {"contract": contract.source, "duration_s": duration_s, "tick_hz": tick_hz,
             "observation_hz": observation_hz, "ticks": ticks, "decisions": ledger.decisions,
@@ -268,11 +269,13 @@ def _is_prompt(contract: Contract, name: str) -> bool:
 
 def format_report(report: dict, max_events: int = 40) -> str:
     lines = [f"simulated {report['duration_s']} s: {report['ticks']} ticks, {report['decisions']} decisions"]
-    lines.append(f"{'stage':<12}{'trigger':<28}{'runs':>6}{'misses':>8}{'lates':>7}   age ms min/mean/max")
+    lines.append(f"{'stage':<12}{'trigger':<28}{'runs':>6}{'misses':>8}{'lates':>7}{'skipped':>9}"
+                 "   age ms min/mean/max")
     for name, s in report["stages"].items():
         a = s["age_ms"]
         age = f"{a['min']:.1f}/{a['mean']:.1f}/{a['max']:.1f}" if a else "-"
-        lines.append(f"{name:<12}{s['trigger']:<28}{s['runs']:>6}{s['misses']:>8}{s['lates']:>7}   {age}")
+        lines.append(f"{name:<12}{s['trigger']:<28}{s['runs']:>6}{s['misses']:>8}{s['lates']:>7}"
+                     f"{s['skipped']:>9}   {age}")
     ev = report["events"]
     lines.append(f"first {min(max_events, len(ev))} of {len(ev)} events:")
     for e in ev[:max_events]:

@@ -365,7 +365,7 @@ def _topological_order(stages, buffers) -> list[str]:
         if state.get(n) == "done":
             return
         if state.get(n) == "active":
-            cycle = stack[stack.index(n):] + [n]
+            cycle = (stack[stack.index(n):] + [n])[::-1]  # the stack runs against the data flow
             raise ContractError(f"stages: cycle {' -> '.join(cycle)} (through their reads/writes/after)")
         state[n] = "active"
         for d in deps[n]:

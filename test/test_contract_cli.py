@@ -1,0 +1,42 @@
+"""`flashrt contract check|simulate` through the functions and the argparse wiring the console script uses."""
+import argparse
+import json
+import pathlib
+
+from flashrt_core.contract import cli
+
+CONFIG = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="flashrt")
+    cli.add_subparsers(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_check_ok(capsys):
+    assert cli.contract_check(CONFIG) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "stage act: 50 Hz" in out and "buffer actions: [50, 7] float32 transient" in out
+
+
+def test_check_invalid_prints_the_field(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.read_text().replace("trigger: {rate_hz: 50}", "trigger: {rate_hz: -50}"))
+    args = parse(["contract", "check", str(bad)])
+    assert args.func(args) == 1
+    err = capsys.readouterr().err
+    assert "INVALID" in err and "stages.act.trigger.rate_hz: must be a positive number, got -50" in err
+
+
+def test_simulate_json_and_table(capsys):
+    args = parse(["contract", "simulate", str(CONFIG), "--duration", "0.5", "--json"])
+    assert args.func(args) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["stages"]["act"]["runs"] == 25 and rep["stages"]["observe"]["runs"] == 5
+    assert [e["stage"] for e in rep["events"][:4]] == ["prompt", "observe", "act", "act"]
+    assert cli.contract_simulate(CONFIG, 0.2, as_json=False, tick_hz=25) == 0
+    out = capsys.readouterr().out
+    assert "simulated 0.2 s: 5 ticks" in out and "misses" in out
+    assert cli.contract_simulate(CONFIG, -1.0) == 1
+    assert "duration_s must be positive" in capsys.readouterr().err
