@@ -1,0 +1,306 @@
+"""The fused pi0.5 engine: static buffers, Triton glue between cuBLAS GEMMs, one CUDA graph per stage.
+
+Same staged API as the eager reference (`reference.py`), so `Pi05Policy` and the runtime drive either:
+  encode_prefix(images, image_masks, lang_tokens, lang_mask) -> PrefixCache   (stage `observe`)
+  denoise(prefix, noise) -> actions                                           (stage `act`)
+What makes it fast:
+- every buffer a decision reads or writes lives at a fixed address (`EngineBuffers`): camera images,
+  prompt tokens + mask, prefix K/V of every layer, pad mask, noise, actions. A prompt of any length up to
+  `tokenizer_max_length` is padded into the token buffer and masked, so it never needs a new graph;
+- the glue between GEMMs is one Triton kernel each (`flashrt_core.kernels`): residual + RMSNorm, AdaRMS +
+  gated residual, GeGLU, bias + GELU, LayerNorm (+ residual), QKV split + RoPE + K/V write, attention with
+  padding / over the cached prefix; GEMMs run on merged weights (q|k|v, gate|up) through cuBLAS or the
+  skinny Triton GEMM of `engine_gemm.py`, whichever measured faster for that shape on this GPU;
+- AdaRMS scale/shift/gate of every step and layer come from the tables precomputed in `weights.py`;
+- `observe` and `act` are each captured once as a CUDA graph and replayed (no host syncs inside).
+On a CPU the same code runs with the kernels' torch references (or Triton under TRITON_INTERPRET=1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core import kernels as K
+from flashrt_core.errors import InputError
+from flashrt_core.models.pi05.engine_gemm import LinearPicker
+from flashrt_core.models.pi05.reference import PrefixCache
+from flashrt_core.models.pi05.weights import Pi05Weights
+
+
+@dataclass
+class EngineBuffers:
+    """Everything a decision reads or writes, allocated once per batch size (fixed CUDA-graph addresses)."""
+
+    images: torch.Tensor  # [B, slots, 3, S, S] SigLIP input in [-1, 1]
+    image_masks: torch.Tensor  # [B, slots] bool
+    lang_tokens: torch.Tensor  # [B, L_max] int64
+    lang_mask: torch.Tensor  # [B, L_max] bool
+    prefix_k: torch.Tensor  # [depth, B, kv_heads, prefix_len, head_dim], RoPE applied
+    prefix_v: torch.Tensor
+    pad_mask: torch.Tensor  # [B, prefix_len] bool
+    n_valid: torch.Tensor  # [B] int64
+    noise: torch.Tensor  # [B, chunk, action_dim] fp32
+    actions: torch.Tensor  # [B, chunk, action_dim] fp32
+
+    @classmethod
+    def allocate(cls, w: Pi05Weights, batch: int, device, dtype, vision_dtype) -> "EngineBuffers":
+        c = w.config
+        size, g = c.vision.image_size, c.vlm
+        kv = (g.depth, batch, g.kv_heads, c.prefix_len, g.head_dim)
+        chunk = (batch, c.chunk_size, c.action_dim)
+        return cls(
+            images=torch.full((batch, c.num_image_slots, 3, size, size), -1.0, device=device, dtype=vision_dtype),
+            image_masks=torch.zeros(batch, c.num_image_slots, dtype=torch.bool, device=device),
+            lang_tokens=torch.zeros(batch, c.tokenizer_max_length, dtype=torch.int64, device=device),
+            lang_mask=torch.zeros(batch, c.tokenizer_max_length, dtype=torch.bool, device=device),
+            prefix_k=torch.zeros(kv, dtype=dtype, device=device), prefix_v=torch.zeros(kv, dtype=dtype, device=device),
+            pad_mask=torch.zeros(batch, c.prefix_len, dtype=torch.bool, device=device),
+            n_valid=torch.zeros(batch, dtype=torch.int64, device=device),
+            noise=torch.zeros(chunk, dtype=torch.float32, device=device),
+            actions=torch.zeros(chunk, dtype=torch.float32, device=device),
+        )
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a is the very buffer b (same memory and layout): metadata only, no device read."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
+class Pi05Engine:
+    """pi0.5 over static buffers. `encode_prefix` / `denoise` / `sample_actions` copy inputs into the buffers
+    and run the stages; a runtime that owns the buffers can fill `buffers` itself and call `observe()` /
+    `act()`, which replay the CUDA graphs (captured on first use on CUDA, or with `capture()`)."""
+
+    name = "fused"
+
+    def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
+                 vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
+                 graphs: bool | None = None, gemm: str = "auto"):
+        """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
+        vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
+        backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
+        graphs: capture CUDA graphs (default: on CUDA). gemm: "auto" (time cuBLAS vs Triton per shape on
+        CUDA), "torch" (cuBLAS only) or "triton"."""
+        device = torch.device(device) if device is not None else weights.action_in_w.device
+        dtype = dtype or weights.action_in_w.dtype
+        self.vision_dtype = vision_dtype or dtype
+        w = weights.to(device=device, dtype=dtype, vision_dtype=self.vision_dtype)
+        self.weights, self.config, self.device, self.dtype = w, w.config, device, dtype
+        self.backend = backend
+        self.use_graphs = (device.type == "cuda") if graphs is None else bool(graphs)
+        if self.use_graphs and device.type != "cuda":
+            raise ValueError(f"graphs: CUDA graphs need a CUDA device, got {device}")
+        c = self.config
+        self.cos, self.sin = K.rope_cos_sin(c.prefix_len + c.chunk_size, c.vlm.head_dim, c.rope_theta, device=device)
+        # Gemma multiplies token embeddings by sqrt(width) rounded to the table's dtype (a Python float:
+        # no host->device copy during capture).
+        self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
+        self.linear = LinearPicker(device, mode=gemm)
+        self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
+        self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._pool = None
+        self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
+
+    @property
+    def batch(self) -> int:
+        return self.buffers.noise.shape[0]
+
+    # ---- stage bodies (what the graphs record) --------------------------------------------------------
+    def _siglip(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [N, 3, S, S] -> projected image tokens [N, patches, vlm.width] in the model dtype."""
+        w, vc, eps, be, lin = self.weights, self.config.vision, self.config.ln_eps, self.backend, self.linear
+        x = F.conv2d(pixels, w.patch_w, w.patch_b, stride=vc.patch)
+        x = (x.flatten(2).transpose(1, 2) + w.pos_emb).contiguous()
+        n, t = x.shape[:2]
+        layers = w.vision_layers
+        h = K.layer_norm(x, layers[0].ln1_w, layers[0].ln1_b, eps, backend=be)
+        for i, L in enumerate(layers):
+            qkv = lin(h, L.qkv_w, L.qkv_b).view(n, t, 3, vc.heads, vc.head_dim)
+            # q stays token-major; k / v are [N, H, T, Dh] views of the same GEMM output (no copies).
+            a = K.attention(qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2), backend=be)
+            o = lin(a.reshape(n, t, vc.hidden), L.out_w, L.out_b)
+            x, h = K.add_layer_norm(o, x, L.ln2_w, L.ln2_b, eps, residual_out=x, backend=be)
+            f = K.bias_gelu(lin(h, L.fc1_w), L.fc1_b, backend=be)
+            m = lin(f, L.fc2_w, L.fc2_b)
+            nw, nb = (layers[i + 1].ln1_w, layers[i + 1].ln1_b) if i + 1 < len(layers) else (w.post_ln_w, w.post_ln_b)
+            x, h = K.add_layer_norm(m, x, nw, nb, eps, residual_out=x, backend=be)
+        return lin(h, w.proj_w, w.proj_b).to(self.dtype)
+
+    def _observe_body(self) -> None:
+        """images + prompt buffers -> prefix K/V, pad mask and valid count (the `observe` stage)."""
+        w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
+        g, eps = c.vlm, c.rms_eps
+        b, slots = buf.image_masks.shape
+        img = self._siglip(buf.images.flatten(0, 1))
+        n_patch = img.shape[1]
+        lang = F.embedding(buf.lang_tokens, w.embed) * self.embed_scale
+        x = torch.cat([img.view(b, slots * n_patch, -1), lang], dim=1)
+        pad = torch.cat([buf.image_masks[:, :, None].expand(b, slots, n_patch).reshape(b, slots * n_patch),
+                         buf.lang_mask], dim=1)
+        buf.pad_mask.copy_(pad)
+        buf.n_valid.copy_(pad.sum(dim=1))
+        # Positions count valid tokens only; padding gets a clamped (unused) position.
+        positions = (torch.cumsum(pad, dim=1) - 1).clamp_(min=0)
+        layers = w.vlm_layers
+        h = K.rms_norm(x, layers[0].attn_norm, eps, weight_offset=0.0, backend=be)
+        for i, L in enumerate(layers):
+            q = K.qkv_rope_cache(lin(h, L.qkv_w), positions, self.cos, self.sin, buf.prefix_k[i], buf.prefix_v[i], 0,
+                                 num_q_heads=g.heads, num_kv_heads=g.kv_heads, backend=be)
+            if i == len(layers) - 1:
+                break  # the last layer's attention output and MLP only feed the unused prefix logits
+            a = K.attention(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, backend=be)
+            o = lin(a.flatten(2), L.o_w)
+            x, h = K.add_rms_norm(o, x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
+            d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
+            x, h = K.add_rms_norm(d, x, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
+
+    def _act_body(self) -> None:
+        """noise + prefix buffers -> `num_steps` Euler steps of the action expert -> actions (the `act` stage)."""
+        w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
+        e, eps, chunk = c.expert, c.rms_eps, c.chunk_size
+        b = buf.noise.shape[0]
+        positions = buf.n_valid[:, None] + torch.arange(chunk, device=self.device)
+        suffix_k = torch.empty(b, e.kv_heads, chunk, e.head_dim, device=self.device, dtype=self.dtype)
+        suffix_v = torch.empty_like(suffix_k)
+        x_t = buf.noise.clone()
+        layers = w.expert_layers
+        for step in range(c.num_steps):
+            x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
+            mod = w.ada_attn[step, 0]
+            h = K.ada_rms_norm(x, mod[0], mod[1], eps, backend=be)
+            for i, L in enumerate(layers):
+                q = K.qkv_rope_cache(lin(h, L.qkv_w), positions, self.cos, self.sin, suffix_k, suffix_v, 0,
+                                     num_q_heads=e.heads, num_kv_heads=e.kv_heads, backend=be)
+                # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
+                a = K.attention(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=suffix_k, v2=suffix_v,
+                                backend=be)
+                o = lin(a.flatten(2), L.o_w)
+                gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
+                x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x, backend=be)
+                d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
+                gate = w.ada_mlp[step, i, 2]
+                mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
+                x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x, backend=be)
+            velocity = lin(h, w.action_out_w, w.action_out_b)
+            x_t.add_(velocity.float(), alpha=w.dt)
+        buf.actions.copy_(x_t)
+
+    # ---- graphs ---------------------------------------------------------------------------------------
+    def _run(self, stage: str, body) -> None:
+        if not self.use_graphs:
+            with torch.no_grad():
+                body()
+            return
+        graph = self._graphs.get(stage)
+        if graph is None:
+            graph = self._capture(stage, body)
+        graph.replay()
+
+    def _capture(self, stage: str, body) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
+        # times its candidates outside the capture (none of that may happen inside it).
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad(), torch.cuda.stream(side):
+            self.linear.tuning = True
+            body()
+            self.linear.tuning = False
+            body()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool):
+            body()
+        self._graphs[stage] = graph
+        self.captures += 1
+        return graph
+
+    def capture(self) -> None:
+        """Capture both stage graphs now (otherwise each is captured on its first use)."""
+        for stage, body in (("observe", self._observe_body), ("act", self._act_body)):
+            if stage not in self._graphs:
+                self._capture(stage, body)
+
+    def observe(self) -> None:
+        """Run the `observe` stage on the current buffer contents (graph replay on CUDA)."""
+        self._run("observe", self._observe_body)
+
+    def act(self) -> None:
+        """Run the `act` stage: buffers.noise + prefix buffers -> buffers.actions."""
+        self._run("act", self._act_body)
+
+    # ---- staged API (copies into the static buffers) --------------------------------------------------
+    def _resize(self, batch: int) -> None:
+        if batch != self.batch:  # a new batch size needs new buffers and therefore new graphs
+            self.buffers = EngineBuffers.allocate(self.weights, batch, self.device, self.dtype, self.vision_dtype)
+            self._graphs.clear()
+
+    def set_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
+        """Copy one observation into the buffers: images [B, S<=slots, 3, size, size] in [-1, 1], masks [B, S],
+        lang_tokens / lang_mask [B, L<=tokenizer_max_length]. Unused slots and prompt positions are masked."""
+        c = self.config
+        size = c.vision.image_size
+        if images.ndim != 5 or tuple(images.shape[2:]) != (3, size, size):
+            raise InputError(f"images: expected [B, slots, 3, {size}, {size}], got {tuple(images.shape)}")
+        b, s = images.shape[:2]
+        if s > c.num_image_slots:
+            raise InputError(f"images: {s} camera slots but the engine has {c.num_image_slots}")
+        if tuple(image_masks.shape) != (b, s):
+            raise InputError(f"image_masks: expected {(b, s)}, got {tuple(image_masks.shape)}")
+        if lang_tokens.ndim != 2 or lang_tokens.shape[0] != b or tuple(lang_mask.shape) != tuple(lang_tokens.shape):
+            raise InputError(f"lang_tokens/lang_mask: expected [{b}, L] each, got {tuple(lang_tokens.shape)} / "
+                             f"{tuple(lang_mask.shape)}")
+        n = lang_tokens.shape[1]
+        if n > c.tokenizer_max_length:
+            raise InputError(f"lang_tokens: {n} tokens exceed tokenizer_max_length {c.tokenizer_max_length}")
+        self._resize(b)
+        buf = self.buffers
+        buf.images[:, :s].copy_(images)
+        buf.images[:, s:].fill_(-1.0)
+        buf.image_masks[:, :s].copy_(image_masks)
+        buf.image_masks[:, s:].fill_(False)
+        buf.lang_tokens[:, :n].copy_(lang_tokens)
+        buf.lang_tokens[:, n:].zero_()
+        buf.lang_mask[:, :n].copy_(lang_mask)
+        buf.lang_mask[:, n:].fill_(False)
+
+    def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
+        """-> PrefixCache viewing the engine's static buffers: valid until the next encode_prefix (clone to keep)."""
+        self.set_observation(images, image_masks, lang_tokens, lang_mask)
+        self.observe()
+        buf = self.buffers
+        return PrefixCache(k=buf.prefix_k, v=buf.prefix_v, pad_mask=buf.pad_mask, n_valid=buf.n_valid)
+
+    def set_prefix(self, prefix: PrefixCache) -> None:
+        """Make `prefix` the cached prefix (a no-op when it already views the engine's buffers)."""
+        buf = self.buffers
+        if prefix.k.shape[1] != self.batch:
+            raise InputError(f"prefix.k: batch {prefix.k.shape[1]} but the engine holds batch {self.batch}")
+        if tuple(prefix.k.shape) != tuple(buf.prefix_k.shape):
+            raise InputError(f"prefix.k: expected {tuple(buf.prefix_k.shape)}, got {tuple(prefix.k.shape)}")
+        for src, dst in ((prefix.k, buf.prefix_k), (prefix.v, buf.prefix_v), (prefix.pad_mask, buf.pad_mask),
+                         (prefix.n_valid, buf.n_valid)):
+            if not _same(src, dst):
+                dst.copy_(src.reshape(dst.shape))
+
+    def denoise(self, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
+        """noise [B, chunk, action_dim] -> actions [B, chunk, action_dim] fp32 (a fresh tensor)."""
+        if not _same(prefix.k, self.buffers.prefix_k):
+            self._resize(prefix.k.shape[1])  # a cache from elsewhere may bring its own batch size
+        if tuple(noise.shape) != tuple(self.buffers.noise.shape):
+            raise InputError(f"noise: expected {tuple(self.buffers.noise.shape)}, got {tuple(noise.shape)}")
+        self.set_prefix(prefix)
+        self.buffers.noise.copy_(noise)
+        self.act()
+        return self.buffers.actions.clone()
+
+    def sample_actions(self, images, image_masks, lang_tokens, lang_mask, noise) -> torch.Tensor:
+        return self.denoise(self.encode_prefix(images, image_masks, lang_tokens, lang_mask), noise)
+
+
+def make_engine(weights: Pi05Weights) -> Pi05Engine:
+    """The `Pi05Policy` engine hook: the fused engine on the weights' own device and dtype."""
+    return Pi05Engine(weights)

@@ -1,0 +1,223 @@
+"""GEMMs of the engine: cuBLAS, or a skinny Triton GEMM for the action expert, whichever measures faster.
+
+The action expert multiplies 50 tokens by 0.6 GB of weights per flow step: memory-bound GEMMs with M = 50,
+where cuBLAS reaches only 0.7-1.4 TB/s (shared/notes/gpu.md). The Triton kernel here tiles only N and
+(optionally) K, keeps the whole M in one tile, and streams weight tiles through a deep software pipeline;
+with GEGLU=True it multiplies the gate and up halves of a merged [gate; up] weight side by side and
+writes gelu_tanh(gate) * up directly (the GeGLU kernel and its intermediate disappear).
+`LinearPicker` times cuBLAS and a few Triton configurations per shape during the engine's warm-up (never
+inside graph capture) and keeps the fastest; on CPU it is plain torch.
+Reference: `F.linear` (and `kernels.geglu` after it).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core import kernels as K
+from flashrt_core.kernels._common import KernelInputError, KernelUnavailableError, interpreting
+
+SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) tried per shape on CUDA.
+CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256, 1, 4, 4),
+           (32, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (16, 256, 4, 4, 3)]
+
+try:  # Triton is optional on CPU-only installs; the picker then never offers it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _gelu_tanh(g):
+        z = 1.5957691216057308 * (g + 0.044715 * g * g * g)  # 2 sqrt(2/pi) (g + 0.044715 g^3)
+        e = tl.exp(-tl.abs(z))
+        return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+    @triton.jit
+    def _skinny_gemm_kernel(X, W, B, Y, P, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
+                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+                            UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr):
+        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_off rows.
+        SPLIT > 1: each program sums one K slice into the fp32 partials P[split, M, N] (reduced after)."""
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_ok = rm < M
+        n_ok = rn < N
+        k_lo = pid_k * k_per_split
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+            kk = k0 + rk
+            k_ok = kk < K
+            x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
+            w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
+            if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
+                x = x.to(tl.float32)
+                w = w.to(tl.float32)
+            acc += tl.dot(x, w, input_precision=PRECISION)
+            if GEGLU:
+                wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                if UPCAST:
+                    wu = wu.to(tl.float32)
+                acc_up += tl.dot(x, wu, input_precision=PRECISION)
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        if SPLIT > 1:
+            tl.store(P + pid_k * sps + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
+        else:
+            if HAS_BIAS:
+                acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if GEGLU:
+                acc = _gelu_tanh(acc) * acc_up
+            tl.store(Y + rm[:, None] * sym + rn[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
+
+    @triton.jit
+    def _split_reduce_kernel(P, B, Y, MN, N, sps, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
+                             BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = i < MN
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(SPLIT):
+            acc += tl.load(P + s * sps + i, mask=ok, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(B + i % N, mask=ok, other=0.0).to(tl.float32)
+        tl.store(Y + i, acc.to(Y.dtype.element_ty), mask=ok)
+
+
+def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4):
+    """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
+    and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k > 1 is not combined with geglu."""
+    if triton is None:
+        raise KernelUnavailableError("skinny_linear: Triton is not installed")
+    if geglu and split_k > 1:
+        raise KernelInputError("skinny_linear: geglu does not combine with split_k > 1")
+    kdim = x.shape[-1]
+    x2 = x.reshape(-1, kdim)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if not w.is_contiguous() or w.shape[1] != kdim:
+        raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
+    m = x2.shape[0]
+    n = w.shape[0] // 2 if geglu else w.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    interp = interpreting()
+    block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
+    # Every split covers a whole number of BLOCK_K steps, so no K element is summed twice.
+    k_per_split = triton.cdiv(triton.cdiv(kdim, split_k), block_k) * block_k
+    split = triton.cdiv(kdim, k_per_split)
+    part = torch.empty(split, m, n, device=x.device, dtype=torch.float32) if split > 1 else y
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    _skinny_gemm_kernel[grid](
+        x2, w, b if b is not None else w, y, part, m, n, kdim, k_per_split, x2.stride(0), w.stride(0), y.stride(0),
+        m * n, n * kdim, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
+        UPCAST=interp and x.dtype != torch.float32,
+        PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=1 if interp else num_stages)
+    if split > 1:
+        block = 1024
+        _split_reduce_kernel[(triton.cdiv(m * n, block),)](part, b if b is not None else w, y, m * n, n, m * n,
+                                                           HAS_BIAS=b is not None, SPLIT=split, BLOCK=block)
+    return y.view(*x.shape[:-1], n)
+
+
+def _cublas(x, w, b, geglu, backend):
+    if geglu:
+        return K.geglu(F.linear(x, w), backend=backend)
+    return F.linear(x, w, b)
+
+
+class LinearPicker:
+    """`picker(x, w, b)` = F.linear and `picker.geglu(x, w_gate_up)` = GeGLU(F.linear), each routed per shape to
+    the fastest of cuBLAS and the skinny Triton GEMM configurations (timed while `tuning` is True, i.e. in
+    the engine's warm-up). mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always the
+    first skinny configuration where M is small: for tests)."""
+
+    def __init__(self, device, mode: str = "auto"):
+        if mode not in ("auto", "torch", "triton"):
+            raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
+        self.device, self.mode, self.tuning = torch.device(device), mode, False
+        self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
+        self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
+
+    def __call__(self, x, w, b=None):
+        return self._run(x, w, b, geglu=False, backend=None)
+
+    def geglu(self, x, w_gate_up, *, backend=None):
+        return self._run(x, w_gate_up, None, geglu=True, backend=backend)
+
+    def _run(self, x, w, b, geglu, backend):
+        m = x.numel() // x.shape[-1]
+        skinny = m <= SKINNY_MAX_M and triton is not None and K.available(x.device)
+        if self.mode == "torch" or not skinny or backend == "torch":
+            return _cublas(x, w, b, geglu, backend)
+        if self.mode == "triton":
+            return skinny_linear(x, w, b, geglu=geglu, **_kwargs(CONFIGS[0], geglu))
+        key = (m, tuple(w.shape), b is not None, geglu, x.dtype)
+        if key not in self.choices:
+            if not (self.tuning and x.device.type == "cuda"):
+                return _cublas(x, w, b, geglu, backend)
+            self.choices[key] = self._tune(key, x, w, b, geglu, backend)
+        config = self.choices[key]
+        if config is None:
+            return _cublas(x, w, b, geglu, backend)
+        return skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu))
+
+    def _tune(self, key, x, w, b, geglu, backend):
+        """Time each candidate (CUDA events, median of 3 x 10 calls) and return the fastest; runs outside
+        capture, during warm-up, so its syncs cost nothing in a decision."""
+        candidates = {"cublas": None}
+        for c in CONFIGS:
+            if not (geglu and c[2] > 1):
+                candidates[str(c)] = c
+        want = _cublas(x, w, b, geglu, backend).float()
+        times = {}
+        for name, config in candidates.items():
+            fn = (lambda: _cublas(x, w, b, geglu, backend)) if config is None else \
+                (lambda c=config: skinny_linear(x, w, b, geglu=geglu, **_kwargs(c, geglu)))
+            try:
+                got = fn().float()
+                # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
+                if not torch.allclose(got, want, atol=3e-2 * float(want.abs().max()) + 1e-3, rtol=3e-2):
+                    continue
+                times[name] = _median_ms(fn)
+            except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
+                times[name] = f"failed: {type(exc).__name__}"
+        valid = {k: v for k, v in times.items() if isinstance(v, float)}
+        self.timings[key] = times
+        best = min(valid, key=valid.get)
+        return candidates[best]
+
+    def report(self) -> list[dict]:
+        """The chosen GEMM per shape with every candidate's time (for benchmark JSON)."""
+        out = []
+        for key, config in self.choices.items():
+            m, shape, bias, geglu, dtype = key
+            out.append({"m": m, "weight": list(shape), "bias": bias, "geglu": geglu, "dtype": str(dtype),
+                        "choice": "cublas" if config is None else str(config), "ms": self.timings.get(key)})
+        return out
+
+
+def _kwargs(config, geglu):
+    bn, bk, split, warps, stages = config
+    return {"block_n": bn, "block_k": bk, "split_k": 1 if geglu else split, "num_warps": warps, "num_stages": stages}
+
+
+def _median_ms(fn, reps: int = 10, rounds: int = 3) -> float:
+    fn()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return sorted(times)[len(times) // 2]
