@@ -118,12 +118,12 @@ class CapsuleStore:
         with self._lock:
             src = self._get(capsule_id)
             tier = "device" if src.ring else src.tier
-            self._make_room(tier, self.capsule_bytes, protect={src.id}, for_what=f"fork {name!r} of {src.id}")
-            cap = self._new(name, tier, copy_meta(src.meta))
-            if src.tier == "disk":
+            if src.tier == "disk":  # verified before anything is evicted for the copy
                 source = self._load_disk(src, f"fork of capsule {src.id}")
             else:
                 source = src.slab.views  # its snapshot copy is already ordered before ours (see Copier)
+            self._make_room(tier, self.capsule_bytes, protect={src.id}, for_what=f"fork {name!r} of {src.id}")
+            cap = self._new(name, tier, copy_meta(src.meta))
             if tier == "disk":
                 self._write_disk(cap, source)
             else:
@@ -178,7 +178,7 @@ class CapsuleStore:
         manifest, mcheck = diskfmt.read_manifest(path)
         if not mcheck.ok:
             raise CapsuleError(f"{what}: {mcheck.detail}")
-        theirs = Fingerprint.from_dict(manifest["fingerprint"])
+        theirs = Fingerprint.from_dict(manifest.get("fingerprint", {}))
         diffs = self.fingerprint.diff(theirs)
         if diffs:
             raise CapsuleError(f"{what}: fingerprint differs (this runtime != file): " + "; ".join(diffs))
