@@ -74,7 +74,10 @@ class Runtime:
         self.buffers = BufferSet(contract, self.device)
         self.scheduler = Scheduler(contract)
         self.generator = torch.Generator().manual_seed(self.seed)  # host RNG: same noise on CPU and CUDA
-        self.graphs = GraphCache(self.buffers, enabled=contract.graphs != "off", debug=debug_graphs)
+        # A binding whose engine replays its own CUDA graphs (the fused pi0.5 engine) runs its stages
+        # eagerly here: a graph launch inside another graph's capture is not something to rely on.
+        own = getattr(self.binding, "owns_graphs", False)
+        self.graphs = GraphCache(self.buffers, enabled=contract.graphs != "off" and not own, debug=debug_graphs)
         self.capsules = None  # created lazily by flashrt_core.capsule (snapshot/restore/fork verbs)
         self._io = StageIO(self.buffers, self.generator)
         self._device_parts = {s: self.binding.device_part(s) for s in contract.stages}

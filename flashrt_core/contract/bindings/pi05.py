@@ -132,7 +132,9 @@ class Pi05Binding(ModelBinding):
             state = random_state(config, seed, device)
         weights = pi05.convert(config, state).to(device=device, dtype=dtype)
         del state
-        engine = make_engine(model.options.get("engine", "reference"), weights)
+        engine_name = model.options.get("engine", "reference")
+        engine = make_engine(engine_name, weights)
+        self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
         self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed,
                                       tokenizer=self._tokenizer(tokenizer))
 

@@ -1,0 +1,179 @@
+"""Runtime benchmark: cost of an act-only tick and of observe+act, and a real-time mixed-rate run.
+
+    python benchmarks/bench_runtime.py [--config config/pi05.yaml] [--device cuda] [--engine reference]
+        [--graphs stage] [--duration 10] [--json benchmarks/results/runtime_pi05_w2.json]
+
+Workload: config/pi05.yaml = full-size pi0.5 W2 (2 views 224x224, 48-token prompt, 10 flow steps, chunk 50,
+bf16, random weights). Tick costs are CUDA-event GPU time of the stages plus the host wall time of `step`
+(host parts, launches, and the final copy of the actions). The mixed run steps the runtime on the wall clock
+at the act rate for `--duration` s with a fresh observation every tick; a deadline miss is a tick whose step
+did not finish within one act period, or a period the scheduler had to skip.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from flashrt_core.contract.runtime import Runtime  # noqa: E402
+
+MS = 1_000_000
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
+
+
+def summary(xs):
+    return {"mean": float(np.mean(xs)), "p50": pct(xs, 50), "p99": pct(xs, 99), "max": float(np.max(xs)),
+            "n": len(xs)}
+
+
+def make_inputs(rt, rng):
+    b = rt.contract.buffers
+    views, h, w, _ = b["images"].shape
+    return [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(views)], \
+        rng.uniform(-1, 1, b["state"].shape[0]).astype(np.float32)
+
+
+def gpu_ms(res):
+    return sum(res.stage_latency_ms.get(k, 0.0) for k in res.stage_latency_ms if k in ("observe", "act", "observe+act"))
+
+
+def tick_costs(rt, rng, iters):
+    """Act-only ticks (no new frames: observe is late and reuses the prefix) and observe+act ticks."""
+    imgs, st = make_inputs(rt, rng)
+    rates = rt.stage_rates()
+    obs_period, act_period = int(1e9 / rates["observe"]) + 1, int(1e9 / rates["act"]) + 1
+    t = 0
+    rt.set_observation(images=imgs, state=st, stamp_ns=t)
+    rt.step(t)
+    act, full, act_wall, full_wall = [], [], [], []
+    for i in range(iters):
+        t += obs_period  # observe is due at every tick
+        imgs, st = make_inputs(rt, rng)
+        rt.set_observation(images=imgs, state=st, stamp_ns=t)
+        r = rt.step(t)
+        assert r.ran == ["observe", "act"], r.ran
+        full.append(gpu_ms(r))
+        full_wall.append(r.latency_ms)
+        r = rt.step(t + act_period)  # act only
+        assert r.ran == ["act"], r.ran
+        act.append(gpu_ms(r))
+        act_wall.append(r.latency_ms)
+    return {"act_only_gpu_ms": summary(act), "act_only_step_ms": summary(act_wall),
+            "observe_act_gpu_ms": summary(full), "observe_act_step_ms": summary(full_wall)}
+
+
+def mixed_run(rt, rng, duration_s, act_hz):
+    """Real time: tick at the act rate on the wall clock; a fresh camera frame before every tick."""
+    period = int(1e9 / act_hz)
+    frames = [make_inputs(rt, rng) for _ in range(8)]
+    misses_before = dict(rt.buffers.ledger.misses)
+    start = time.perf_counter_ns()
+    base = rt.buffers.ledger.buffers["prompt"].stamp_ns or 0
+    offset = max(base, rt._last_stamp or 0) + 1_000 * MS - start  # keep stamps increasing after warm-up
+    ticks, late_ticks, gpu, wall, ran_observe, no_actions = 0, 0, [], [], 0, 0
+    next_tick = start
+    while next_tick - start < duration_s * 1e9:
+        now = time.perf_counter_ns()
+        if now < next_tick:
+            time.sleep((next_tick - now) / 1e9)
+            now = time.perf_counter_ns()
+        imgs, st = frames[ticks % len(frames)]
+        rt.set_observation(images=imgs, state=st, stamp_ns=now + offset)
+        r = rt.step(now + offset)
+        done = time.perf_counter_ns()
+        ticks += 1
+        gpu.append(gpu_ms(r))
+        wall.append(r.latency_ms)
+        ran_observe += "observe" in r.ran
+        no_actions += r.actions is None
+        if done > next_tick + period:
+            late_ticks += 1
+        next_tick += period
+    skipped = {k: rt.buffers.ledger.misses[k] - misses_before[k] for k in misses_before}
+    return {"duration_s": duration_s, "act_hz": act_hz, "ticks": ticks, "observe_runs": ran_observe,
+            "gpu_ms_per_tick": summary(gpu), "step_ms_per_tick": summary(wall),
+            "deadline_misses": late_ticks, "scheduler_missed_periods": skipped, "ticks_without_actions": no_actions}
+
+
+def git_commit():
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=REPO, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(REPO / "config" / "pi05.yaml"))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--engine", default="reference", choices=["reference", "fused"])
+    ap.add_argument("--graphs", default=None, choices=["stage", "plan", "off"])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--observe-hz", type=float, default=10.0)
+    ap.add_argument("--act-hz", type=float, default=50.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+
+    from flashrt_core.contract.spec import load_contract
+
+    contract = load_contract(args.config).with_overrides(
+        dtype=args.dtype, rates={"observe": args.observe_hz, "act": args.act_hz},
+        limits={"max_observation_age_ms": None}, options={"engine": args.engine})
+    if args.graphs:
+        contract = type(contract)(**{**vars(contract), "graphs": args.graphs})
+    t0 = time.perf_counter()
+    rt = Runtime(contract, device=args.device, seed=0)
+    build_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    rt.set_prompt("pick up the red cube and put it in the bowl")
+    t0 = time.perf_counter()
+    rt.warmup()
+    capture_s = time.perf_counter() - t0
+    costs = tick_costs(rt, rng, args.iters)
+    mixed = mixed_run(rt, rng, args.duration, args.act_hz)
+    result = {
+        "benchmark": "runtime", "config": pathlib.Path(args.config).name, "engine": args.engine,
+        "graphs": rt.contract.graphs if rt.graphs.enabled else f"{rt.contract.graphs} (engine-owned graphs)"
+        if getattr(rt.binding, "owns_graphs", False) else "off",
+        "dtype": rt.contract.model.dtype, "device": str(rt.device),
+        "gpu": torch.cuda.get_device_name() if rt.device.type == "cuda" else "none",
+        "torch": torch.__version__, "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "build_s": build_s, "capture_s": capture_s, "graph_captures": rt.graphs.captures,
+        "prefix_len": rt.contract.dims["prefix_len"], **costs, "mixed": mixed,
+    }
+    print(f"pi0.5 runtime  {result['config']}  engine={args.engine}  graphs={result['graphs']}  "
+          f"{result['dtype']}  {result['gpu']}")
+    print(f"{'what':<28}{'mean ms':>10}{'p50':>10}{'p99':>10}{'max':>10}")
+    for key in ("act_only_gpu_ms", "act_only_step_ms", "observe_act_gpu_ms", "observe_act_step_ms"):
+        s = result[key]
+        print(f"{key:<28}{s['mean']:>10.3f}{s['p50']:>10.3f}{s['p99']:>10.3f}{s['max']:>10.3f}")
+    for key in ("gpu_ms_per_tick", "step_ms_per_tick"):
+        s = mixed[key]
+        print(f"{'mixed ' + key:<28}{s['mean']:>10.3f}{s['p50']:>10.3f}{s['p99']:>10.3f}{s['max']:>10.3f}")
+    print(f"mixed run: {mixed['ticks']} ticks in {mixed['duration_s']} s at {mixed['act_hz']} Hz, "
+          f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']}, "
+          f"scheduler missed periods {mixed['scheduler_missed_periods']}")
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
