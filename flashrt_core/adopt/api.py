@@ -17,7 +17,8 @@ from flashrt_core.adopt import gates
 from flashrt_core.adopt.candidates import Candidate, merge_candidates, module_candidates
 from flashrt_core.adopt.capture import run_with_capture
 from flashrt_core.adopt.graph import GraphedMethod
-from flashrt_core.adopt.kinds import BUILTIN_ORDER, KINDS, LINEAR_MERGE, Replacement
+from flashrt_core.adopt.kinds import BUILTIN_ORDER, KINDS, Replacement
+from flashrt_core.adopt.kinds.base import first_tensor
 from flashrt_core.adopt.report import AdoptReport, EndToEnd
 from flashrt_core.adopt.wrappers import AdoptedModule, UnitStats, set_submodule
 from flashrt_core.errors import FlashRTError
@@ -95,6 +96,8 @@ class _Session:
             with torch.no_grad():
                 ref = [cand.originals[n](*c.args, **c.kwargs) for n, c in cand.calls]
                 new = [cand.wrappers[n](*c.args, **c.kwargs) for n, c in cand.calls]
+            if cand.main_output_only:
+                ref, new = [first_tensor(o) for o in ref], [first_tensor(o) for o in new]
             par = gates.parity(ref, new)
         except Exception as exc:  # a fused form that cannot run on these inputs is simply refused
             unit.reason = f"fused form failed: {type(exc).__name__}: {exc}"
@@ -185,9 +188,9 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
         tried before the built-in ones. capture: "forward" or a method name to capture as a CUDA graph.
     Returns (model, AdoptReport).
     """
-    _refuse_training(model)
     if any(isinstance(m, AdoptedModule) for m in model.modules()):
         raise AdoptError("model is already adopted; call detach(model) before adopting it again")
+    _refuse_training(model)
     if rounds < 1:
         raise AdoptError(f"rounds must be >= 1, got {rounds}")
     method = method or (capture if capture else "forward")

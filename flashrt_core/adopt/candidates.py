@@ -24,6 +24,7 @@ class Candidate:
     calls: list[tuple[str, CallRecord]]  # replay order (merged linears: members of one input together)
     build: Callable[[UnitStats], dict[str, nn.Module]]  # qualified name -> wrapper
     wrappers: dict[str, nn.Module] = field(default_factory=dict)
+    main_output_only: bool = False  # unit parity on the first output only; the end-to-end gate covers the rest
 
 
 def _overlaps(name: str, taken: set[str]) -> bool:
@@ -52,7 +53,8 @@ def module_candidates(model: nn.Module, cap: Capture, rep: Replacement, taken: s
             return {name: AdoptedModule(module, plan.make(), signatures, stats, kind)}
 
         unit = UnitReport(name, kind, detail=plan.detail, signatures=len(signatures))
-        found.append(Candidate(unit, {name: module}, [(name, c) for c in calls], build))
+        found.append(Candidate(unit, {name: module}, [(name, c) for c in calls], build,
+                               main_output_only=plan.main_output_only))
     return found, misses
 
 

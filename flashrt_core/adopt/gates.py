@@ -68,7 +68,7 @@ def parity(reference, candidate) -> Parity:
         r64, c64 = r.detach().double().flatten(), c.detach().double().flatten()
         denom = r64.norm() * c64.norm()
         cos = (r64 @ c64 / denom) if denom > 0 else torch.tensor(1.0 if torch.equal(r64, c64) else 0.0)
-        cosines.append(float(cos))
+        cosines.append(max(-1.0, min(1.0, float(cos))))  # rounding can step just past 1
         rels.append(float((r64 - c64).abs().max() / r64.abs().max().clamp_min(1e-30)) if r64.numel() else 0.0)
     return Parity(min(cosines), max(rels))
 

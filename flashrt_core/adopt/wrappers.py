@@ -35,14 +35,16 @@ class AdoptedModule(nn.Module):
 
     def __init__(self, original: nn.Module, fused: nn.Module, signatures, stats: UnitStats, kind: str):
         super().__init__()
-        object.__setattr__(self, "_original", original)  # kept out of _modules: state_dict keys stay the same
         for name, param in original.named_parameters(recurse=False):
             self.register_parameter(name, param)
         for name, buf in original.named_buffers(recurse=False):
             self.register_buffer(name, buf, persistent=name not in original._non_persistent_buffers_set)
         for name, child in original.named_children():
             self.add_module(name, child)
-        self.fused_impl = fused
+        # Set after the registrations above (attribute reads fall through to it); kept out of _modules so
+        # state_dict keys stay the same.
+        object.__setattr__(self, "_original", original)
+        self.fused_impl = fused.train(original.training)
         self.adopted_kind = kind
         self.adopted_signatures = frozenset(signatures)
         self.stats = stats

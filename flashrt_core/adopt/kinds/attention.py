@@ -142,10 +142,13 @@ def _recognise(module: nn.Module, calls) -> Plan:
     dh, causal = int(dh), bool(int(causal))
     # Extra outputs (attention weights of an eager implementation) are replaced by None: the end-to-end gate
     # checks that the caller does not use them.
+    drops = tail is not None and any(t is not None for t in tail)
     tail = None if tail is None else tuple(None for _ in tail)
     heads = f"{q_width // dh}/{lins[k].out_features // dh} heads x {dh}"
-    return Plan(f"{heads}, {'causal' if causal else 'bidirectional'}, merged {q}|{k}|{v} GEMM, fit {err:.1e}",
-                lambda: FusedAttention(module, loc, q, k, v, o, dh, _scale(module, dh), causal, tail))
+    return Plan(f"{heads}, {'causal' if causal else 'bidirectional'}, merged {q}|{k}|{v} GEMM, fit {err:.1e}"
+                + (", attention weights not returned" if drops else ""),
+                lambda: FusedAttention(module, loc, q, k, v, o, dh, _scale(module, dh), causal, tail),
+                main_output_only=drops)
 
 
 ATTENTION = Replacement("attention", _structure, _recognise)

@@ -25,6 +25,7 @@ class Plan:
     detail: str  # e.g. "gemma (1+w), eps=1e-06": shown in the report
     make: Callable[[], nn.Module]  # builds the fused module; its forward takes the original's call arguments
     kind: str | None = None  # set when behaviour says more than structure (a bias-free LayerNorm, say)
+    main_output_only: bool = False  # the fused form returns None for extra outputs (eager attention weights)
 
 
 @dataclass(frozen=True)

