@@ -12,6 +12,7 @@ import statistics
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_map
 
 from flashrt_core.adopt import gates
 from flashrt_core.adopt.candidates import Candidate, merge_candidates, module_candidates
@@ -64,10 +65,13 @@ class _Session:
 
     # -- running the model
     def run_seeded(self):
+        """The parity run: fixed RNG, and fresh copies of the inputs so a unit that writes into its input
+        cannot change what later checks compare against."""
+        args, kwargs = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (self.args, self.kwargs))
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.manual_seed(0)
-            return self.entry(*self.args, **self.kwargs)
+            return self.entry(*args, **kwargs)
 
     def run_plain(self):
         with torch.no_grad():
