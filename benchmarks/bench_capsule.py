@@ -96,7 +96,11 @@ def _reference_copies(live, device, iters):
     dst = torch.empty_like(src)
     rows = {"flat_copy": _time(lambda: dst.copy_(src), device, iters)}
     clones = [t.clone() for t in live.values()]
-    rows["foreach_copy"] = _time(lambda: torch._foreach_copy_(list(live.values()), clones), device, iters)
+    # Typed lists of mixed dtypes fall back to one copy per tensor; int64 word views fuse into one launch.
+    rows["foreach_typed"] = _time(lambda: torch._foreach_copy_(list(live.values()), clones), device, iters)
+    dst_w = [t.reshape(-1).view(torch.uint8).view(torch.int64) for t in live.values()]
+    src_w = [t.reshape(-1).view(torch.uint8).view(torch.int64) for t in clones]
+    rows["foreach_words"] = _time(lambda: torch._foreach_copy_(dst_w, src_w), device, iters)
     return rows
 
 

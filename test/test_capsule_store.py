@@ -280,3 +280,25 @@ def test_fingerprint_digest_and_diff_name_what_differs():
                          "buffer x: dtype float32 != float16", "buffer y: absent != present"]
     assert fingerprint("pi0", "w2", "bfloat16", {}).diff(fingerprint("pi05", "w1", "bfloat16", {})) == [
         "model: pi0 != pi05", "weights_digest: w2 != w1"]
+
+
+def test_odd_live_views_and_swapped_storage_are_restored_exactly(tmp_path):
+    s = store(tmp_path)
+    backing = {k: torch.zeros((2,) + tuple(s_), dtype=d) for k, (s_, d) in LAYOUT.items()}
+    odd = make_state(30)
+    # Live buffers that are not one aligned dense block: a transposed view and a view at a 2-byte offset.
+    kt = torch.empty(8, 17, 3, 2, dtype=torch.bfloat16).permute(3, 2, 1, 0)
+    kt.copy_(odd["prefix_k"])
+    flat_v = torch.empty(odd["prefix_v"].numel() + 1, dtype=torch.bfloat16)
+    v_off = flat_v[1:].view(odd["prefix_v"].shape)
+    v_off.copy_(odd["prefix_v"])
+    live = dict(odd, prefix_k=kt, prefix_v=v_off)
+    assert not kt.is_contiguous() and v_off.data_ptr() % 8 != 0
+    cid = s.snapshot("odd", "device", live, {})
+    dirty(live, 31)
+    s.restore(cid, live)
+    assert_same(live, odd)
+    # Same tensor objects, new storage: cached copy views must not write into the old storage.
+    live["chunk"].set_(backing["chunk"][1])
+    s.restore(cid, live)
+    assert torch.equal(bits(backing["chunk"][1]), bits(odd["chunk"]))

@@ -1,8 +1,11 @@
 """In-memory capsule storage and the copies in and out of it.
 
-A capsule in the device or host tier is one flat allocation (a "slab") with a typed view per buffer: one
-cudaMalloc / one pinned host allocation per capsule instead of one per buffer, and a single multi-tensor
-copy instead of one launch per buffer, so snapshot and restore cost close to the bytes they move.
+A capsule in the device or host tier is one flat allocation (a "slab") holding every buffer at a 256-byte
+aligned offset: one allocation per capsule instead of one per buffer. Copies move raw words, not typed
+elements: each buffer is seen as int64 words (bytes when its size is not a multiple of 8), so the dozens of
+bf16 K/V layers, the fp32 chunk and the uint8 RNG state all go through ONE multi-tensor copy launch
+(`torch._foreach_copy_` only fuses lists of a single dtype). That keeps a restore near the copy floor
+instead of paying a launch per buffer.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import torch
 
 from flashrt_core.errors import CapsuleError
 
-_ALIGN = 256  # bytes; keeps every view aligned for any dtype and for vectorised copies
+_ALIGN = 256  # bytes; keeps every buffer aligned for any dtype and for vectorised copies
+_WORD = torch.int64
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -27,26 +31,43 @@ class SlabPlan:
     """Where each buffer of a layout sits in a slab; computed once per store, reused by every capsule."""
 
     def __init__(self, layout: Mapping[str, tuple]):
-        self.entries, offset, payload = [], 0, 0
+        self.entries, self.split, offset, payload = [], [], 0, 0
         for name, (shape, dtype) in layout.items():
             dt = torch_dtype(dtype)
             nbytes = math.prod(shape) * dt.itemsize
+            block = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
             self.entries.append((name, offset, nbytes, dt, tuple(shape)))
-            offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            words = (nbytes + 7) // 8
+            self.split += [words, block // 8 - words]  # [payload words, padding words] per buffer
+            offset += block
             payload += nbytes
+        self.names = [e[0] for e in self.entries]
         self.total_bytes = offset  # with alignment padding
         self.payload_bytes = payload  # what budgets and `list()` count
 
 
 class Slab:
-    """One flat allocation holding every buffer of a layout; `views[name]` is that buffer's tensor."""
+    """One flat allocation for a layout: `words` (raw copy views) and `views` (typed, built on demand)."""
 
     def __init__(self, plan: SlabPlan, device: torch.device, pinned: bool = False):
+        self.plan = plan
         self.device = torch.device(device)
-        self.flat = torch.empty(max(plan.total_bytes, 1), dtype=torch.uint8, device=self.device,
+        self.flat = torch.empty(max(plan.total_bytes, _ALIGN), dtype=torch.uint8, device=self.device,
                                 pin_memory=pinned and self.device.type == "cpu")
-        self.views = {name: self.flat[o:o + n].view(dt).view(shape) for name, o, n, dt, shape in plan.entries}
+        pieces = self.flat[:plan.total_bytes].view(_WORD).split_with_sizes(plan.split)  # one call, all views
+        self.words = []
+        for (name, _, nbytes, _, _), piece in zip(plan.entries, pieces[0::2]):
+            self.words.append(piece if nbytes % 8 == 0 else piece.view(torch.uint8)[:nbytes])
+        self._views = None
         self.ready = None  # CUDA event recorded after the copy that filled it, when one was async
+
+    @property
+    def views(self) -> dict[str, torch.Tensor]:
+        """Typed tensors per buffer (for export, disk writes and odd live tensors)."""
+        if self._views is None:
+            self._views = {name: self.flat[o:o + n].view(dt).view(shape)
+                           for name, o, n, dt, shape in self.plan.entries}
+        return self._views
 
     def wait_host(self) -> None:
         """Block the host until the slab's last async copy landed (before the CPU reads its bytes)."""
@@ -54,20 +75,69 @@ class Slab:
             self.ready.synchronize()
 
 
-def _copy_lists(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
-    same = [(d, s) for d, s in zip(dst, src) if d.device == s.device]
-    if same:
-        # One multi-tensor kernel instead of one launch per buffer (dozens of K/V layers).
-        torch._foreach_copy_([d for d, _ in same], [s for _, s in same], non_blocking=True)
-    for d, s in zip(dst, src):  # host-placed buffers of a CUDA runtime: a copy each
-        if d.device != s.device:
+def _copy_pairs(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each (dst, src): one fused launch per (dtype, device) group, single copies across devices."""
+    groups: dict = {}
+    for d, s in pairs:
+        if d.device == s.device and d.dtype == s.dtype:
+            groups.setdefault((d.dtype, d.device), ([], []))
+            groups[(d.dtype, d.device)][0].append(d)
+            groups[(d.dtype, d.device)][1].append(s)
+        else:  # host-placed buffers of a CUDA runtime, host <-> device tiers
             d.copy_(s, non_blocking=True)
+    for dst, src in groups.values():
+        torch._foreach_copy_(dst, src, non_blocking=True)
 
 
-def _cuda_device(tensors: Sequence[torch.Tensor]):
-    for t in tensors:
-        if t.is_cuda:
-            return t.device
+class LiveWords:
+    """Raw-word views of the live buffers, cached while the caller passes the same tensor objects.
+
+    A runtime hands over the same persistent tensors on every call, so building 40 views per restore would
+    cost more host time than the copy itself. Holding the tensors keeps the identity check sound.
+    """
+
+    def __init__(self):
+        self._tensors: list = []
+        self._ptrs: list = []
+        self._words: list = []
+
+    def get(self, plan: SlabPlan, live: Mapping[str, torch.Tensor]) -> list:
+        tensors = [live[n] for n in plan.names]
+        ptrs = [t.data_ptr() for t in tensors]  # same object but new storage (set_, resize_): rebuild
+        if ptrs != self._ptrs or any(a is not b for a, b in zip(tensors, self._tensors)):
+            self._words = [_as_words(t, n) for t, (_, _, n, _, _) in zip(tensors, plan.entries)]
+            self._tensors, self._ptrs = tensors, ptrs
+        return self._words
+
+
+def _as_words(t: torch.Tensor, nbytes: int):
+    """The tensor's bytes as int64 words (or bytes), or None when it is not one aligned dense block."""
+    if not t.is_contiguous():
+        return None
+    flat = t.reshape(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+    if nbytes % 8 == 0 and t.data_ptr() % 8 == 0:
+        return flat.view(_WORD)
+    return None if nbytes % 8 == 0 else flat
+
+
+def _live_pairs(slab: Slab, live: Mapping[str, torch.Tensor], words: list, to_slab: bool) -> list:
+    pairs = []
+    for i, (name, _, _, _, _) in enumerate(slab.plan.entries):
+        w = words[i]
+        if w is None:  # odd live tensor: typed copy of this one buffer
+            pair = (slab.views[name], live[name]) if to_slab else (live[name], slab.views[name])
+        else:
+            pair = (slab.words[i], w) if to_slab else (w, slab.words[i])
+        pairs.append(pair)
+    return pairs
+
+
+def _cuda_device(pairs) -> torch.device | None:
+    for d, s in pairs:
+        if d.is_cuda:
+            return d.device
+        if s.is_cuda:
+            return s.device
     return None
 
 
@@ -76,38 +146,53 @@ class Copier:
 
     def __init__(self):
         self._side = {}
+        self._live = LiveWords()
 
     def _side_stream(self, device):
         if device not in self._side:
             self._side[device] = torch.cuda.Stream(device=device)
         return self._side[device]
 
-    def side_copy(self, dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]):
-        """Copy src -> dst on a side stream; returns the completion event (None on CPU).
+    def _side_copy(self, pairs) -> None | torch.cuda.Event:
+        """Copy on a side stream; returns the completion event (None on CPU).
 
         The side stream first waits for the work already queued on the caller's stream (so it copies the
         finished state), and the caller's stream then waits for the copy on the GPU (so the next stage
         cannot overwrite a buffer mid-copy). The host never blocks: the control loop is held back by at
         most the copy itself.
         """
-        device = _cuda_device(list(dst) + list(src))
+        device = _cuda_device(pairs)
         if device is None:
-            _copy_lists(dst, src)
+            _copy_pairs(pairs)
             return None
         main = torch.cuda.current_stream(device)
         side = self._side_stream(device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            _copy_lists(dst, src)
+            _copy_pairs(pairs)
             done = torch.cuda.Event()
             done.record(side)
         main.wait_event(done)
         return done
 
+    def live_to_slab(self, slab: Slab, live: Mapping[str, torch.Tensor]) -> None:
+        slab.ready = self._side_copy(_live_pairs(slab, live, self._live.get(slab.plan, live), to_slab=True))
+
+    def slab_to_slab(self, dst: Slab, src: Slab) -> None:
+        dst.ready = self._side_copy(list(zip(dst.words, src.words)))
+
+    def tensors_to_slab(self, slab: Slab, tensors: Mapping[str, torch.Tensor]) -> None:
+        """From verified CPU tensors (a disk capsule) into a memory slab."""
+        slab.ready = self._side_copy([(slab.views[n], tensors[n]) for n in slab.plan.names])
+
+    def slab_to_live(self, live: Mapping[str, torch.Tensor], slab: Slab) -> None:
+        """Restore: on the caller's stream, after the copy that filled the slab."""
+        pairs = _live_pairs(slab, live, self._live.get(slab.plan, live), to_slab=False)
+        device = _cuda_device(pairs)
+        if device is not None and slab.ready is not None:
+            torch.cuda.current_stream(device).wait_event(slab.ready)
+        _copy_pairs(pairs)
+
     @staticmethod
-    def inline_copy(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], after=None) -> None:
-        """Copy on the caller's stream, ordered after the event `after` (restore into live buffers)."""
-        device = _cuda_device(list(dst) + list(src))
-        if device is not None and after is not None:
-            torch.cuda.current_stream(device).wait_event(after)
-        _copy_lists(dst, src)
+    def tensors_to_live(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> None:
+        _copy_pairs([(live[n], tensors[n]) for n in live])

@@ -92,12 +92,12 @@ class CapsuleStore:
             cap = self._new(name, tier, meta)
             if tier == "disk":
                 staging = self._slab("host")
-                staging.ready = self._copier.side_copy(*self._pairs(staging.views, tensors))
+                self._copier.live_to_slab(staging, tensors)
                 staging.wait_host()
                 self._write_disk(cap, staging.views)
             else:
                 cap.slab = self._slab(tier)
-                cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
+                self._copier.live_to_slab(cap.slab, tensors)
             self._caps[cap.id] = cap
             return cap.id
 
@@ -107,10 +107,9 @@ class CapsuleStore:
             cap = self._get(capsule_id)
             self._check_buffers(into, f"restore of capsule {capsule_id}")
             if cap.tier == "disk":
-                source, after = self._load_disk(cap, f"restore of capsule {capsule_id}"), None
+                self._copier.tensors_to_live(into, self._load_disk(cap, f"restore of capsule {capsule_id}"))
             else:
-                source, after = cap.slab.views, cap.slab.ready
-            self._copier.inline_copy(*self._pairs(into, source), after=after)
+                self._copier.slab_to_live(into, cap.slab)
             return copy_meta(cap.meta)
 
     def fork(self, capsule_id: str, name: str) -> str:
@@ -118,17 +117,20 @@ class CapsuleStore:
         with self._lock:
             src = self._get(capsule_id)
             tier = "device" if src.ring else src.tier
-            if src.tier == "disk":  # verified before anything is evicted for the copy
-                source = self._load_disk(src, f"fork of capsule {src.id}")
-            else:
-                source = src.slab.views  # its snapshot copy is already ordered before ours (see Copier)
+            # A disk source is verified before anything is evicted for the copy.
+            loaded = self._load_disk(src, f"fork of capsule {src.id}") if src.tier == "disk" else None
             self._make_room(tier, self.capsule_bytes, protect={src.id}, for_what=f"fork {name!r} of {src.id}")
             cap = self._new(name, tier, copy_meta(src.meta))
             if tier == "disk":
-                self._write_disk(cap, source)
+                if loaded is None:
+                    src.slab.wait_host()
+                self._write_disk(cap, loaded if loaded is not None else src.slab.views)
             else:
                 cap.slab = self._slab(tier)
-                cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, source))
+                if loaded is not None:
+                    self._copier.tensors_to_slab(cap.slab, loaded)
+                else:  # the source's own fill is already ordered before this copy (see Copier)
+                    self._copier.slab_to_slab(cap.slab, src.slab)
             self._caps[cap.id] = cap
             return cap.id
 
@@ -191,7 +193,7 @@ class CapsuleStore:
                 self._write_disk(cap, tensors)
             else:
                 cap.slab = self._slab(tier)
-                cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
+                self._copier.tensors_to_slab(cap.slab, tensors)
             self._caps[cap.id] = cap
             return cap.id
 
@@ -214,7 +216,7 @@ class CapsuleStore:
                 self._caps.pop(self._ring_ids[i], None)
             cap = self._new(f"ring/{self._ring_next}", "device", meta)
             cap.ring, cap.slab = True, self._ring_slots[i]
-            cap.slab.ready = self._copier.side_copy(*self._pairs(cap.slab.views, tensors))
+            self._copier.live_to_slab(cap.slab, tensors)
             self._caps[cap.id] = cap
             self._ring_ids[i] = cap.id
             return cap.id
@@ -264,11 +266,6 @@ class CapsuleStore:
             return Slab(self._plan, self.device)
         return Slab(self._plan, torch.device("cpu"), pinned=self._pinned)
 
-    @staticmethod
-    def _pairs(dst: Mapping[str, torch.Tensor], src: Mapping[str, torch.Tensor]):
-        names = list(dst)
-        return [dst[n] for n in names], [src[n] for n in names]
-
     def _write_disk(self, cap: _Capsule, tensors: Mapping[str, torch.Tensor]) -> None:
         path = self.disk_dir / cap.id
         diskfmt.write_capsule(path, capsule_id=cap.id, name=cap.name, created=cap.created,
@@ -291,12 +288,12 @@ class CapsuleStore:
             self._write_disk(cap, cap.slab.views)
             cap.slab = None
             return
-        if cap.tier == "disk":
-            source, old_path = self._load_disk(cap, f"move of capsule {cap.id}"), cap.path
-        else:
-            source, old_path = cap.slab.views, None
         slab = self._slab(tier)
-        slab.ready = self._copier.side_copy(*self._pairs(slab.views, source))
+        old_path = cap.path
+        if cap.tier == "disk":
+            self._copier.tensors_to_slab(slab, self._load_disk(cap, f"move of capsule {cap.id}"))
+        else:
+            self._copier.slab_to_slab(slab, cap.slab)
         cap.slab, cap.tier, cap.path = slab, tier, None
         if old_path is not None:
             shutil.rmtree(old_path, ignore_errors=True)
