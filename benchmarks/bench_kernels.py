@@ -183,8 +183,15 @@ def main(argv=None):
                "max_abs_diff": diff}
         for backend in ("triton", "torch"):
             fn = (lambda c=call, b=backend: c(b))
-            row[f"{backend}_graph_us"] = time_graph(fn, args.iters, args.reps)
             row[f"{backend}_eager_us"] = time_eager(fn, args.iters, args.reps)
+            try:
+                row[f"{backend}_graph_us"] = time_graph(fn, args.iters, args.reps)
+            except RuntimeError as err:  # not capturable: report eager time instead, and say so
+                print(f"{name} [{backend}]: CUDA graph capture failed ({str(err).splitlines()[0]}); "
+                      f"using the eager time", file=sys.stderr)
+                torch.cuda.synchronize()
+                row[f"{backend}_graph_us"] = row[f"{backend}_eager_us"]
+                row[f"{backend}_graph_failed"] = True
         row["speedup_graph"] = row["torch_graph_us"] / row["triton_graph_us"]
         row["triton_GBps"] = nbytes / row["triton_graph_us"] / 1e3
         row["triton_frac_copy_ceiling"] = row["triton_GBps"] / (COPY_TBPS * 1e3)

@@ -29,7 +29,7 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
     head = tl.program_id(1)
     b = token // T
     t = token % T
-    half: tl.constexpr = DH // 2
+    half = DH // 2  # constexpr arithmetic stays constexpr
     i = tl.arange(0, BLOCK_HALF)
     mask = i < half
     src = QKV_ptr + token * ((HQ + 2 * HKV) * DH) + head * DH

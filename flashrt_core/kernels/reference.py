@@ -108,8 +108,11 @@ def qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset,
     s = sin[positions.long()][:, :, None, :]
     q = apply_rope_ref(q, c, s).to(qkv.dtype)
     k = apply_rope_ref(k, c, s)
-    offsets = torch.as_tensor(cache_offset, device=qkv.device).reshape(-1).expand(b).long()
-    rows = offsets[:, None] + torch.arange(t, device=qkv.device)[None, :]
+    steps = torch.arange(t, device=qkv.device)
+    if isinstance(cache_offset, torch.Tensor):
+        rows = cache_offset.long()[:, None] + steps[None, :]
+    else:  # no host-to-device copy, so the reference can be captured in a CUDA graph too
+        rows = (steps + int(cache_offset))[None, :].expand(b, t)
     batch = torch.arange(b, device=qkv.device)[:, None].expand(b, t)
     k_cache[batch, :, rows] = k.to(k_cache.dtype)
     v_cache[batch, :, rows] = v.to(v_cache.dtype)
