@@ -1,0 +1,94 @@
+"""`flashrt replay` and `flashrt make-bag` (registered by flashrt_ros.cli through add_subparsers)."""
+from __future__ import annotations
+
+import sys
+
+
+def add_subparsers(sub) -> None:
+    p = sub.add_parser("replay", help="replay a rosbag2 through the runtime; latency, staleness and action reports",
+                       description="Replay a rosbag2 (mcap or sqlite3) through the execution contract on the bag "
+                                   "clock (deterministic), or with --realtime against a running policy_node.")
+    p.add_argument("bag", help="rosbag2 folder, .mcap or .db3 file")
+    p.add_argument("--config", default=None, help="contract YAML (default: the packaged pi05_tiny.yaml)")
+    p.add_argument("--compare", default=None, metavar="FILE",
+                   help="a second contract fed the same inputs and noise; reports their agreement")
+    p.add_argument("--report", default=None, metavar="DIR", help="write report.json, report.md and plots here")
+    p.add_argument("--realtime", action="store_true",
+                   help="play the bag onto ROS topics at bag rate against a running policy_node")
+    p.add_argument("--seed", type=int, default=0, help="runtime seed: weights of the tiny model and noise (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    p.add_argument("--topics", default=None, metavar="FILE",
+                   help="topic mapping YAML (cameras, joint_states, joint_names, prompt, actions) or a "
+                        "policy_node parameters file")
+    p.add_argument("--cameras", default=None, help="comma-separated camera topics, in the model's slot order")
+    p.add_argument("--joints", default=None, metavar="TOPIC", help="sensor_msgs/JointState topic")
+    p.add_argument("--joint-names", default=None, help="comma-separated joints in state order (default: as sent)")
+    p.add_argument("--prompt-topic", default=None, help="std_msgs/String prompt topic")
+    p.add_argument("--action-topic", default=None, help="recorded flashrt_ros/ActionChunk topic")
+    p.add_argument("--prompt", default=None, help="use this prompt instead of the bag's prompt topic")
+    p.add_argument("--node", default="/policy_node", help="--realtime: the policy node's name (default /policy_node)")
+    p.add_argument("--timeout", type=float, default=60.0, help="--realtime: seconds to wait for the node")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run_replay)
+
+    m = sub.add_parser("make-bag", help="write a sample rosbag2: synthetic cameras, joints, prompt and actions")
+    m.add_argument("out", help="new bag folder (never overwritten)")
+    m.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
+    m.add_argument("--duration", type=float, default=10.0, help="seconds of bag time (default 10)")
+    m.add_argument("--cameras", type=int, default=2)
+    m.add_argument("--joints", type=int, default=7)
+    m.add_argument("--size", default="240x320", metavar="HxW", help="camera frame size (default 240x320)")
+    m.add_argument("--config", default=None, help="contract that computes the recorded actions")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--prompt", default="pick up the red cube")
+    m.add_argument("--device", default="cpu")
+    m.add_argument("--no-progress", action="store_true")
+    m.set_defaults(func=run_make_bag)
+
+
+def run_replay(args) -> int:
+    from flashrt_ros.replay.errors import ReplayError
+    from flashrt_ros.replay.replay import replay
+    from flashrt_ros.replay.topics import load_topic_map
+
+    try:
+        topics = load_topic_map(args.topics, cameras=args.cameras, joint_states=args.joints,
+                                joint_names=args.joint_names, prompt=args.prompt_topic, actions=args.action_topic)
+        report = replay(args.bag, config=args.config, compare=args.compare, report_dir=args.report,
+                        realtime=args.realtime, seed=args.seed, progress=not args.no_progress, topics=topics,
+                        prompt=args.prompt, device=args.device, node=args.node, timeout_s=args.timeout)
+    except ReplayError as e:
+        if e.report is not None and e.report.data.get("ticks"):
+            print(e.report.summary_table().rsplit("\nerror: ", 1)[0])
+        print(f"flashrt replay: error: {e}", file=sys.stderr)
+        if e.report_dir is not None:
+            print(f"partial report: {e.report_dir}/report.md", file=sys.stderr)
+        return 1
+    print(report.summary_table())
+    if args.report:
+        print(f"report: {args.report}/report.md ({', '.join(report.data.get('plots', []))})")
+    return 0
+
+
+def run_make_bag(args) -> int:
+    from flashrt_ros.replay.errors import ReplayError
+    from flashrt_ros.replay.make_bag import make_bag
+
+    try:
+        h, _, w = args.size.lower().partition("x")
+        height, width = int(h), int(w)
+    except ValueError:
+        print(f"flashrt make-bag: error: --size: expected HxW like 240x320, got {args.size!r}", file=sys.stderr)
+        return 1
+    try:
+        out = make_bag(args.out, storage=args.storage, duration=args.duration, cameras=args.cameras, seed=args.seed,
+                       config=args.config, height=height, width=width, joints=args.joints, prompt=args.prompt,
+                       device=args.device, progress=not args.no_progress)
+    except ReplayError as e:
+        print(f"flashrt make-bag: error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out['path']} ({out['storage']}, {out['duration_s']:g} s, {out['decisions']} recorded decisions "
+          f"from {out['config']}, seed {out['seed']})")
+    for topic, count in out["topics"].items():
+        print(f"  {topic}: {count} messages")
+    return 0

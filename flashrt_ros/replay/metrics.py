@@ -1,0 +1,126 @@
+"""Numbers of a replay, from tick records alone: latency per stage, deadline misses, staleness, action error
+against recorded chunks, and agreement between two configurations on the same inputs and noise."""
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+import numpy as np
+
+
+def percentiles(values: Sequence[float]) -> dict:
+    if len(values) == 0:
+        return {"n": 0}
+    a = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"n": int(a.size), "p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(a.max()),
+            "mean": float(a.mean())}
+
+
+def stage_latency(ticks, periods_ms: dict) -> dict:
+    """Per stage (or per graph group like "observe+act"), latency percentiles and deadline misses."""
+    samples: dict[str, list[float]] = {}
+    for t in ticks:
+        for key, ms in t.stage_latency_ms.items():
+            samples.setdefault(key, []).append(ms)
+    out = {}
+    for key, values in samples.items():
+        members = [periods_ms.get(s) for s in key.split("+")]
+        periods = [p for p in members if p is not None]
+        period = min(periods) if periods else None
+        row = percentiles(values)
+        row["period_ms"] = period
+        row["deadline_misses"] = int(sum(v > period for v in values)) if period is not None else None
+        out[key] = row
+    return out
+
+
+def tick_latency(ticks, tick_period_ms: float) -> dict:
+    row = percentiles([t.latency_ms for t in ticks])
+    row["period_ms"] = tick_period_ms
+    row["deadline_misses"] = int(sum(t.latency_ms > tick_period_ms for t in ticks))
+    return row
+
+
+def staleness(ticks, output_stage: str, limit_ms: float | None) -> dict:
+    ages = [t.observation_age_ms for t in ticks if t.actions is not None and t.observation_age_ms is not None]
+    row = percentiles(ages)
+    row["limit_ms"] = limit_ms
+    row["over_limit"] = int(sum(a > limit_ms for a in ages)) if limit_ms is not None else 0
+    # A tick where the output stage was due but produced nothing is a refusal (stale input, missing prefix).
+    reasons: dict[str, int] = {}
+    for t in ticks:
+        if t.actions is None and t.reason and "is not due" not in t.reason:
+            reasons[t.reason] = reasons.get(t.reason, 0) + 1
+    row["refused"] = int(sum(reasons.values()))
+    row["refusal_reasons"] = reasons
+    return row
+
+
+def match_recorded(ticks, recorded, tolerance_ns: int) -> list[tuple]:
+    """(tick, chunk) pairs: each decision with the recorded chunk nearest in decision time, if within
+    `tolerance_ns` (half a tick period: a chunk cannot belong to two ticks)."""
+    chunks = sorted(recorded, key=lambda c: c.t_ns)
+    times = [c.t_ns for c in chunks]
+    pairs, used = [], set()
+    for t in ticks:
+        if t.actions is None or not chunks:
+            continue
+        i = bisect.bisect_left(times, t.t_ns)
+        best = min((j for j in (i - 1, i) if 0 <= j < len(chunks)), key=lambda j: abs(times[j] - t.t_ns))
+        if abs(times[best] - t.t_ns) <= tolerance_ns and best not in used:
+            used.add(best)
+            pairs.append((t, chunks[best]))
+    return pairs
+
+
+def action_error(ticks, recorded, tolerance_ns: int) -> dict:
+    """MSE and max |error| of predicted vs recorded chunks over their common rows and columns (the node
+    publishes the first len(joint_names) columns of the model's actions)."""
+    decisions = sum(t.actions is not None for t in ticks)
+    out = {"recorded": len(recorded), "decisions": decisions}
+    if not recorded:
+        out["note"] = "the bag has no recorded actions"
+        return out
+    pairs = match_recorded(ticks, recorded, tolerance_ns)
+    out.update(matched=len(pairs), unmatched_decisions=decisions - len(pairs),
+               unmatched_recorded=len(recorded) - len(pairs))
+    if not pairs:
+        out["note"] = "no recorded chunk within half a tick period of any decision"
+        return out
+    rows = min(min(t.actions.shape[0], c.actions.shape[0]) for t, c in pairs)
+    cols = min(min(t.actions.shape[1], c.actions.shape[1]) for t, c in pairs)
+    diff = np.stack([t.actions[:rows, :cols].astype(np.float64) - c.actions[:rows, :cols] for t, c in pairs])
+    out.update(rows=rows, columns=cols, mse=float(np.mean(diff ** 2)), max_abs=float(np.max(np.abs(diff))),
+               per_joint_mse=[float(v) for v in np.mean(diff ** 2, axis=(0, 1))],
+               first_row_mse=float(np.mean(diff[:, 0] ** 2)))
+    return out
+
+
+def agreement(ticks, index: int = 0) -> dict:
+    """Primary vs compare runtime `index` on the same inputs and noise, decision by decision."""
+    both = [(t.actions, t.compare_actions[index]) for t in ticks
+            if t.compare_actions and (t.actions is not None or t.compare_actions[index] is not None)]
+    pairs = [(a, b) for a, b in both if a is not None and b is not None]
+    out = {"decisions": len(pairs), "mismatched_decisions": len(both) - len(pairs)}
+    if not pairs:
+        return out
+    cos, max_abs, sq, ab = [], 0.0, 0.0, 0.0
+    n = 0
+    for a, b in pairs:
+        if a.shape != b.shape:
+            out["shape_mismatch"] = f"{list(a.shape)} vs {list(b.shape)}"
+            return out
+        a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+        d = a64 - b64
+        max_abs = max(max_abs, float(np.max(np.abs(d))))
+        sq += float(d @ d)
+        ab += float(np.abs(d).sum())
+        n += d.size
+        denom = np.linalg.norm(a64) * np.linalg.norm(b64)
+        cos.append(float(a64 @ b64 / denom) if denom > 0 else (1.0 if not d.any() else 0.0))
+    out.update(max_abs=max_abs, mean_abs=ab / n, rmse=(sq / n) ** 0.5, cosine_min=min(cos),
+               cosine_mean=float(np.mean(cos)))
+    compare_ms = [t.compare_latency_ms[index] for t in ticks if t.compare_latency_ms]
+    out["compare_tick_latency_ms"] = percentiles(compare_ms)
+    return out

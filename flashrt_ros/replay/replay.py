@@ -1,0 +1,83 @@
+"""`replay(bag, config)`: a recorded bag through the Runtime on the bag clock, and its report.
+
+The default mode needs no ROS graph and is deterministic: the same bag, contract and seed give the same
+actions, so actions recorded by make-bag (or by an earlier replay) are reproduced exactly, and two contracts
+fed the same inputs and noise can be compared decision by decision. `realtime=True` plays the bag onto ROS
+topics against a running policy_node instead (flashrt_ros.replay.realtime).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from flashrt_ros.replay.bagio import BagSource
+from flashrt_ros.replay.errors import ReplayError
+from flashrt_ros.replay.player import BagClockPlayer
+from flashrt_ros.replay.progress import Progress
+from flashrt_ros.replay.report import Report, build_report
+from flashrt_ros.replay.runtimes import build_runtime, default_config
+from flashrt_ros.replay.topics import TopicMap, load_topic_map
+
+
+def _topic_map(topics) -> TopicMap:
+    if topics is None:
+        return TopicMap()
+    if isinstance(topics, TopicMap):
+        return topics
+    if isinstance(topics, dict):
+        return load_topic_map(None, **topics)
+    return load_topic_map(topics)
+
+
+def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = False, seed: int = 0,
+           progress: bool = True, topics=None, prompt: str | None = None, device: str = "cpu",
+           node: str = "/policy_node", timeout_s: float = 60.0) -> Report:
+    """Replay `bag` through `config` (default: the packaged pi05_tiny.yaml) and return the Report.
+
+    topics: a TopicMap, a dict of its fields, or a mapping/params YAML path (default: make-bag's names).
+    prompt: use this prompt instead of the bag's prompt topic. On a bad bag, raises ReplayError carrying the
+    partial report (also written to report_dir).
+    """
+    config = Path(config) if config is not None else default_config()
+    topic_map = _topic_map(topics)
+    if realtime:
+        from flashrt_ros.replay.realtime import replay_realtime
+
+        return replay_realtime(bag, config, report_dir=report_dir, topics=topic_map, prompt=prompt, node=node,
+                               progress=progress, seed=seed, timeout_s=timeout_s)
+    t_wall = time.perf_counter()
+    player = contract = bar = None
+    error = None
+    source = BagSource(bag, topic_map, need_prompt=prompt is None)
+    try:
+        source.open()
+        cams = len(topic_map.cameras)
+        runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device)]
+        if compare is not None:
+            runtimes.append(build_runtime(compare, seed=seed, cameras=cams, device=device))
+        contract = runtimes[0].contract
+        player = BagClockPlayer(runtimes, cams, topic_map.joint_names, prompt=prompt)
+        player.progress = bar = Progress(source.info.start_ns, source.info.end_ns, enabled=progress)
+        for event in source.events():
+            player.push(event)
+        player.finish()
+        if not player.started:
+            raise ReplayError(f"{bag}: no complete observation in {player.messages} messages "
+                              f"(never received: {', '.join(player.waiting_for())})")
+    except ReplayError as e:
+        error = str(e)
+    finally:
+        source.close()
+        if bar is not None:
+            bar.close(player.last_ns or source.info.start_ns, player.decisions)
+    info = source.info
+    report = build_report(mode="bag-clock", config=config, seed=seed, topics=topic_map, info=info, player=player,
+                          contract=contract, compare_config=compare, wall_s=time.perf_counter() - t_wall,
+                          error=error)
+    if player is not None:
+        report.data["input_notes"] = list(player.fit.notes)
+    if report_dir is not None:
+        report.write(report_dir)
+    if error:
+        raise ReplayError(error, report=report, report_dir=report_dir)
+    return report
