@@ -81,12 +81,14 @@ def mixed_run(rt, rng, duration_s, act_hz):
     frames = [make_inputs(rt, rng) for _ in range(8)]
     misses_before = dict(rt.buffers.ledger.misses)
     start = time.perf_counter_ns()
-    base = rt.buffers.ledger.buffers["prompt"].stamp_ns or 0
-    offset = max(base, rt._last_stamp or 0) + 1_000 * MS - start  # keep stamps increasing after warm-up
-    ticks, late_ticks, gpu, wall, ran_observe, no_actions = 0, 0, [], [], 0, 0
+    last = rt.runtime_meta()["last_stamp_ns"] or 0
+    offset = last + 1_000 * MS - start  # the simulated ticks above used their own clock: keep stamps increasing
+    ticks, late_ticks, dropped, gpu, wall, ran_observe, no_actions = 0, 0, 0, [], [], 0, 0
     next_tick = start
-    while next_tick - start < duration_s * 1e9:
+    while True:
         now = time.perf_counter_ns()
+        if now - start >= duration_s * 1e9:
+            break
         if now < next_tick:
             time.sleep((next_tick - now) / 1e9)
             now = time.perf_counter_ns()
@@ -99,18 +101,28 @@ def mixed_run(rt, rng, duration_s, act_hz):
         wall.append(r.latency_ms)
         ran_observe += "observe" in r.ran
         no_actions += r.actions is None
-        if done > next_tick + period:
+        if done > next_tick + period:  # finished after the next tick was due
             late_ticks += 1
         next_tick += period
+        if done > next_tick:  # like a timer that overran: the periods that passed get no tick
+            missed = (done - next_tick) // period + 1
+            dropped += missed
+            next_tick += missed * period
     skipped = {k: rt.buffers.ledger.misses[k] - misses_before[k] for k in misses_before}
     return {"duration_s": duration_s, "act_hz": act_hz, "ticks": ticks, "observe_runs": ran_observe,
             "gpu_ms_per_tick": summary(gpu), "step_ms_per_tick": summary(wall),
-            "deadline_misses": late_ticks, "scheduler_missed_periods": skipped, "ticks_without_actions": no_actions}
+            "deadline_misses": late_ticks + dropped, "late_ticks": late_ticks, "dropped_periods": dropped,
+            "scheduler_missed_periods": skipped, "ticks_without_actions": no_actions}
 
 
 def git_commit():
+    import os
+
+    if os.environ.get("FLASHRT_COMMIT"):  # the GPU machine gets a copy of the tree without .git
+        return os.environ["FLASHRT_COMMIT"]
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=REPO, text=True).strip()
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=REPO, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except Exception:
         return "unknown"
 
@@ -167,7 +179,8 @@ def main(argv=None) -> int:
         s = mixed[key]
         print(f"{'mixed ' + key:<28}{s['mean']:>10.3f}{s['p50']:>10.3f}{s['p99']:>10.3f}{s['max']:>10.3f}")
     print(f"mixed run: {mixed['ticks']} ticks in {mixed['duration_s']} s at {mixed['act_hz']} Hz, "
-          f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']}, "
+          f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']} "
+          f"({mixed['late_ticks']} late ticks + {mixed['dropped_periods']} dropped periods), "
           f"scheduler missed periods {mixed['scheduler_missed_periods']}")
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
