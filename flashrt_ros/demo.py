@@ -40,12 +40,13 @@ def _stop(proc, timeout=5.0):
 
 
 def node_arguments(cameras: int, joints: int, act_rate: float, observe_rate: float, config: str | None,
-                   prompt: str, max_age_ms: float = 500.0) -> list[str]:
+                   prompt: str, max_age_ms: float = 500.0, image_size=(240, 320)) -> list[str]:
     topics = ",".join(f'"camera{i}/image_raw"' for i in range(cameras))
     names = ",".join(f'"{n}"' for n in joint_names(joints))
     ros = ["-p", "autostart:=true", "-p", f"camera_topics:=[{topics}]", "-p", f"joint_names:=[{names}]",
            "-p", f"prompt:={prompt}", "-p", f"act_rate_hz:={act_rate}", "-p", f"observe_rate_hz:={observe_rate}",
-           "-p", f"max_observation_age_ms:={max_age_ms}", "-p", "device:=cpu"]
+           "-p", f"max_observation_age_ms:={max_age_ms}", "-p", "device:=cpu", "-p", "cpu_threads:=1",
+           "-p", f"image_height:={image_size[0]}", "-p", f"image_width:={image_size[1]}"]
     if config:
         ros += ["-p", f"contract:={os.path.abspath(config)}"]
     return ["flashrt_ros.policy_node", "--ros-args", "-r", "__node:=policy_node", *ros]

@@ -28,6 +28,12 @@ PARAMETERS = {
     "max_observation_age_ms": (0.0, ParameterType.PARAMETER_DOUBLE,
                                "refuse to publish actions from older observations; 0 = the contract's",
                                FloatingPointRange(from_value=0.0, to_value=600000.0)),
+    "image_height": (0, ParameterType.PARAMETER_INTEGER,
+                     "height of every camera image; 0 = the contract's (other sizes are rejected)",
+                     IntegerRange(from_value=0, to_value=8192)),
+    "image_width": (0, ParameterType.PARAMETER_INTEGER,
+                    "width of every camera image; 0 = the contract's (other sizes are rejected)",
+                    IntegerRange(from_value=0, to_value=8192)),
     "action_dt": (0.02, ParameterType.PARAMETER_DOUBLE, "seconds between two actions of a chunk",
                   FloatingPointRange(from_value=1e-4, to_value=10.0)),
     "action_dim": (0, ParameterType.PARAMETER_INTEGER,
@@ -35,6 +41,9 @@ PARAMETERS = {
                    IntegerRange(from_value=0, to_value=1024)),
     "publish_joint_trajectory": (False, ParameterType.PARAMETER_BOOL,
                                  "also publish ~/joint_trajectory (trajectory_msgs/JointTrajectory)", None),
+    "cpu_threads": (0, ParameterType.PARAMETER_INTEGER,
+                    "torch intra-op threads on CPU; 0 = torch's default (1 is best for the tiny model)",
+                    IntegerRange(from_value=0, to_value=256)),
     "autostart": (False, ParameterType.PARAMETER_BOOL, "configure and activate at start-up", None),
     "diagnostics_period_s": (1.0, ParameterType.PARAMETER_DOUBLE, "period of /diagnostics",
                              FloatingPointRange(from_value=0.05, to_value=60.0)),
@@ -55,9 +64,12 @@ class NodeParams:
     observe_rate_hz: float
     act_rate_hz: float
     max_observation_age_ms: float
+    image_height: int
+    image_width: int
     action_dt: float
     action_dim: int
     publish_joint_trajectory: bool
+    cpu_threads: int
     autostart: bool
     diagnostics_period_s: float
 

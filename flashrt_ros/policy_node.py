@@ -48,6 +48,7 @@ class PolicyNode(LifecycleNode):
         self._joints: tuple[np.ndarray, int] | None = None
         self._last_stamp: dict[str, int] = {}
         self._fed_stamp = -1
+        self._frame_shape = None
         self._dirty = False
         self._timers = []
         self._subs = []
@@ -77,6 +78,7 @@ class PolicyNode(LifecycleNode):
             return TransitionCallbackReturn.FAILURE
         with self.runtime_lock:
             self.runtime = runtime
+            self._frame_shape = tuple(runtime.contract.buffers["images"].shape[1:])
             if self.p.prompt:
                 self.runtime.set_prompt(self.p.prompt)
         self.health.last_error = ""
@@ -157,6 +159,11 @@ class PolicyNode(LifecycleNode):
             rgb = conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else conversions.image_to_rgb(msg)
         except conversions.ConversionError as exc:
             self.health.reject("image", f"{topic}: {exc}")
+            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            return
+        if rgb.shape != self._frame_shape:
+            self.health.reject("image", f"{topic}: size {rgb.shape[1]}x{rgb.shape[0]}, expected "
+                                        f"{self._frame_shape[1]}x{self._frame_shape[0]} (parameters image_width/height)")
             self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
             return
         stamp = conversions.stamp_to_ns(msg.header.stamp)

@@ -25,6 +25,20 @@ def load_runtime(p, n_cameras: int):
 
     contract = p.contract or str(packaged_config(DEFAULT_CONTRACT))
     rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
-    return Runtime.from_config(
-        contract, device=p.device, seed=p.seed, checkpoint=p.checkpoint or None, dtype=p.dtype or None,
-        rates=rates or None, max_observation_age_ms=p.max_observation_age_ms or None, num_cameras=n_cameras)
+    # The robot's joints decide the state and action widths unless the parameters say otherwise.
+    options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width),
+                                 ("state_dim", len(p.joint_names)),
+                                 ("action_dim", p.action_dim or len(p.joint_names))) if v > 0}
+    import torch
+
+    device = p.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if p.cpu_threads > 0:
+        torch.set_num_threads(p.cpu_threads)  # the node owns its process: a process-wide choice is fine here
+    runtime = Runtime.from_config(
+        contract, device=device, seed=p.seed, checkpoint=p.checkpoint or None, dtype=p.dtype or None,
+        rates=rates or None, max_observation_age_ms=p.max_observation_age_ms or None, num_cameras=n_cameras,
+        options=options or None)
+    runtime.warmup()  # capture graphs now, at configure time, not at the first tick
+    return runtime
