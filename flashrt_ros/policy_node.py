@@ -50,7 +50,7 @@ class PolicyNode(LifecycleNode):
         self._fed_stamp = -1
         self._frame_shape = None
         self._dirty = False
-        self._timers = []
+        self._stage_timers = []
         self._subs = []
         self._chunk_pub = self._traj_pub = None
         self._diag_timer = None
@@ -97,7 +97,7 @@ class PolicyNode(LifecycleNode):
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         for stage, rate in self.runtime.stage_rates().items():
-            self._timers.append(self.create_timer(1.0 / rate, self._tick, callback_group=self.inference_group))
+            self._stage_timers.append(self.create_timer(1.0 / rate, self._tick, callback_group=self.inference_group))
         self.get_logger().info(f"active: stage rates {self.runtime.stage_rates()}")
         return super().on_activate(state)
 
@@ -130,9 +130,9 @@ class PolicyNode(LifecycleNode):
         return self.on_cleanup(state)
 
     def _stop_timers(self):
-        for timer in self._timers:
+        for timer in self._stage_timers:
             self.destroy_timer(timer)
-        self._timers.clear()
+        self._stage_timers.clear()
 
     # ----------------------------------------------------------------- inputs
     def _subscribe_sensors(self):

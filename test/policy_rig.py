@@ -1,0 +1,154 @@
+"""A test rig around a policy_node process: sensor publishers we control, chunk/diagnostics recorders,
+lifecycle and capsule clients, all spun by a background executor in the test process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import rclpy
+from diagnostic_msgs.msg import DiagnosticArray
+from lifecycle_msgs.msg import Transition
+from lifecycle_msgs.srv import ChangeState, GetState
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from sensor_msgs.msg import Image, JointState
+
+from flashrt_ros.conversions import rgb_to_image
+from flashrt_ros.msg import ActionChunk
+from flashrt_ros.synthetic import camera_frame, joint_names, joint_positions
+
+H, W, JOINTS = 48, 64, 5
+
+
+def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, contract=None, max_age_ms=400.0):
+    topics = ",".join(f'"/{name}_cam{i}"' for i in range(2))
+    joints = ",".join(f'"{n}"' for n in joint_names(JOINTS))
+    cmd = [sys.executable, "-m", "flashrt_ros.policy_node", "--ros-args", "-r", f"__node:={name}",
+           "-p", f"camera_topics:=[{topics}]", "-p", f"joint_state_topic:=/{name}_joints",
+           "-p", f"joint_names:=[{joints}]", "-p", f"image_height:={H}", "-p", f"image_width:={W}",
+           "-p", f"act_rate_hz:={act_rate}", "-p", f"observe_rate_hz:={observe_rate}",
+           "-p", f"max_observation_age_ms:={max_age_ms}", "-p", "device:=cpu", "-p", "cpu_threads:=1",
+           "-p", "prompt:=stack the blocks", "-p", f"autostart:={'true' if autostart else 'false'}",
+           "-p", "diagnostics_period_s:=0.2"]
+    if contract:
+        cmd += ["-p", f"contract:={contract}"]
+    return cmd
+
+
+class Rig:
+    def __init__(self, context, name: str, log_path: str, **node_kwargs):
+        self.name = name
+        self.proc = subprocess.Popen(node_command(name, **node_kwargs), env=dict(os.environ),
+                                     stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.log_path = log_path
+        self.node = rclpy.create_node(f"rig_{name}", context=context)
+        self.cams = [self.node.create_publisher(Image, f"/{name}_cam{i}", qos_profile_sensor_data) for i in range(2)]
+        self.joints = self.node.create_publisher(JointState, f"/{name}_joints", qos_profile_sensor_data)
+        self.chunks: list[tuple[float, ActionChunk]] = []
+        self.diagnostics: list[DiagnosticArray] = []
+        self.node.create_subscription(ActionChunk, f"/{name}/action_chunk",
+                                      lambda m: self.chunks.append((time.monotonic(), m)),
+                                      QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
+        self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+        self.mode = "good"  # what the sensor timers publish; see _publish
+        self.t0 = time.time()
+        self.node.create_timer(1 / 15, self._publish_cameras)
+        self.node.create_timer(1 / 50, self._publish_joints)
+        self.executor = MultiThreadedExecutor(num_threads=2, context=context)
+        self.executor.add_node(self.node)
+        self._spin = threading.Thread(target=self.executor.spin, daemon=True)
+        self._spin.start()
+
+    def _on_diag(self, msg):
+        if any(s.name.startswith(f"{self.name}:") for s in msg.status):
+            self.diagnostics.append(msg)
+
+    def _stamp(self, back_s: float = 0.0):
+        return rclpy.time.Time(nanoseconds=self.node.get_clock().now().nanoseconds - int(back_s * 1e9)).to_msg()
+
+    def _publish_cameras(self):
+        if self.mode == "silent":
+            return
+        t = time.time() - self.t0
+        for i, pub in enumerate(self.cams):
+            h, w = (H + 8, W) if self.mode == "wrong_size" else (H, W)
+            msg = rgb_to_image(camera_frame(i, t, h, w), Image, self._stamp(), f"cam{i}")
+            if self.mode == "bad_encoding":
+                msg.encoding = "yuv422"
+            if self.mode == "backwards":
+                msg.header.stamp = self._stamp(back_s=5.0)
+            pub.publish(msg)
+
+    def _publish_joints(self):
+        if self.mode == "silent":
+            return
+        names = joint_names(JOINTS)
+        pos = joint_positions(time.time() - self.t0, JOINTS).astype(float).tolist()
+        if self.mode == "nan_joints":
+            pos[1] = float("nan")
+        if self.mode == "missing_joint":
+            names, pos = names[:-1], pos[:-1]
+        msg = JointState(name=names, position=pos)
+        msg.header.stamp = self._stamp(back_s=5.0) if self.mode == "backwards" else self._stamp()
+        self.joints.publish(msg)
+
+    # ---- helpers the tests use ----
+    def wait(self, predicate, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return True
+            if self.proc.poll() is not None:
+                raise AssertionError(f"policy_node exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        return predicate()
+
+    def call(self, srv_type, name: str, request, timeout: float = 30.0):
+        client = self.node.create_client(srv_type, f"/{self.name}/{name}")
+        try:
+            assert client.wait_for_service(timeout_sec=timeout), f"/{self.name}/{name} not available\n{self.log()}"
+            future = client.call_async(request)
+            assert self.wait(future.done, timeout), f"/{self.name}/{name} did not answer"
+            return future.result()
+        finally:
+            self.node.destroy_client(client)
+
+    def transition(self, transition_id: int) -> bool:
+        return self.call(ChangeState, "change_state", ChangeState.Request(
+            transition=Transition(id=transition_id))).success
+
+    def state(self) -> str:
+        return self.call(GetState, "get_state", GetState.Request()).current_state.label
+
+    def chunks_since(self, t: float):
+        return [m for (tm, m) in list(self.chunks) if tm >= t]
+
+    def last_status(self):
+        return self.diagnostics[-1].status[0] if self.diagnostics else None
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()[-3000:]
+
+    def close(self):
+        self.executor.shutdown()
+        self.node.destroy_node()
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def actions_of(msg) -> np.ndarray:
+    return np.asarray(msg.actions, dtype=np.float32).reshape(msg.horizon, msg.action_dim)
+
+
+CONFIGURE, CLEANUP, ACTIVATE, DEACTIVATE = (Transition.TRANSITION_CONFIGURE, Transition.TRANSITION_CLEANUP,
+                                            Transition.TRANSITION_ACTIVATE, Transition.TRANSITION_DEACTIVATE)

@@ -1,0 +1,147 @@
+"""policy_node end to end, as separate processes with real rclpy on a loopback-only domain:
+lifecycle, stage rates seen from the ActionChunk fields, capsule services, and every bad-input case."""
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+from policy_rig import ACTIVATE, CLEANUP, CONFIGURE, DEACTIVATE, Rig, actions_of  # noqa: E402
+
+ACT_HZ, OBSERVE_HZ = 20.0, 5.0
+RATE_TOLERANCE = 0.30  # chunk rate on a shared 2-core CI box; the schedule itself is tested exactly elsewhere
+
+
+@pytest.fixture
+def rig_factory(ros_context, tmp_path):
+    rigs = []
+
+    def make(name, **kwargs):
+        rig = Rig(ros_context, name, str(tmp_path / f"{name}.log"), **kwargs)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def _values(status) -> dict:
+    return {kv.key: kv.value for kv in status.values}
+
+
+def test_lifecycle_transitions_and_a_failed_configure(rig_factory, tmp_path):
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+
+    rig = rig_factory("lc_node", contract=str(tmp_path / "missing_contract.yaml"))
+    assert rig.state() == "unconfigured"
+    assert rig.transition(CONFIGURE) is False  # a bad contract fails the transition...
+    assert rig.state() == "unconfigured"  # ...and the node stays alive
+    assert rig.wait(lambda: rig.last_status() is not None and "configure failed" in rig.last_status().message, 10)
+    assert "missing_contract.yaml" in rig.last_status().message
+
+    value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value="")
+    result = rig.call(SetParameters, "set_parameters",
+                      SetParameters.Request(parameters=[Parameter(name="contract", value=value)]))
+    assert result.results[0].successful
+    assert rig.transition(CONFIGURE) and rig.state() == "inactive"
+    time.sleep(1.0)
+    assert not rig.chunks, "an inactive node must not publish"
+    assert rig.transition(ACTIVATE) and rig.state() == "active"
+    assert rig.wait(lambda: len(rig.chunks) >= 3, 30), rig.log()
+    assert rig.transition(DEACTIVATE) and rig.state() == "inactive"
+    time.sleep(0.3)
+    count = len(rig.chunks)
+    time.sleep(1.0)
+    assert len(rig.chunks) == count, "chunks kept coming after deactivate"
+    assert rig.transition(CLEANUP) and rig.state() == "unconfigured"
+    assert rig.transition(CONFIGURE) and rig.transition(ACTIVATE)  # and it can start again
+    assert rig.wait(lambda: len(rig.chunks) >= count + 3, 30), rig.log()
+
+
+def test_chunks_at_act_rate_prefix_at_observe_rate(rig_factory):
+    rig = rig_factory("rate_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ)
+    assert rig.wait(lambda: len(rig.chunks) >= 5, 60), rig.log()
+    start = time.monotonic()
+    rig.wait(lambda: False, 4.0)
+    chunks = rig.chunks_since(start)
+    span = 4.0
+    rate = len(chunks) / span
+    assert abs(rate - ACT_HZ) <= RATE_TOLERANCE * ACT_HZ, f"chunk rate {rate:.1f} Hz"
+    ids = [c.decision_id for c in chunks]
+    assert ids == list(range(ids[0], ids[0] + len(ids))), "decision ids must increase by one"
+    refreshes = [c for c in chunks if "observe" in c.stages_ran]
+    prefixes = {c.prefix_id for c in chunks}
+    # observe ran exactly when the prefix changed, at about a quarter of the chunks (5 Hz of 20 Hz)
+    assert len(prefixes) in (len(refreshes), len(refreshes) + 1)
+    assert abs(len(refreshes) / len(chunks) - OBSERVE_HZ / ACT_HZ) < 0.12, (len(refreshes), len(chunks))
+    for prev, cur in zip(chunks, chunks[1:]):
+        assert (cur.prefix_id != prev.prefix_id) == ("observe" in cur.stages_ran)
+    for c in chunks:
+        assert c.horizon == 50 and c.action_dim == 5 and len(c.actions) == 250
+        assert 0.0 <= c.observation_age_ms < 400.0 and c.latency_ms > 0.0
+        assert all(map(lambda x: x == x, c.actions))  # finite, no NaN
+
+
+def test_capsule_services_end_to_end(rig_factory):
+    from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
+
+    rig = rig_factory("cap_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ)
+    assert rig.wait(lambda: len(rig.chunks) >= 5, 60), rig.log()
+    snap = rig.call(SnapshotCapsule, "snapshot", SnapshotCapsule.Request(name="before_grasp", tier="device"))
+    assert snap.ok, snap.message
+    listing = rig.call(ListCapsules, "list_capsules", ListCapsules.Request())
+    info = {c.capsule_id: c for c in listing.capsules}[snap.capsule_id]
+    assert info.name == "before_grasp" and info.tier == "device" and info.size_bytes > 0
+    snapped = info.decision_id
+    assert rig.wait(lambda: rig.chunks[-1][1].decision_id >= snapped + 8, 30)  # let it run on
+    fork = rig.call(ForkCapsule, "fork", ForkCapsule.Request(capsule_id=snap.capsule_id, name="branch_b"))
+    assert fork.ok and fork.capsule_id != snap.capsule_id
+
+    restore_time = time.monotonic()
+    restored = rig.call(RestoreCapsule, "restore", RestoreCapsule.Request(capsule_id=snap.capsule_id))
+    assert restored.ok, restored.message
+    assert rig.wait(lambda: len(rig.chunks_since(restore_time)) >= 2, 20)
+    after = [c.decision_id for c in rig.chunks_since(restore_time)]
+    # The first chunk computed after the restore continues the snapshotted branch: decision snapped+1.
+    assert snapped + 1 in after[:2], (snapped, after[:4])
+
+    for bad in ("c9999-none", ""):
+        response = rig.call(RestoreCapsule, "restore", RestoreCapsule.Request(capsule_id=bad))
+        assert not response.ok and "unknown capsule" in response.message
+    assert rig.call(DropCapsule, "drop_capsule", DropCapsule.Request(capsule_id=fork.capsule_id)).ok
+    assert not rig.call(DropCapsule, "drop_capsule", DropCapsule.Request(capsule_id=fork.capsule_id)).ok
+    ids = [c.capsule_id for c in rig.call(ListCapsules, "list_capsules", ListCapsules.Request()).capsules]
+    assert ids == [snap.capsule_id]
+    n = len(rig.chunks)
+    assert rig.wait(lambda: len(rig.chunks) >= n + 3, 20), "node stopped publishing after service errors"
+
+
+@pytest.mark.parametrize("modes", [
+    # (mode, diagnostics key that must count it)
+    [("wrong_size", "rejected.image"), ("bad_encoding", "rejected.image"), ("nan_joints", "rejected.joint_state"),
+     ("missing_joint", "rejected.joint_state"), ("backwards", "rejected.stamp_backwards")],
+])
+def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
+    rig = rig_factory("bad_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ, max_age_ms=400.0)
+    assert rig.wait(lambda: len(rig.chunks) >= 5, 60), rig.log()
+    for mode, key in modes:
+        rig.mode = mode
+        assert rig.wait(lambda: rig.last_status() is not None and int(_values(rig.last_status()).get(key, 0)) > 0,
+                        10), f"{mode}: {key} never counted; last status {rig.last_status()}"
+        rig.mode = "good"
+        n = len(rig.chunks)
+        assert rig.wait(lambda: len(rig.chunks) >= n + 3, 20), f"no chunks after {mode}\n{rig.log()}"
+    # Stale sensors: nothing arrives -> stop publishing, ERROR in diagnostics; fresh again -> resume.
+    rig.mode = "silent"
+    assert rig.wait(lambda: rig.last_status() is not None and rig.last_status().level == b"\x02"
+                    and "not publishing" in rig.last_status().message, 10), rig.last_status()
+    quiet_from = time.monotonic() + 0.3
+    rig.wait(lambda: False, 1.0)
+    assert not rig.chunks_since(quiet_from), "published actions from stale observations"
+    rig.mode = "good"
+    resumed = time.monotonic()
+    assert rig.wait(lambda: len(rig.chunks_since(resumed)) >= 3, 20), rig.log()
+    assert rig.wait(lambda: rig.last_status().level != b"\x02", 10)
+    assert actions_of(rig.chunks[-1][1]).shape == (50, 5)
