@@ -1,0 +1,140 @@
+"""Bad bags give a ReplayError that names the bag, topic or message, and a partial report of what was read:
+truncated files (mcap and sqlite3), a missing topic, an empty bag, header stamps going back, a camera topic
+of an unknown message type."""
+import json
+import pathlib
+
+import pytest
+import yaml
+
+from flashrt_ros.replay import bagio
+from flashrt_ros.replay.errors import ReplayError
+from flashrt_ros.replay.make_bag import sensor_events
+from flashrt_ros.replay.replay import replay
+from flashrt_ros.replay.topics import TopicMap
+
+CONFIG = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
+ACT_HZ, OBSERVE_HZ = 10, 5
+H, W = 48, 64
+FRAME_DEF = "uint32 width\nuint32 height\nuint8[] pixels\n"
+
+
+@pytest.fixture(scope="module")
+def contract(tmp_path_factory):
+    data = yaml.safe_load(CONFIG.read_text())
+    data["stages"]["act"]["trigger"]["rate_hz"] = ACT_HZ
+    data["stages"]["observe"]["trigger"]["rate_hz"] = OBSERVE_HZ
+    path = tmp_path_factory.mktemp("contract") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def write_bag(path, storage="mcap", duration=1.0, drop=(), edit=None, frame_type_on=None, empty=False):
+    """Synthetic sensors (no recorded actions) straight through the rosbags writer; `edit(topic, seq, msg)`
+    may change a message, `frame_type_on` gives that topic an unknown custom type."""
+    store = bagio.typestore()
+    topics = TopicMap()
+    writer = bagio.open_writer(path, storage)
+    with writer:
+        conns = {}
+        for topic, msgtype in [(t, bagio.IMAGE) for t in topics.cameras] + [
+                (topics.joint_states, bagio.JOINT_STATE), (topics.prompt, bagio.STRING)]:
+            if topic in drop:
+                continue
+            if topic == frame_type_on:
+                conns[topic] = writer.add_connection(topic, "acme_msgs/msg/Frame", msgdef=FRAME_DEF,
+                                                     rihs01="RIHS01_" + "0" * 64)
+            else:
+                conns[topic] = writer.add_connection(topic, msgtype, typestore=store)
+        if empty:
+            return path
+        seq = {}
+        for ns, _, _, topic, msgtype, msg in sensor_events(store, topics, duration, H, W, 7, "stack the cups"):
+            if topic not in conns:
+                continue
+            seq[topic] = seq.get(topic, -1) + 1
+            if edit is not None:
+                msg = edit(topic, seq[topic], msg)
+            data = store.serialize_cdr(msg, msgtype) if topic != frame_type_on else b"\x00\x01\x00\x00" + bytes(12)
+            writer.write(conns[topic], ns, data)
+    return path
+
+
+def storage_file(bag):
+    return next(p for p in bag.iterdir() if p.suffix in (".mcap", ".db3"))
+
+
+def expect_error(bag, contract, report_dir, match):
+    with pytest.raises(ReplayError, match=match) as info:
+        replay(bag, config=contract, report_dir=report_dir, progress=False)
+    err = info.value
+    assert isinstance(err, ValueError) and err.report is not None and err.report_dir == report_dir
+    on_disk = json.loads((report_dir / "report.json").read_text())
+    assert on_disk["status"] == "error" and on_disk["error"] == str(err)
+    assert (report_dir / "report.md").read_text().startswith("# Replay report")
+    return err
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_truncated_bag_replays_what_is_intact_then_fails(tmp_path, contract, storage):
+    bag = write_bag(tmp_path / "bag", storage)
+    f = storage_file(bag)
+    with f.open("r+b") as fh:
+        fh.truncate(int(f.stat().st_size * 0.6))
+    err = expect_error(bag, contract, tmp_path / "report", r"corrupt or truncated bag after bag time")
+    d = err.report.data
+    assert d["bag"]["damage"]  # why rosbags refused it
+    assert 0 < d["ticks"] < ACT_HZ + 1 and d["decisions"] == d["ticks"]
+    assert d["stages"]["act"]["n"] == d["ticks"]
+    assert (tmp_path / "report" / "latency.png").is_file()
+
+
+def test_file_cut_before_any_message_is_refused_without_ticks(tmp_path, contract):
+    bag = write_bag(tmp_path / "bag", "mcap")
+    f = storage_file(bag)
+    with f.open("r+b") as fh:
+        fh.truncate(40)
+    err = expect_error(bag, contract, tmp_path / "report", r"cannot open bag \(corrupt or truncated\)")
+    assert err.report.data["ticks"] == 0
+
+
+def test_missing_topic_lists_the_topics_present(tmp_path, contract):
+    bag = write_bag(tmp_path / "bag", "sqlite3", drop=("/joint_states",))
+    err = expect_error(bag, contract, tmp_path / "report", r"missing topic\(s\) /joint_states; the bag has: ")
+    assert "/camera0/image_raw (sensor_msgs/msg/Image, 31 msgs)" in str(err)
+    assert "/policy_node/prompt (std_msgs/msg/String, 1 msgs)" in str(err)
+    assert sorted(err.report.data["bag"]["topics"]) == ["/camera0/image_raw", "/camera1/image_raw",
+                                                        "/policy_node/prompt"]
+
+
+@pytest.mark.parametrize("storage", ["mcap", "sqlite3"])
+def test_empty_bag(tmp_path, contract, storage):
+    bag = write_bag(tmp_path / "bag", storage, empty=True)
+    err = expect_error(bag, contract, tmp_path / "report", r"the bag is empty \(0 messages")
+    assert err.report.data["ticks"] == 0 and err.report.data["bag"]["message_count"] == 0
+
+
+def test_header_stamp_going_back_stops_with_the_ticks_before_it(tmp_path, contract):
+    def back_in_time(topic, seq, msg):
+        if topic == "/joint_states" and seq == 100:  # logged at 0.5 s, stamped 50 ms before the previous one
+            msg.header.stamp.nanosec -= 55_000_000
+        return msg
+
+    bag = write_bag(tmp_path / "bag", "mcap", edit=back_in_time)
+    err = expect_error(bag, contract, tmp_path / "report",
+                       r"timestamps out of order: /joint_states message #100 header stamp .* 50\.000 ms older")
+    d = err.report.data
+    assert d["ticks"] == 5 and d["decisions"] == 5  # ticks at 0.0 .. 0.4 s ran before the bad message
+    assert d["action_error"]["note"] == "the bag has no recorded actions"
+
+
+def test_camera_topic_of_unknown_type(tmp_path, contract):
+    bag = write_bag(tmp_path / "bag", "mcap", frame_type_on="/camera1/image_raw")
+    expect_error(bag, contract, tmp_path / "report",
+                 r"topic /camera1/image_raw has message type acme_msgs/msg/Frame \(a message type this replay "
+                 r"does not know\), expected sensor_msgs/msg/Image or sensor_msgs/msg/CompressedImage")
+
+
+def test_bag_that_does_not_exist(tmp_path, contract):
+    with pytest.raises(ReplayError, match="no such bag"):
+        replay(tmp_path / "nope", config=contract, progress=False)

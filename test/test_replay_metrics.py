@@ -1,0 +1,123 @@
+"""The replay's arithmetic on hand-made inputs (no model): percentiles and deadline misses, matching
+decisions to recorded chunks, action error, two-contract agreement, the bag-clock grid, topic mapping,
+letterboxing."""
+import numpy as np
+import pytest
+
+from flashrt_ros.replay import metrics
+from flashrt_ros.replay.clock import tick_times
+from flashrt_ros.replay.errors import ReplayError
+from flashrt_ros.replay.fit import letterbox
+from flashrt_ros.replay.player import RecordedChunk, TickRecord
+from flashrt_ros.replay.topics import load_topic_map
+
+TOL = {"float": 1e-12}
+MS = 1_000_000
+
+
+def tick(t_ms, latency, stages=None, actions=None, age=None, reason=None, compare=None):
+    return TickRecord(t_ns=int(t_ms * MS), ran=list(stages or {}), latency_ms=latency, stage_latency_ms=stages or {},
+                      decision_id=None, actions=actions, observation_age_ms=age, observation_stamp_ns=None,
+                      reason=reason, compare_actions=[] if compare is None else [compare],
+                      compare_latency_ms=[] if compare is None else [1.0])
+
+
+def chunk(t_ms, actions):
+    return RecordedChunk(t_ns=int(t_ms * MS), stamp_ns=int(t_ms * MS), decision_id=0, actions=actions,
+                         latency_ms=0.0, observation_age_ms=0.0, stages_ran=["act"])
+
+
+def test_stage_percentiles_and_deadline_misses():
+    rng = np.random.default_rng(7)
+    act = rng.uniform(5, 30, 37)
+    obs = rng.uniform(50, 130, 10)
+    ticks = [tick(20 * i, a + (obs[i // 4] if i % 4 == 0 else 0.0),
+                  {"act": a, **({"observe": obs[i // 4]} if i % 4 == 0 else {})}) for i, a in enumerate(act)]
+    rows = metrics.stage_latency(ticks, {"act": 20.0, "observe": 100.0, "prompt": None})
+    p50, p90, p99 = np.percentile(act, [50, 90, 99])
+    assert rows["act"]["n"] == 37 and rows["act"]["p50"] == pytest.approx(p50, abs=TOL["float"])
+    assert rows["act"]["p90"] == pytest.approx(p90) and rows["act"]["p99"] == pytest.approx(p99)
+    assert rows["act"]["deadline_misses"] == int((act > 20).sum()) > 0
+    assert rows["observe"]["n"] == 10 and rows["observe"]["deadline_misses"] == int((obs > 100).sum())
+    total = metrics.tick_latency(ticks, 20.0)
+    assert total["deadline_misses"] == sum(t.latency_ms > 20 for t in ticks)
+    # a graph group key (contract graphs: plan) takes the tightest period of its members
+    grouped = metrics.stage_latency([tick(0, 30.0, {"observe+act": 30.0})], {"act": 20.0, "observe": 100.0})
+    assert grouped["observe+act"]["period_ms"] == 20.0 and grouped["observe+act"]["deadline_misses"] == 1
+
+
+def test_action_error_matches_by_decision_time_and_counts_leftovers():
+    rng = np.random.default_rng(3)
+    pred = [rng.standard_normal((5, 9)).astype(np.float32) for _ in range(6)]
+    delta = [rng.standard_normal((5, 4)).astype(np.float32) * 0.1 for _ in range(6)]
+    ticks = [tick(20 * i, 1.0, actions=p) for i, p in enumerate(pred)]
+    # recorded: 4 columns (the node publishes len(joint_names)), stamps jittered by < half a period,
+    # decision 5 missing, and one extra chunk far from every tick
+    recorded = [chunk(20 * i + (-3 if i % 2 else 4), pred[i][:, :4] + delta[i]) for i in range(5)]
+    recorded.append(chunk(500, pred[0][:, :4]))
+    e = metrics.action_error(ticks, recorded, tolerance_ns=10 * MS)
+    assert e["matched"] == 5 and e["unmatched_decisions"] == 1 and e["unmatched_recorded"] == 1
+    assert e["columns"] == 4 and e["rows"] == 5
+    d = np.stack([dl.astype(np.float64) for dl in delta[:5]])
+    assert e["mse"] == pytest.approx(float(np.mean(d ** 2)), rel=1e-6)
+    assert e["max_abs"] == pytest.approx(float(np.abs(d).max()), rel=1e-6)
+    assert e["per_joint_mse"] == pytest.approx(list(np.mean(d ** 2, axis=(0, 1))), rel=1e-6)
+    assert metrics.action_error(ticks, [], 10 * MS)["note"] == "the bag has no recorded actions"
+
+
+def test_agreement_reports_max_diff_cosine_and_mismatched_decisions():
+    rng = np.random.default_rng(5)
+    a = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(3)]
+    b = [a[0], -a[1], a[2] + 0.01]
+    ticks = [tick(20 * i, 1.0, actions=x, compare=y) for i, (x, y) in enumerate(zip(a, b))]
+    ticks.append(tick(60, 1.0, actions=a[0], compare=None))
+    ticks[-1].compare_actions = [None]  # the compare contract refused this decision
+    c = metrics.agreement(ticks)
+    assert c["decisions"] == 3 and c["mismatched_decisions"] == 1
+    assert c["cosine_min"] == pytest.approx(-1.0) and c["max_abs"] == pytest.approx(float(np.abs(2 * a[1]).max()))
+
+
+def test_staleness_counts_refusals_but_not_idle_ticks():
+    ticks = [tick(0, 1.0, actions=np.ones((2, 2)), age=10.0), tick(20, 1.0, actions=np.ones((2, 2)), age=300.0),
+             tick(40, 1.0, reason="act: observation is 320.0 ms old (limit 250 ms)"),
+             tick(50, 0.1, reason="act is not due at this tick")]
+    s = metrics.staleness(ticks, None, 250.0)
+    assert s["n"] == 2 and s["max"] == 300.0 and s["over_limit"] == 1 and s["refused"] == 1
+
+
+def test_bag_clock_merges_rate_grids_exactly():
+    t0 = 1_000
+    ticks = list(zip(range(11), tick_times(t0, {"act": 50, "observe": 10})))
+    assert [t for _, t in ticks] == [t0 + 20 * MS * k for k in range(11)]
+    odd = []
+    for t in tick_times(0, {"a": 30, "b": 7}):
+        if t > 1_000_000_000:
+            break
+        odd.append(t)
+    expected = sorted({-(-n * 10**9 // 30) for n in range(31)} | {-(-n * 10**9 // 7) for n in range(8)})
+    assert odd == expected  # 30 + 7 grid points, 0 shared except t0, no drift at 1 s
+
+
+def test_topic_map_from_node_params_file_and_overrides(tmp_path):
+    params = tmp_path / "node.yaml"
+    params.write_text("policy_node:\n  ros__parameters:\n    camera_topics: [wrist/image_raw, top/compressed]\n"
+                      "    joint_state_topic: arm/joint_states\n    joint_names: [a, b, '']\n")
+    m = load_topic_map(params)
+    assert m.cameras == ("/wrist/image_raw", "/top/compressed") and m.joint_states == "/arm/joint_states"
+    assert m.joint_names == ("a", "b") and m.prompt == "/policy_node/prompt"
+    m = load_topic_map(params, cameras="/c0,/c1,/c2", joint_names="x,y")
+    assert m.cameras == ("/c0", "/c1", "/c2") and m.joint_names == ("x", "y")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cameras: [/a]\ncamera_rate: 30\n")
+    with pytest.raises(ReplayError, match="camera_rate: unknown key"):
+        load_topic_map(bad)
+
+
+def test_letterbox_keeps_aspect_and_centres():
+    rng = np.random.default_rng(1)
+    img = rng.integers(1, 256, (30, 60, 3), dtype=np.uint8)
+    out = letterbox(img, 40, 40)
+    assert out.shape == (40, 40, 3)
+    rows = np.flatnonzero(out.any(axis=(1, 2)))
+    assert rows[0] == 10 and rows[-1] == 29  # 60x30 -> 40x20, centred vertically
+    assert letterbox(img, 30, 60) is img
