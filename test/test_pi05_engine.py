@@ -1,0 +1,244 @@
+"""The fused pi0.5 engine against LeRobot 0.6.1's golden outputs and the project's fp32 eager reference.
+
+Three paths run the same engine code: the CPU path (the kernels' torch references, backend="torch"), the
+Triton kernels in the CPU interpreter (TRITON_INTERPRET=1, set below before any kernel import) on a micro
+model small enough for the interpreter, and (marked gpu, with TRITON_INTERPRET=0) compiled Triton with
+CUDA graphs.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+
+import dataclasses  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from flashrt_core.errors import InputError  # noqa: E402
+from flashrt_core.kernels._common import interpreting  # noqa: E402
+from flashrt_core.models import pi05  # noqa: E402
+from flashrt_core.models.pi05 import reference as R  # noqa: E402
+from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
+from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
+from flashrt_core.models.pi05.engine_gemm import LinearPicker, skinny_linear  # noqa: E402
+
+TOL = {
+    "fp32_vs_lerobot": 1e-4,  # absolute: fp32 engine (torch path) vs LeRobot golden actions
+    "fp32_vs_reference": 1e-4,  # absolute: fp32 engine (Triton interpreter) vs the fp32 eager reference
+    "bf16_cosine": 0.999,  # bf16 engine vs fp32 reference: action cosine similarity at least
+    "bf16_rel_l2": 2e-2,  # ... and relative L2 error at most
+    "masked_change": 1e-6,  # absolute: content of masked prompt tokens / camera slots must not matter
+    "gemm_fp32": 1e-5,  # skinny GEMM vs F.linear, fp32 (relative to the output's max)
+    "graph_vs_eager": 1e-3,  # relative L2: CUDA-graph replay vs eager launches of the same kernels
+}
+CASES = ["two_views_padded_prompt", "three_views_full_prompt", "one_view_240x320_two_missing"]
+
+
+def rel_l2(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def cosine(a, b):
+    return F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
+
+
+@pytest.fixture(scope="module")
+def fixture_weights(fixtures_dir):
+    config, state = pi05.load_checkpoint(fixtures_dir / "lerobot_pi05_tiny")
+    return pi05.convert(config, state)
+
+
+@pytest.fixture(scope="module")
+def cases(fixtures_dir):
+    raw = load_file(str(fixtures_dir / "lerobot_pi05_tiny" / "cases.safetensors"))
+    out = {}
+    for name in CASES:
+        c = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
+        c["images"] = torch.stack([c[f"image.{i}"] for i in range(3)], dim=1)
+        c["image_masks"] = torch.stack([c[f"image_mask.{i}"] for i in range(3)], dim=1)
+        out[name] = c
+    return out
+
+
+def _inputs(c):
+    return c["images"], c["image_masks"], c["lang_tokens"], c["lang_mask"]
+
+
+# ---- CPU path (torch references) ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", CASES)
+def test_cpu_engine_matches_lerobot(fixture_weights, cases, name):
+    c = cases[name]
+    engine = Pi05Engine(fixture_weights, backend="torch")
+    actions = engine.sample_actions(*_inputs(c), c["noise"])
+    err = (actions - c["actions"]).abs().max().item()
+    assert err < TOL["fp32_vs_lerobot"], f"{name}: max abs error {err:.3g}"
+
+
+def test_cpu_bf16_engine_vs_fp32_reference(fixture_weights, cases):
+    c = cases["two_views_padded_prompt"]
+    engine = Pi05Engine(fixture_weights, dtype=torch.bfloat16, backend="torch")
+    assert engine.buffers.prefix_k.dtype == torch.bfloat16
+    actions = engine.sample_actions(*_inputs(c), c["noise"])
+    assert cosine(actions, c["actions"]) >= TOL["bf16_cosine"]
+    assert rel_l2(actions, c["actions"]) <= TOL["bf16_rel_l2"]
+
+
+def test_staged_api_static_buffers_and_prompt_lengths(fixture_weights, cases):
+    c = cases["two_views_padded_prompt"]
+    engine = Pi05Engine(fixture_weights, backend="torch")
+    k_addr = engine.buffers.prefix_k.data_ptr()
+    prefix = engine.encode_prefix(*_inputs(c))
+    assert prefix.k.data_ptr() == k_addr  # the cache is the static buffer, not a copy
+    first = engine.denoise(prefix, c["noise"])
+    other = torch.randn(c["noise"].shape, generator=torch.Generator().manual_seed(7))
+    second = engine.denoise(prefix, other)  # prefix reused by a second decision
+    assert torch.equal(first, engine.denoise(prefix, c["noise"]))
+    assert (first - second).abs().max() > 0.1
+    # A shorter prompt (only its 12 valid tokens) lands in the same buffers, padded and masked.
+    n = int(c["lang_mask"].sum())
+    short = engine.sample_actions(c["images"], c["image_masks"], c["lang_tokens"][:, :n], c["lang_mask"][:, :n],
+                                  c["noise"])
+    assert (short - c["actions"]).abs().max() < TOL["fp32_vs_lerobot"]
+    assert engine.buffers.prefix_k.data_ptr() == k_addr
+    # Junk in masked prompt positions and in a masked camera slot changes nothing.
+    tokens, images = c["lang_tokens"].clone(), c["images"].clone()
+    tokens[~c["lang_mask"]] = 999
+    images[:, 2] = torch.rand(images[:, 2].shape, generator=torch.Generator().manual_seed(1))
+    junk = engine.sample_actions(images, c["image_masks"], tokens, c["lang_mask"], c["noise"])
+    assert (junk - first).abs().max() < TOL["masked_change"]
+
+
+def test_denoise_accepts_a_foreign_prefix_and_batches(fixture_weights, cases):
+    a, b = cases["two_views_padded_prompt"], cases["one_view_240x320_two_missing"]
+    engine = Pi05Engine(fixture_weights, backend="torch")
+    with torch.no_grad():
+        ref_prefix = R.encode_prefix(fixture_weights, *_inputs(a))
+    out = engine.denoise(ref_prefix, a["noise"])  # e.g. a runtime's own persistent prefix buffers
+    assert (out - a["actions"]).abs().max() < TOL["fp32_vs_lerobot"]
+    batched = [torch.cat([x, y]) for x, y in zip(_inputs(a), _inputs(b))]
+    out = engine.sample_actions(*batched, torch.cat([a["noise"], b["noise"]]))
+    assert engine.batch == 2
+    for i, c in enumerate((a, b)):
+        assert (out[i] - c["actions"][0]).abs().max() < TOL["fp32_vs_lerobot"]
+
+
+def test_input_errors_name_the_field(fixture_weights, cases):
+    c = cases["three_views_full_prompt"]
+    engine = Pi05Engine(dataclasses.replace(fixture_weights, config=dataclasses.replace(
+        fixture_weights.config, num_image_slots=2, tokenizer_max_length=16)), backend="torch")
+    with pytest.raises(InputError, match="images: 3 camera slots"):
+        engine.encode_prefix(*_inputs(c))
+    two = (c["images"][:, :2], c["image_masks"][:, :2])
+    with pytest.raises(InputError, match="lang_tokens: 17 tokens"):
+        engine.encode_prefix(*two, torch.zeros(1, 17, dtype=torch.long), torch.ones(1, 17, dtype=torch.bool))
+    with pytest.raises(InputError, match="image_masks"):
+        engine.encode_prefix(two[0], two[1][:, :1], c["lang_tokens"], c["lang_mask"])
+    prefix = engine.encode_prefix(*two, c["lang_tokens"], c["lang_mask"])
+    with pytest.raises(InputError, match="noise"):
+        engine.denoise(prefix, torch.zeros(1, 49, 32))
+
+
+def test_policy_load_fused_engine(fixtures_dir, cases):
+    policy = pi05.load(fixtures_dir / "lerobot_pi05_tiny", engine="fused")
+    assert policy.engine.name == "fused"
+    c = cases["three_views_full_prompt"]
+    policy.engine.backend = "torch"
+    actions = policy.sample_actions(*_inputs(c), noise=c["noise"])
+    assert (actions - c["actions"]).abs().max() < TOL["fp32_vs_lerobot"]
+
+
+# ---- Triton kernels (interpreter on CPU, compiled on CUDA) ------------------------------------------------
+def micro_config() -> Pi05Config:
+    """Odd, interpreter-sized shapes: 4 patches per view (28 px), 9-token prompt, 6-action chunk, 3 steps."""
+    return Pi05Config(
+        vision=VisionConfig(hidden=24, mlp=40, layers=2, heads=3, image_size=28, patch=14),
+        vlm=GemmaConfig(width=40, depth=2, mlp=56, heads=4, kv_heads=1, head_dim=10),
+        expert=GemmaConfig(width=24, depth=2, mlp=40, heads=4, kv_heads=1, head_dim=10),
+        vocab_size=300, chunk_size=6, action_dim=7, num_steps=3, tokenizer_max_length=9, num_image_slots=2)
+
+
+@pytest.fixture(scope="module")
+def kdev():
+    if interpreting():
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    pytest.skip("Triton kernels need TRITON_INTERPRET=1 or CUDA")
+
+
+def micro_inputs(config, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    size, slots, n = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
+    images = torch.rand(1, slots, 3, size, size, generator=g) * 2 - 1
+    masks = torch.tensor([[True, False]])
+    tokens = torch.randint(0, config.vocab_size, (1, n), generator=g)
+    lang_mask = torch.arange(n)[None] < 6
+    noise = torch.randn(1, config.chunk_size, config.action_dim, generator=g)
+    return images, masks, tokens, lang_mask, noise
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_triton_engine_matches_reference(kdev, dtype):
+    config, state = pi05.build_tiny(3, micro_config())
+    weights = pi05.convert(config, state)
+    images, masks, tokens, lang_mask, noise = micro_inputs(config)
+    with torch.no_grad():
+        want = R.sample_actions(weights, images, masks, tokens, lang_mask, noise)
+    engine = Pi05Engine(weights, device=kdev, dtype=dtype, backend="triton", gemm="triton", graphs=False)
+    got = engine.sample_actions(*(t.to(kdev) for t in (images, masks, tokens, lang_mask, noise))).cpu()
+    if dtype == torch.float32:
+        assert (got - want).abs().max() < TOL["fp32_vs_reference"]
+    else:
+        assert cosine(got, want) >= TOL["bf16_cosine"] and rel_l2(got, want) <= TOL["bf16_rel_l2"]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("m,n,k,bias,geglu,split", [
+    (50, 40, 72, True, False, 1), (7, 33, 129, False, False, 2), (50, 24, 300, True, False, 4),
+    (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1)], ids=lambda v: str(v))
+def test_skinny_linear_matches_f_linear(kdev, m, n, k, bias, geglu, split):
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g).to(kdev)
+    w = torch.randn(n, k, generator=g).to(kdev)
+    b = torch.randn(n, generator=g).to(kdev) if bias else None
+    got = skinny_linear(x[None], w, b, geglu=geglu, block_n=16, block_k=32, split_k=split)
+    want = F.linear(x, w, b)
+    if geglu:
+        gate, up = want.chunk(2, dim=-1)
+        want = F.gelu(gate, approximate="tanh") * up
+    assert got.shape == (1, *want.shape)
+    assert (got[0] - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+
+
+def test_linear_picker_modes_route_to_cublas_on_cpu():
+    picker = LinearPicker("cpu", mode="torch")
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    assert torch.equal(picker(x, w), F.linear(x, w))
+    with pytest.raises(ValueError, match="gemm"):
+        LinearPicker("cpu", mode="fast")
+
+
+# ---- CUDA graphs --------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_cuda_graphs_match_eager_and_never_recapture(fixture_weights, cases):
+    if interpreting():
+        pytest.skip("CUDA graphs need compiled kernels (run with TRITON_INTERPRET=0)")
+    c = {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    graphed = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
+    eager = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, graphs=False, gemm="torch")
+    a = graphed.sample_actions(*_inputs(c), c["noise"])
+    assert graphed.captures == 2
+    b = eager.sample_actions(*_inputs(c), c["noise"])
+    assert rel_l2(a, b) <= TOL["graph_vs_eager"]
+    assert cosine(a, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(a, c["actions"]) <= TOL["bf16_rel_l2"]
+    # A new, shorter prompt and new noise replay the same graphs.
+    n = 5
+    again = graphed.sample_actions(c["images"], c["image_masks"], c["lang_tokens"][:, :n], c["lang_mask"][:, :n],
+                                   c["noise"] * 0.5)
+    want = R.sample_actions(fixture_weights.to("cuda"), c["images"], c["image_masks"], c["lang_tokens"][:, :n],
+                            c["lang_mask"][:, :n], c["noise"] * 0.5)
+    assert graphed.captures == 2
+    assert cosine(again, want) >= TOL["bf16_cosine"] and rel_l2(again, want) <= TOL["bf16_rel_l2"]
