@@ -32,7 +32,8 @@ class GemmaNorm(nn.Module):
 
 def rope(x, positions, theta=10000.0):
     half = x.shape[-1] // 2
-    freqs = positions[:, None].float() / theta ** (torch.arange(half, dtype=torch.float32) / half)
+    exponents = torch.arange(half, dtype=torch.float32, device=x.device) / half
+    freqs = positions[:, None].float() / theta ** exponents
     cos, sin = freqs.cos(), freqs.sin()
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -54,11 +55,11 @@ class GQARopeAttention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, HEAD_DIM).transpose(1, 2)
         k = self.k_proj(x).view(b, t, -1, HEAD_DIM).transpose(1, 2)
         v = self.v_proj(x).view(b, t, -1, HEAD_DIM).transpose(1, 2)
-        pos = torch.arange(t)
+        pos = torch.arange(t, device=x.device)
         q, k = rope(q, pos), rope(k, pos)
         k, v = k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1)
         scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
-        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
         out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, -1)
         return self.o_proj(out)
 
