@@ -52,7 +52,8 @@ def cases(dtype, dev):
         out.append((f"rms_norm/{where}", f"[1,{rows},{d}]", lambda be, x=x, w=w: K.rms_norm(x, w, backend=be),
                     _nbytes(x, w) + _nbytes(x), 0))
         out.append((f"add_rms_norm/{where}", f"[1,{rows},{d}]",
-                    lambda be, x=x, r=r, w=w: K.add_rms_norm(x, r, w, backend=be), _nbytes(x, r, w) + 2 * _nbytes(x), 0))
+                    lambda be, x=x, r=r, w=w: K.add_rms_norm(x, r, w, backend=be),
+                    _nbytes(x, r, w) + 2 * _nbytes(x), 0))
     x, h, mod = rnd(1, 50, 1024), rnd(1, 50, 1024), rnd(1, 3 * 1024)
     scale, shift, gate = mod.chunk(3, dim=-1)
     out.append(("ada_rms_norm/expert", "[1,50,1024]", lambda be: K.ada_rms_norm(x, scale, shift, backend=be),

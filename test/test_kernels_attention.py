@@ -168,12 +168,14 @@ def test_launcher_errors_name_the_argument(dev):
 def test_full_shapes_on_cuda(dtype):
     # Gemma prefix: 560 tokens (two 256-token views + a 48-token prompt), 8:1 GQA, head_dim 256.
     q = randn(1, 560, 8, 256, dtype=dtype, dev="cuda", seed=30)
-    k, v = randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=31), randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=32)
+    k = randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=31)
+    v = randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=32)
     mask = pad_mask(1, 560, "cuda", seed=33)
     close(K.attention(q, k, v, mask, backend="triton"), R.attention_ref(q, k, v, mask))
     # Action expert: 50 suffix queries over the prefix cache + 50 suffix keys.
     qs = randn(1, 50, 8, 256, dtype=dtype, dev="cuda", seed=34)
-    ks, vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35), randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
+    ks = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35)
+    vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
     close(K.attention(qs, k, v, mask, ks, vs, backend="triton"), R.attention_ref(qs, k, v, mask, ks, vs))
     # SigLIP: 2 views x 256 tokens, 16 heads of 72, no mask.
     qkv = randn(2, 256, 3, 16, 72, dtype=dtype, dev="cuda", seed=37)

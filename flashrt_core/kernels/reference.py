@@ -9,14 +9,10 @@ import torch
 import torch.nn.functional as F
 
 
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    return t.float()
-
-
 # ---------------------------------------------------------------- RMSNorm (Gemma)
 def rms_norm_ref(x, weight, eps=1e-6, *, weight_offset=1.0):
     """Gemma RMSNorm y = x * rsqrt(mean(x^2) + eps) * (weight_offset + w); weight_offset=0 for pre-folded w."""
-    xf = _rows(x)
+    xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * (weight_offset + weight.float())).to(x.dtype)
 
@@ -38,7 +34,7 @@ def _per_row(mod, x):
 
 def ada_rms_norm_ref(x, scale, shift, eps=1e-6):
     """AdaRMS: rms(x) * (1 + scale) + shift, with scale/shift of shape [D] or [B, D]."""
-    xf = _rows(x)
+    xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * (1.0 + _per_row(scale, x)) + _per_row(shift, x)).to(x.dtype)
 
