@@ -8,7 +8,7 @@ from torch import nn
 
 from flashrt_core.adopt import AdoptError, AdoptReport, Plan, Replacement, accelerate, detach
 from test_adopt_models import (
-    BATCH, TOKENS, WIDTH, GemmaNorm, cond, expert_like, gemma_like, siglip_like, tokens,
+    BATCH, TOKENS, GemmaNorm, cond, expert_like, gemma_like, siglip_like, tokens,
 )
 
 # Tolerance table: adopted fp32 models against their own eager output.
@@ -178,7 +178,8 @@ def test_other_shape_falls_back_to_original_and_is_counted():
     assert torch.equal(out, ref_other)  # every unit ran its original
     assert report.unit("norm").stats.fallback_calls == 1 and report.unit("norm").stats.fused_calls == 0
     assert report.fallback_calls == sum(u.stats.fallback_calls for u in report.kept) > 10
-    assert json.loads(report.to_json())["units"][0]["fallback_calls"] >= 1 or True  # serialises live counters
+    norm_row = next(u for u in json.loads(report.to_json())["units"] if u["name"] == "norm" and u["kept"])
+    assert norm_row["fallback_calls"] == 1  # the JSON carries the live counters
 
 
 def test_dtype_change_falls_back():
