@@ -81,7 +81,7 @@ def test_staleness_counts_refusals_but_not_idle_ticks():
     ticks = [tick(0, 1.0, actions=np.ones((2, 2)), age=10.0), tick(20, 1.0, actions=np.ones((2, 2)), age=300.0),
              tick(40, 1.0, reason="act: observation is 320.0 ms old (limit 250 ms)"),
              tick(50, 0.1, reason="act is not due at this tick")]
-    s = metrics.staleness(ticks, None, 250.0)
+    s = metrics.staleness(ticks, 250.0)
     assert s["n"] == 2 and s["max"] == 300.0 and s["over_limit"] == 1 and s["refused"] == 1
 
 

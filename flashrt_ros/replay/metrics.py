@@ -42,7 +42,7 @@ def tick_latency(ticks, tick_period_ms: float) -> dict:
     return row
 
 
-def staleness(ticks, output_stage: str, limit_ms: float | None) -> dict:
+def staleness(ticks, limit_ms: float | None) -> dict:
     ages = [t.observation_age_ms for t in ticks if t.actions is not None and t.observation_age_ms is not None]
     row = percentiles(ages)
     row["limit_ms"] = limit_ms

@@ -47,6 +47,7 @@ class RecordedChunk:
     latency_ms: float
     observation_age_ms: float
     stages_ran: list[str]
+    joint_names: tuple = ()
 
     @classmethod
     def from_msg(cls, ev: BagEvent) -> "RecordedChunk":
@@ -61,7 +62,7 @@ class RecordedChunk:
         return cls(t_ns=t_ns, stamp_ns=ev.stamp_ns,
                    decision_id=int(m.decision_id), actions=actions.reshape(int(m.horizon), int(m.action_dim)),
                    latency_ms=float(m.latency_ms), observation_age_ms=float(m.observation_age_ms),
-                   stages_ran=list(m.stages_ran))
+                   stages_ran=list(m.stages_ran), joint_names=tuple(m.joint_names))
 
 
 def _slots(runtime) -> int | None:

@@ -68,7 +68,8 @@ def age_plot(ticks, limit_ms, t0: int, path: Path) -> Path:
     return path
 
 
-def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_label=None, max_joints=8) -> Path:
+def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_label=None, max_joints=8,
+                 note: str = "") -> Path:
     """First action row of each chunk per joint: recorded (solid), predicted (dots), compare (x)."""
     decided = [t for t in ticks if t.actions is not None]
     width = pairs[0][1].actions.shape[1] if pairs else (decided[0].actions.shape[1] if decided else 1)
@@ -100,7 +101,7 @@ def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_labe
         if last is not None:
             axes[last].set_xlabel("bag time (s)")
             axes[last].xaxis.set_tick_params(labelbottom=True)
-    fig.suptitle("first action of each chunk: replayed vs recorded", fontsize=10)
+    fig.suptitle("first action of each chunk: replayed vs recorded" + (f" ({note})" if note else ""), fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     return path

@@ -38,8 +38,11 @@ class Report:
             made.append(plots.age_plot(self.ticks, self.data["staleness"].get("limit_ms"), t0,
                                        out / "observation_age.png"))
             label = "compare" if self.data.get("compare") else None
+            err = self.data.get("action_error", {})
+            note = (f"{err['matched']} chunks matched, MSE {err['mse']:.2e}, max |err| {err['max_abs']:.2e}"
+                    if "mse" in err else "no recorded actions matched")
             made.append(plots.actions_plot(self.ticks, self.pairs, t0, out / "actions.png", self.joint_names,
-                                           compare_label=label))
+                                           compare_label=label, note=note))
         self.data["plots"] = [p.name for p in made]
         (out / "report.json").write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
         (out / "report.md").write_text(self.markdown())
@@ -154,7 +157,7 @@ def build_report(*, mode: str, config, seed: int, topics, info=None, player=None
             data["bag_time_replayed_s"] = (ticks[-1].t_ns - ticks[0].t_ns) / 1e9
         data["stages"] = metrics.stage_latency(ticks, periods)
         data["tick"] = metrics.tick_latency(ticks, tick_period) if tick_period else {"n": 0}
-        data["staleness"] = metrics.staleness(ticks, None, contract.limits.max_observation_age_ms)
+        data["staleness"] = metrics.staleness(ticks, contract.limits.max_observation_age_ms)
         tol = int(tick_period * 1e6 / 2) if tick_period else 0
         data["action_error"] = metrics.action_error(ticks, recorded, tol)
         pairs = metrics.match_recorded(ticks, recorded, tol) if recorded else []
@@ -164,8 +167,6 @@ def build_report(*, mode: str, config, seed: int, topics, info=None, player=None
         {"t_s": (t.t_ns - ticks[0].t_ns) / 1e9, "decision_id": t.decision_id, "ran": t.ran,
          "latency_ms": t.latency_ms, "observation_age_ms": t.observation_age_ms}
         for t in ticks if t.actions is not None]
-    joint_names = ()
-    if recorded and recorded[0].actions.size:
-        joint_names = tuple(getattr(recorded[0], "joint_names", ()) or ())
+    joint_names = recorded[0].joint_names if recorded else ()
     return Report(data=data, ticks=ticks, recorded=recorded, pairs=pairs, joint_names=joint_names or
                   tuple(topics.joint_names))
