@@ -1,0 +1,94 @@
+"""pi0.5 on the GPU: the fused engine vs LeRobot 0.6.1 eager and torch.compile, in one process (GPU round).
+
+Writes into --out-dir, each file as soon as its workload is done (so a run cut short keeps what finished):
+  pi05_w2.json          W2 (2 views, 48-token prompt, 10 steps, chunk 50, bf16) with lerobot-eager and
+                        lerobot-compile, per-stage TFLOP/s and GB/s, parity
+  pi05_views1.json      1 view,  lerobot-eager only (a new input shape would mean another compile)
+  pi05_views3.json      3 views, lerobot-eager only
+  pi05_w2_siglip_fp32.json  W2 with SigLIP in fp32 as LeRobot keeps it (speed and parity of that choice)
+  pi05_parity.json      the parity section of every workload above, side by side
+The compiled baseline runs last (its first call compiles for minutes) and is added to pi05_w2.json.
+
+    python benchmarks/bench_pi05.py --out-dir benchmarks/results [--workloads w2,views1] [--skip-compile]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's flashrt_core first
+from _common import write_result  # noqa: E402
+
+from flashrt_core.bench import (PARITY_TARGETS, bench_compiled, bench_pi05, document, print_table, random_inputs,  # noqa: E402
+                                workload_config)
+
+
+_FILES = {"w2": "pi05_w2.json", "views1": "pi05_views1.json", "views3": "pi05_views3.json",
+          "siglip32": "pi05_w2_siglip_fp32.json"}
+
+
+def write(out_dir: pathlib.Path, name: str, run: dict) -> None:
+    doc = document(run)
+    print_table(doc)
+    path = out_dir / name
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    print(f"wrote {path}", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", default="benchmarks/results")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--workloads", default="w2,views1,views3,siglip32",
+                   help="comma list of w2, views1, views3, siglip32 (default: all)")
+    p.add_argument("--skip-compile", action="store_true", help="leave out lerobot-compile (minutes of compiling)")
+    p.add_argument("--compile-mode", default="default")
+    args = p.parse_args(argv)
+    out = pathlib.Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    shared: dict = {}  # random weights and the LeRobot policy, built once for every workload
+    t0 = time.time()
+    common = dict(prompt_len=48, steps=10, chunk=50, dtype="bf16", iters=args.iters, shared=shared)
+    w2, parity = None, {}
+    for name in todo:
+        if name == "w2":
+            w2 = bench_pi05(views=2, baselines=("lerobot-eager",), **common)
+            write(out, "pi05_w2.json", w2)
+        elif name in ("views1", "views3"):
+            views = int(name[-1])
+            write(out, f"pi05_{name}.json", bench_pi05(views=views, baselines=("lerobot-eager",), **common))
+        elif name == "siglip32":
+            write(out, "pi05_w2_siglip_fp32.json", bench_pi05(views=2, baselines=(), vision_dtype="fp32", **common))
+        else:
+            raise SystemExit(f"--workloads: unknown {name!r}")
+        print(f"[bench_pi05] {name} done, {time.time() - t0:.0f} s so far", flush=True)
+        parity[name] = json.loads((out / _FILES[name]).read_text()).get("parity", {})
+        write_result(out / "pi05_parity.json", {"model": "pi05", "workloads": list(parity), "weights": "normal(0, 0.02)",
+                                                "targets": PARITY_TARGETS}, parity)
+    if w2 is not None and not args.skip_compile and "lerobot" in shared:
+        # Same process, same weights and inputs as the W2 numbers above, so the ratio is from one run;
+        # the W2 file is rewritten with the compiled baseline added.
+        config = workload_config(2, 48, 10, 50)
+        inputs = random_inputs(config, 0, "cuda")
+        try:
+            w2["results"]["lerobot-compile"] = bench_compiled(shared["lerobot"], inputs, args.compile_mode, 3,
+                                                              args.iters, print)
+            w2["extra"]["notes"].append(
+                f"lerobot-compile uses torch.compile mode '{args.compile_mode}'; LeRobot's default max-autotune is "
+                "not measured: it did not finish compiling within 8 minutes on the H200 (shared/notes/gpu.md)")
+        except Exception as exc:
+            w2["results"]["lerobot-compile"] = {"error": f"{type(exc).__name__}: {exc}"}
+        r = w2["results"]["lerobot-compile"]
+        if "p50_ms" in r:
+            r["flashrt_speedup"] = r["p50_ms"] / w2["results"]["flashrt"]["p50_ms"]
+        write(out, "pi05_w2.json", w2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
