@@ -121,3 +121,32 @@ def test_letterbox_keeps_aspect_and_centres():
     rows = np.flatnonzero(out.any(axis=(1, 2)))
     assert rows[0] == 10 and rows[-1] == 29  # 60x30 -> 40x20, centred vertically
     assert letterbox(img, 30, 60) is img
+
+
+def test_rosbags_messages_convert_like_rclpy_ones():
+    """flashrt_ros.conversions reads rosbags dataclasses (numpy data fields) after a CDR round trip: padded
+    rows, CompressedImage (png), JointState reordered by name."""
+    import cv2
+
+    from flashrt_ros import conversions
+    from flashrt_ros.replay import bagio
+
+    store = bagio.typestore()
+    rng = np.random.default_rng(11)
+    rgb = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    header = store.types["std_msgs/msg/Header"](stamp=store.types["builtin_interfaces/msg/Time"](sec=1, nanosec=2),
+                                                frame_id="cam")
+    padded = np.concatenate([rgb.reshape(5, 21), np.full((5, 3), 99, np.uint8)], axis=1)
+    img = store.types[bagio.IMAGE](header=header, height=5, width=7, encoding="rgb8", is_bigendian=0, step=24,
+                                   data=padded.reshape(-1))
+    img = store.deserialize_cdr(store.serialize_cdr(img, bagio.IMAGE), bagio.IMAGE)
+    np.testing.assert_array_equal(conversions.image_to_rgb(img), rgb)
+    png = np.frombuffer(cv2.imencode(".png", rgb[..., ::-1])[1].tobytes(), np.uint8)
+    comp = store.types[bagio.COMPRESSED](header=header, format="png", data=png)
+    comp = store.deserialize_cdr(store.serialize_cdr(comp, bagio.COMPRESSED), bagio.COMPRESSED)
+    np.testing.assert_array_equal(conversions.compressed_to_rgb(comp), rgb)
+    pos = rng.standard_normal(3)
+    js = store.types[bagio.JOINT_STATE](header=header, name=["a", "b", "c"], position=pos,
+                                        velocity=np.zeros(0), effort=np.zeros(0))
+    js = store.deserialize_cdr(store.serialize_cdr(js, bagio.JOINT_STATE), bagio.JOINT_STATE)
+    np.testing.assert_array_equal(conversions.joint_positions(js, ["c", "a"]), pos[[2, 0]].astype(np.float32))

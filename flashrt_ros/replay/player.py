@@ -75,6 +75,8 @@ class BagClockPlayer:
                  progress=None):
         self.runtimes = list(runtimes)
         self.rates = stage_rates(self.runtimes[0].contract)
+        if not self.rates:
+            raise ReplayError("contract: no stage has rate_hz, so there is no clock to replay it on")
         slots = _slots(self.runtimes[0])
         if slots is not None and n_cameras > slots:
             raise ReplayError(f"cameras: {n_cameras} camera topics mapped but the contract has {slots} image slots")
