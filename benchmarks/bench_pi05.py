@@ -7,7 +7,7 @@ Writes into --out-dir, each file as soon as its workload is done (so a run cut s
   pi05_views3.json      3 views, lerobot-eager only
   pi05_w2_siglip_fp32.json  W2 with SigLIP in fp32 as LeRobot keeps it (speed and parity of that choice)
   pi05_parity.json      the parity section of every workload above, side by side
-The compiled baseline runs last (its first call compiles for minutes) and is added to pi05_w2.json.
+The compiled baseline (its first call compiles for minutes) runs right after W2 and is added to pi05_w2.json.
 
     python benchmarks/bench_pi05.py --out-dir benchmarks/results [--workloads w2,views1] [--skip-compile]
 """
@@ -39,6 +39,23 @@ def write(out_dir: pathlib.Path, name: str, run: dict) -> None:
     print(f"wrote {path}", flush=True)
 
 
+def add_compiled(out, w2, shared, mode, iters) -> None:
+    """Add lerobot-compile to the W2 run (same process, weights and inputs, so the ratio is from one run)."""
+    config = workload_config(2, 48, 10, 50)
+    inputs = random_inputs(config, 0, "cuda")
+    try:
+        w2["results"]["lerobot-compile"] = bench_compiled(shared["lerobot"], inputs, mode, 3, iters, print)
+        w2["extra"]["notes"].append(
+            f"lerobot-compile uses torch.compile mode '{mode}'; LeRobot's default max-autotune is "
+            "not measured: it did not finish compiling within 8 minutes on the H200 (shared/notes/gpu.md)")
+    except Exception as exc:
+        w2["results"]["lerobot-compile"] = {"error": f"{type(exc).__name__}: {exc}"}
+    r = w2["results"]["lerobot-compile"]
+    if "p50_ms" in r:
+        r["flashrt_speedup"] = r["p50_ms"] / w2["results"]["flashrt"]["p50_ms"]
+    write(out, "pi05_w2.json", w2)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="benchmarks/results")
@@ -59,6 +76,8 @@ def main(argv=None) -> int:
         if name == "w2":
             w2 = bench_pi05(views=2, baselines=("lerobot-eager",), **common)
             write(out, "pi05_w2.json", w2)
+            if not args.skip_compile and "lerobot" in shared:  # before the other workloads: the key ratio
+                add_compiled(out, w2, shared, args.compile_mode, args.iters)
         elif name in ("views1", "views3"):
             views = int(name[-1])
             write(out, f"pi05_{name}.json", bench_pi05(views=views, baselines=("lerobot-eager",), **common))
@@ -70,23 +89,6 @@ def main(argv=None) -> int:
         parity[name] = json.loads((out / _FILES[name]).read_text()).get("parity", {})
         write_result(out / "pi05_parity.json", {"model": "pi05", "workloads": list(parity), "weights": "normal(0, 0.02)",
                                                 "targets": PARITY_TARGETS}, parity)
-    if w2 is not None and not args.skip_compile and "lerobot" in shared:
-        # Same process, same weights and inputs as the W2 numbers above, so the ratio is from one run;
-        # the W2 file is rewritten with the compiled baseline added.
-        config = workload_config(2, 48, 10, 50)
-        inputs = random_inputs(config, 0, "cuda")
-        try:
-            w2["results"]["lerobot-compile"] = bench_compiled(shared["lerobot"], inputs, args.compile_mode, 3,
-                                                              args.iters, print)
-            w2["extra"]["notes"].append(
-                f"lerobot-compile uses torch.compile mode '{args.compile_mode}'; LeRobot's default max-autotune is "
-                "not measured: it did not finish compiling within 8 minutes on the H200 (shared/notes/gpu.md)")
-        except Exception as exc:
-            w2["results"]["lerobot-compile"] = {"error": f"{type(exc).__name__}: {exc}"}
-        r = w2["results"]["lerobot-compile"]
-        if "p50_ms" in r:
-            r["flashrt_speedup"] = r["p50_ms"] / w2["results"]["flashrt"]["p50_ms"]
-        write(out, "pi05_w2.json", w2)
     return 0
 
 
