@@ -150,6 +150,49 @@ def max_diff(a, b):
     return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
 
 
+def sweep_attention(dtype, dev, iters, reps):
+    """Time attention launch configs (BLOCK_M, BLOCK_N, splits, warps) at the three pi0.5 shapes, to tune
+    flash_attention._blocks; configs that do not fit the GPU (shared memory, registers) are skipped."""
+    from flashrt_core.kernels import reference as R
+    from flashrt_core.kernels.flash_attention import attention
+
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=dev).to(dtype)
+
+    mask = torch.ones(1, 560, dtype=torch.bool, device=dev)
+    mask[:, 540:] = False
+    k, v = rnd(1, 1, 560, 256), rnd(1, 1, 560, 256)
+    qkv_s = rnd(2, 256, 3, 16, 72)
+    shapes = {
+        "prefix": ((rnd(1, 560, 8, 256), k, v, mask), (32, 64, 128), (1, 2, 4)),
+        "expert": ((rnd(1, 50, 8, 256), k, v, mask, rnd(1, 1, 50, 256), rnd(1, 1, 50, 256)), (16, 32, 64),
+                   (1, 4, 8, 16)),
+        "siglip": ((qkv_s[:, :, 0], qkv_s[:, :, 1].transpose(1, 2), qkv_s[:, :, 2].transpose(1, 2)),
+                   (32, 64, 128), (1, 2)),
+    }
+    results = []
+    for name, (args, block_ms, splits_list) in shapes.items():
+        ref = R.attention_ref(*args)
+        for bm in block_ms:
+            for bn in (32, 64):
+                for splits in splits_list:
+                    for warps in (4, 8):
+                        cfg = (bm, bn, splits, warps)
+                        try:
+                            err = (attention(*args, config=cfg).float() - ref.float()).abs().max().item()
+                            us = time_graph(lambda: attention(*args, config=cfg), iters, reps)
+                        except Exception as exc:  # noqa: BLE001 - an unlaunchable config is a result too
+                            torch.cuda.synchronize()
+                            results.append({"shape": name, "config": cfg, "error": str(exc).splitlines()[0][:120]})
+                            continue
+                        results.append({"shape": name, "config": cfg, "us": us, "max_abs_diff": err})
+        best = sorted((r for r in results if r["shape"] == name and "us" in r), key=lambda r: r["us"])[:3]
+        print(f"attention sweep {name}: " + "; ".join(f"{r['config']} {r['us']:.2f} us" for r in best))
+    return results
+
+
 def commit():
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
@@ -165,6 +208,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=30, help="timing samples per op (median reported)")
     p.add_argument("--reps", type=int, default=20, help="calls per sample")
     p.add_argument("--only", default="", help="comma-separated name prefixes, e.g. attention,geglu")
+    p.add_argument("--sweep-attention", action="store_true", help="also time attention launch configs")
     p.add_argument("--json", default="", help="output file (default benchmarks/results/kernels_<gpu>_<date>.json)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -200,6 +244,7 @@ def main(argv=None):
         rows.append(row)
         torch.cuda.empty_cache()
 
+    sweep = sweep_attention(dtype, dev, args.iters, args.reps) if args.sweep_attention else None
     gpu = torch.cuda.get_device_name(dev)
     header = f"{'op':38s} {'shape':30s} {'triton us':>9s} {'torch us':>9s} {'x':>6s} {'GB/s':>7s} " \
              f"{'%copy':>6s} {'TFLOP/s':>8s} {'eager tri/torch us':>19s} {'max|diff|':>9s}"
@@ -220,7 +265,7 @@ def main(argv=None):
         "benchmark": "bench_kernels", "gpu": gpu, "commit": commit(), "date": now.isoformat(),
         "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
         "dtype": args.dtype, "iters": args.iters, "reps": args.reps, "copy_ceiling_TBps": COPY_TBPS,
-        "rows": rows}, indent=2))
+        "rows": rows, "attention_sweep": sweep}, indent=2))
     print(f"wrote {path}")
     return 0
 

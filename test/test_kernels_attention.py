@@ -181,3 +181,28 @@ def test_full_shapes_on_cuda(dtype):
     qkv = randn(2, 256, 3, 16, 72, dtype=dtype, dev="cuda", seed=37)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
     close(K.attention(q, k, v, backend="triton"), R.attention_ref(q, k, v))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("splits", [2, 3, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_split_keys_flash_decoding(dev, splits, dtype):
+    """Keys split across programs and merged by the combine kernel (the heuristic does this on GPU for the
+    expert's few queries); splits straddle the prefix / suffix boundary and fully masked slices."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    b, sp, ts, hq, dh = 2, 37, 7, 8, 24
+    q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=40, std=2.0)
+    kp, vp = randn(b, 1, sp, dh, dtype=dtype, dev=dev, seed=41), randn(b, 1, sp, dh, dtype=dtype, dev=dev, seed=42)
+    ks, vs = randn(b, 1, ts, dh, dtype=dtype, dev=dev, seed=43), randn(b, 1, ts, dh, dtype=dtype, dev=dev, seed=44)
+    mask = pad_mask(b, sp, dev, seed=45)
+    mask[0, :16] = False  # batch 0: the whole first split is masked
+    ref = R.attention_ref(q, kp, vp, mask, ks, vs)
+    close(attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4)), ref)
+    empty = mask.clone()
+    empty[1] = False  # prefix fully masked: only the suffix keys count
+    close(attention_kernel(q, kp, vp, empty, ks, vs, config=(16, 16, splits, 4)),
+          R.attention_ref(q, kp, vp, empty, ks, vs))
+    nothing = torch.zeros_like(mask)
+    out = attention_kernel(q, kp, vp, nothing, config=(16, 16, splits, 4))
+    assert torch.equal(out, torch.zeros_like(out))

@@ -25,12 +25,12 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, n_keys, qk_scale, d, d_mask,
+def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask,
             HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Fold the keys [0, n_keys) of one (batch, kv head) into the running (acc, max, sum) of the rows."""
-    for start in range(0, n_keys, BLOCK_N):
+    """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows."""
+    for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        in_range = n < n_keys
+        in_range = n < hi
         valid = in_range
         if HAS_MASK:
             valid = valid & (tl.load(M + n, mask=in_range, other=0) != 0)
@@ -53,14 +53,15 @@ def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, n_keys, qk_scale, d, d_mask,
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, M, K2, V2, O, T, S, S2, HKV, DH, qk_scale,
+def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, B, T, S, S2, HQ, HKV, DH, qk_scale, keys_per_split, n_rows,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
+    split = tl.program_id(2)  # which slice of the (S + S2) keys this program folds
     b = (bh // HKV).to(tl.int64)
     kvh = bh % HKV
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (token, head within the group) rows
@@ -75,26 +76,68 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, T, S, S2, HKV, DH, qk_scale,
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lo = split * keys_per_split
+    hi = lo + keys_per_split
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b * k_sb + kvh * k_sh, V + b * v_sb + kvh * v_sh,
-                            M + b * m_sb, k_ss, v_ss, S, qk_scale, d, d_mask, HAS_MASK, BLOCK_N, PRECISION, UPCAST)
-    if HAS_SECOND:
+                            M + b * m_sb, k_ss, v_ss, tl.minimum(lo, S), tl.minimum(hi, S), qk_scale, d, d_mask,
+                            HAS_MASK, BLOCK_N, PRECISION, UPCAST)
+    if HAS_SECOND:  # the second key set continues the key index after the first one
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2 + b * k2_sb + kvh * k2_sh, V2 + b * v2_sb + kvh * v2_sh,
-                                M, k2_ss, v2_ss, S2, qk_scale, d, d_mask, False, BLOCK_N, PRECISION, UPCAST)
-    out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-    tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
-             out.to(O.dtype.element_ty), mask=io_mask)
+                                M, k2_ss, v2_ss, tl.minimum(tl.maximum(lo - S, 0), S2),
+                                tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask, False, BLOCK_N,
+                                PRECISION, UPCAST)
+    if SPLIT:
+        # Unnormalized partials for _combine_kernel: PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ]
+        # holding each row's running max (in log2 units) and sum.
+        row = ((split.to(tl.int64) * B + b) * T + t) * HQ + head
+        tl.store(PART + row[:, None] * DH + d[None, :], acc, mask=io_mask)
+        tl.store(ML + row, m_i, mask=t < T)
+        tl.store(ML + n_rows + row, l_i, mask=t < T)
+    else:
+        out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+        tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+                 out.to(O.dtype.element_ty), mask=io_mask)
 
 
-def _blocks(rows, batch_heads, block_d):
-    """(BLOCK_M, BLOCK_N, num_warps): shrink BLOCK_M until the grid roughly fills an H200's 132 SMs,
-    since the expert's 50-token suffix would otherwise run on a handful of programs."""
+@triton.jit
+def _combine_kernel(PART, ML, O, T, HQ, DH, rows_per_split, n_rows, o_sb, o_st, o_sh,
+                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Merge the per-split (acc, max, sum) of one query row: rescale each to the global max and normalize."""
+    row = tl.program_id(0).to(tl.int64)  # (b * T + t) * HQ + head
+    head = row % HQ
+    t = (row // HQ) % T
+    b = row // (HQ * T)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < DH
+    one = tl.zeros([1], dtype=tl.int64)  # loads through [1]-shaped offsets keep everything a tensor
+    m = tl.full([1], -1.0e30, dtype=tl.float32)
+    for i in tl.static_range(SPLITS):
+        m = tl.maximum(m, tl.load(ML + i * rows_per_split + row + one))
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    l_sum = tl.zeros([1], dtype=tl.float32)
+    for i in tl.static_range(SPLITS):
+        w = tl.exp2(tl.load(ML + i * rows_per_split + row + one) - m)
+        l_sum += w * tl.load(ML + n_rows + i * rows_per_split + row + one)
+        acc += w * tl.load(PART + (i * rows_per_split + row) * DH + d, mask=d_mask, other=0.0)
+    out = acc / tl.where(l_sum > 0.0, l_sum, 1.0)
+    tl.store(O + b * o_sb + t * o_st + head * o_sh + d, out.to(O.dtype.element_ty), mask=d_mask)
+
+
+def _blocks(rows, batch_heads, keys, block_d):
+    """(BLOCK_M, BLOCK_N, splits, num_warps). Shrink BLOCK_M, then split the keys (flash-decoding), until
+    the grid roughly fills an H200's 132 SMs: the expert's 50-token suffix would otherwise run on a handful
+    of programs, each walking all ~610 keys serially."""
     if interpreting():
-        return 16, 16, 1
+        return 16, 16, 1, 1
     block_n = 64 if block_d <= 128 else 32
     block_m = 64
     while block_m > 16 and triton.cdiv(rows, block_m) * batch_heads < 132:
         block_m //= 2
-    return block_m, block_n, 4 if block_d <= 128 else 8
+    programs = triton.cdiv(rows, block_m) * batch_heads
+    splits = 1
+    while programs * splits < 132 and triton.cdiv(keys, splits * 2) >= 2 * block_n:
+        splits *= 2
+    return block_m, block_n, splits, 4 if block_d <= 128 else 8
 
 
 def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
@@ -102,10 +145,11 @@ def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
     return t
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
-    scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`)."""
+    scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
+    `config` = (BLOCK_M, BLOCK_N, splits, num_warps) overrides the heuristic (for tuning sweeps)."""
     op = "attention"
     check(op, "q", q, ndim=4)
     b, t, hq, dh = q.shape
@@ -129,25 +173,38 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None)
     out = check_out(op, "out", out, q.shape, q.device) if out is not None else q.new_empty(q.shape)
     if out.dtype != q.dtype:
         raise KernelInputError(f"{op}: `out` has dtype {out.dtype}, expected {q.dtype} like `q`")
+    if b * t == 0:
+        return out
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     group = hq // hkv
     block_d = next_pow2(dh, 16)
-    block_m, block_n, warps = _blocks(t * group, b * hkv, block_d)
-    if b * t == 0:
-        return out
+    block_m, block_n, splits, warps = config or _blocks(t * group, b * hkv, s + s2, block_d)
+    keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
+    splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
+    n_rows = splits * b * t * hq
+    if splits > 1:  # per-call scratch: the caching allocator (and a CUDA graph's pool) makes it cheap
+        part = torch.empty(n_rows * dh, dtype=torch.float32, device=q.device)
+        ml = torch.empty(2 * n_rows, dtype=torch.float32, device=q.device)
+    else:
+        part = ml = q
     m_arg = key_mask if key_mask is not None else q
-    upcast = interpreting() and q.dtype != torch.float32
     k2_arg, v2_arg = (k2, v2) if k2 is not None else (k, v)
-    _attention_kernel[(triton.cdiv(t * group, block_m), b * hkv)](
-        q, k, v, m_arg, k2_arg, v2_arg, out, t, s, s2, hkv, dh, scale * _LOG2E,
+    upcast = interpreting() and q.dtype != torch.float32
+    _attention_kernel[(triton.cdiv(t * group, block_m), b * hkv, splits)](
+        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, b, t, s, s2, hq, hkv, dh, scale * _LOG2E,
+        keys_per_split, n_rows,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
         k2_arg.stride(0), k2_arg.stride(1), k2_arg.stride(2), v2_arg.stride(0), v2_arg.stride(1), v2_arg.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None,
+        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, SPLIT=splits > 1,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
         num_warps=warps, num_stages=2)
+    if splits > 1:
+        _combine_kernel[(b * t * hq,)](part, ml, out, t, hq, dh, b * t * hq, n_rows, out.stride(0),
+                                       out.stride(1), out.stride(2), SPLITS=splits, BLOCK_D=block_d,
+                                       num_warps=2)
     return out
