@@ -184,7 +184,7 @@ class Pi05Engine:
                 mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x, backend=be)
             velocity = lin(h, w.action_out_w, w.action_out_b)
-            x_t.add_(velocity.float(), alpha=w.dt)
+            x_t.add_(velocity, alpha=w.dt)  # fp32 += dt * bf16 in one kernel (the upcast is exact)
         buf.actions.copy_(x_t)
 
     # ---- graphs ---------------------------------------------------------------------------------------
