@@ -15,7 +15,7 @@ class CapsuleServices:
         self._services = []
 
     def create_services(self):
-        node, group = self.node, self.node.service_group
+        node = self.node
         for srv_type, name, handler in (
             (SnapshotCapsule, "~/snapshot", self._snapshot),
             (RestoreCapsule, "~/restore", self._restore),
@@ -23,7 +23,7 @@ class CapsuleServices:
             (ListCapsules, "~/list_capsules", self._list),
             (DropCapsule, "~/drop_capsule", self._drop),
         ):
-            self._services.append(node.create_service(srv_type, name, self._guard(handler), callback_group=group))
+            self._services.append(node.create_service(srv_type, name, self._guard(handler)))
 
     def destroy_services(self):
         for service in self._services:

@@ -149,7 +149,7 @@ def summarize(rows: list[dict], act_rate: float, observe_rate: float) -> dict:
 
 
 def demo(duration: float = 8.0, config: str | None = None, cameras: int = 2, joints: int = 7,
-         act_rate: float = 50.0, observe_rate: float = 10.0, prompt: str = "pick up the red cube",
+         act_rate: float = 20.0, observe_rate: float = 5.0, prompt: str = "pick up the red cube",
          json_out: str | None = None) -> int:
     env = apply_isolated_env()
     import rclpy

@@ -39,6 +39,7 @@ class NodeHealth:
         self.stale_reason = ""
         self.last_error = ""
         self.chunks_published = 0
+        self.overruns = 0  # stage timers that fired while a tick was still computing
 
     def reject(self, kind: str, why: str) -> None:
         self.rejected[kind] += 1
@@ -55,7 +56,7 @@ class NodeHealth:
         return 0, "ok"
 
     def key_values(self) -> list[tuple[str, str]]:
-        values = [("chunks_published", str(self.chunks_published))]
+        values = [("chunks_published", str(self.chunks_published)), ("tick_overruns", str(self.overruns))]
         for name, stats in sorted(self.stages.items()):
             values += [
                 (f"{name}.rate_hz", f"{stats.rate_hz():.2f}"),

@@ -3,7 +3,8 @@
 configure: load the contract, the model and its buffers (a bad checkpoint or contract fails the
 transition with the reason and the node stays alive, unconfigured); activate: one timer per rate stage
 of the contract; deactivate: stop the timers; cleanup: free the runtime (and its GPU memory).
-Sensor callbacks only store the latest message; inference runs in its own callback group, and capsule
+Sensor callbacks only store the latest message. The stage timers only wake an inference thread of the
+node's own (the decision never runs in, nor blocks, the executor that serves sensors and services); capsule
 services take the runtime lock, so they are applied between two ticks.
 """
 from __future__ import annotations
@@ -15,8 +16,7 @@ import numpy as np
 import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
@@ -40,9 +40,12 @@ class PolicyNode(LifecycleNode):
         self.runtime = None
         self.runtime_lock = threading.Lock()
         self.health = NodeHealth()
-        self.sensor_group = MutuallyExclusiveCallbackGroup()
-        self.inference_group = MutuallyExclusiveCallbackGroup()
-        self.service_group = MutuallyExclusiveCallbackGroup()
+        # Inference runs in a thread of its own, woken by the stage timers. (rclpy's multi-threaded executor
+        # was tried: it busy-polls ready callbacks of busy groups and starves the decision of the GIL.)
+        self._wake = threading.Condition()
+        self._wake_pending = False
+        self._worker = None
+        self._worker_stop = False
         self._sensor_lock = threading.Lock()
         self._images: dict[int, tuple[np.ndarray, int]] = {}
         self._joints: tuple[np.ndarray, int] | None = None
@@ -55,12 +58,12 @@ class PolicyNode(LifecycleNode):
         self._chunk_pub = self._traj_pub = None
         self._diag_timer = None
         self.capsules = CapsuleServices(self)
-        self.create_subscription(String, "~/prompt", self._on_prompt, 10, callback_group=self.sensor_group)
+        self.create_subscription(String, "~/prompt", self._on_prompt, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self._diag_timer = self.create_timer(1.0, self._publish_diagnostics, callback_group=self.service_group)
+        self._diag_timer = self.create_timer(1.0, self._publish_diagnostics)
         if self.get_parameter("autostart").value:
             # Deferred to the first spin so that the node is fully constructed and discoverable.
-            self._autostart_timer = self.create_timer(0.0, self._autostart, callback_group=self.service_group)
+            self._autostart_timer = self.create_timer(0.0, self._autostart)
 
     # ----------------------------------------------------------------- lifecycle
     def _autostart(self):
@@ -97,7 +100,10 @@ class PolicyNode(LifecycleNode):
 
     def on_activate(self, state) -> TransitionCallbackReturn:
         for stage, rate in self.runtime.stage_rates().items():
-            self._stage_timers.append(self.create_timer(1.0 / rate, self._tick, callback_group=self.inference_group))
+            self._stage_timers.append(self.create_timer(1.0 / rate, self._wake_worker))
+        self._worker_stop = False
+        self._worker = threading.Thread(target=self._inference_loop, name="flashrt_inference", daemon=True)
+        self._worker.start()
         self.get_logger().info(f"active: stage rates {self.runtime.stage_rates()}")
         return super().on_activate(state)
 
@@ -133,6 +139,12 @@ class PolicyNode(LifecycleNode):
         for timer in self._stage_timers:
             self.destroy_timer(timer)
         self._stage_timers.clear()
+        if self._worker is not None:
+            with self._wake:
+                self._worker_stop = True
+                self._wake.notify()
+            self._worker.join()
+            self._worker = None
 
     # ----------------------------------------------------------------- inputs
     def _subscribe_sensors(self):
@@ -140,10 +152,9 @@ class PolicyNode(LifecycleNode):
             msg_type = CompressedImage if topic.rstrip("/").endswith("compressed") else Image
             self._subs.append(self.create_subscription(
                 msg_type, topic, lambda msg, i=index, t=topic: self._on_image(i, t, msg),
-                qos_profile_sensor_data, callback_group=self.sensor_group))
+                qos_profile_sensor_data))
         self._subs.append(self.create_subscription(
-            JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data,
-            callback_group=self.sensor_group))
+            JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data))
 
     def _check_stamp(self, source: str, stamp_ns: int) -> bool:
         last = self._last_stamp.get(source)
@@ -208,6 +219,24 @@ class PolicyNode(LifecycleNode):
             return images, self._joints[0], stamp
 
     # ----------------------------------------------------------------- inference
+    def _wake_worker(self):
+        """A stage timer fired: wake the inference thread (a wake while it still computes is an overrun)."""
+        with self._wake:
+            if self._wake_pending:
+                self.health.overruns += 1
+            self._wake_pending = True
+            self._wake.notify()
+
+    def _inference_loop(self):
+        while True:
+            with self._wake:
+                while not self._wake_pending and not self._worker_stop:
+                    self._wake.wait()
+                if self._worker_stop:
+                    return
+                self._wake_pending = False
+            self._tick()
+
     def _tick(self):
         now_ns = self.get_clock().now().nanoseconds
         observation = self._latest_observation()
@@ -235,7 +264,7 @@ class PolicyNode(LifecycleNode):
         for stage, latency in result.stage_latency_ms.items():
             self.health.stages[stage].add(latency)
         if result.actions is None:
-            if result.reason:
+            if self.runtime.scheduler.output_stage in result.skipped:  # due, but refused (stale input)
                 self.health.stale_reason = result.reason
                 self.get_logger().warning(f"no actions: {result.reason}", throttle_duration_sec=2.0)
             return
@@ -285,7 +314,7 @@ class PolicyNode(LifecycleNode):
 def main(args=None):
     rclpy.init(args=args)
     node = PolicyNode()
-    executor = MultiThreadedExecutor(num_threads=4)
+    executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
         executor.spin()

@@ -283,6 +283,13 @@ class Runtime:
         """Rate of every rate-triggered stage (Hz)."""
         return {n: s.trigger.rate_hz for n, s in self.contract.stages.items() if s.trigger.rate_hz is not None}
 
+    def set_timer_slack(self, slack_ms: float) -> None:
+        """Let a step up to `slack_ms` before a stage's due time run that stage (for wakes by real timers,
+        which fire with jitter); 0 (the default, and the simulated clock's) means exactly on the grid."""
+        if slack_ms < 0:
+            raise ValueError(f"timer slack must be >= 0 ms, not {slack_ms}")
+        self.scheduler.slack_ns = int(slack_ms * 1e6)
+
     def describe(self) -> str:
         c = self.contract
         rates = ", ".join(f"{n} {hz:g} Hz" for n, hz in self.stage_rates().items())

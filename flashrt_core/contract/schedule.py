@@ -114,6 +114,10 @@ class Scheduler:
                        if s.trigger.rate_hz is not None}
         self.pending: set[str] = set()  # late stages waiting for fresh inputs (late_observe: wait)
         self.output_stage = contract.output_stage()
+        # A wake this close before a grid point counts as on time. Real timers (ROS, OS) fire with jitter
+        # around a phase that differs from the grid's anchor by the first tick's wake latency; without a
+        # slack a timer that fires a hair early finds nothing due and the stage runs a whole period late.
+        self.slack_ns = 0
 
     def next_due_ns(self, after_ns: int) -> int | None:
         """The first grid point of any rate stage strictly after `after_ns` (pending stages included)."""
@@ -133,7 +137,7 @@ class Scheduler:
             t = s.trigger
             changed = t.on_change is not None and ver[t.on_change] != ledger.seen[name][t.on_change]
             clock_due = name in self.clocks and (name in self.pending or
-                                                 now_ns >= self.clocks[name].next_due())
+                                                 now_ns + self.slack_ns >= self.clocks[name].next_due())
             due = changed or clock_due or (t.after is not None and t.after in plan.runs)
             if not due:
                 continue
@@ -193,7 +197,7 @@ class Scheduler:
             ledger.lates[name] += 1
         for name, clock in self.clocks.items():
             if name in plan.consume:
-                m = clock.latest(plan.now_ns)
+                m = clock.latest(plan.now_ns + self.slack_ns)
                 ledger.misses[name] += max(0, m - clock.n)
                 clock.n = m + 1
                 self.pending.discard(name)
