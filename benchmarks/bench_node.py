@@ -67,7 +67,7 @@ def node_path(duration: float, act_rate: float, observe_rate: float) -> dict:
     finally:
         for proc in procs + [listener]:
             _stop(proc)
-    rows = json.load(open(out))
+    rows = json.load(open(out))["chunks"]
     rows = [r for r in rows if r["t"] >= rows[0]["t"] + 1.0]  # skip the first second (discovery, warm-up)
     if len(rows) < 5:
         raise SystemExit(f"too few chunks ({len(rows)}); logs in {work}")

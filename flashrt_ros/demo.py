@@ -93,6 +93,7 @@ def exercise_capsules(node, log) -> list[str]:
 def run_listener(argv=None) -> None:
     """A separate process: records every ActionChunk for `--duration` seconds, writes JSON."""
     import rclpy
+    from diagnostic_msgs.msg import DiagnosticArray
     from rclpy.qos import QoSProfile, ReliabilityPolicy
 
     from flashrt_ros.msg import ActionChunk
@@ -117,11 +118,20 @@ def run_listener(argv=None) -> None:
                      "finite": bool(np.all(np.isfinite(np.asarray(msg.actions))))})
 
     node.create_subscription(ActionChunk, args.topic, on_chunk, QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE))
+    diagnostics = {}
+
+    def on_diagnostics(msg):
+        for status in msg.status:
+            if status.name.startswith("policy_node"):
+                diagnostics.update({kv.key: kv.value for kv in status.values}, level=int(status.level[0]),
+                                   message=status.message)
+
+    node.create_subscription(DiagnosticArray, "/diagnostics", on_diagnostics, 10)
     end = time.monotonic() + args.duration
     while time.monotonic() < end:
         rclpy.spin_once(node, timeout_sec=0.05)
     with open(args.out, "w") as f:
-        json.dump(rows, f)
+        json.dump({"chunks": rows, "diagnostics": diagnostics}, f)
     node.destroy_node()
     rclpy.shutdown()
 
@@ -178,8 +188,10 @@ def demo(duration: float = 8.0, config: str | None = None, cameras: int = 2, joi
             _stop(proc)
         client.destroy_node()
         rclpy.shutdown()
-    rows = json.load(open(out)) if os.path.exists(out) else []
+    recorded = json.load(open(out)) if os.path.exists(out) else {"chunks": [], "diagnostics": {}}
+    rows, diagnostics = recorded["chunks"], recorded["diagnostics"]
     summary = summarize(rows, act_rate, observe_rate)
+    summary["node_diagnostics"] = diagnostics
     summary["capsules_ok"] = capsules_ok
     print(f"\nchunks received: {summary['chunks']} in {duration:.1f} s")
     if summary["chunks"] >= 3:
@@ -189,6 +201,13 @@ def demo(duration: float = 8.0, config: str | None = None, cameras: int = 2, joi
         print(f"transport:       p50 {summary['transport_ms_p50']:.2f} ms (publish -> listener)")
         print(f"observation age: p50 {summary['observation_age_ms_p50']:.1f} ms, max {summary['observation_age_ms_max']:.1f} ms")
         print(f"chunk shape:     {summary['shape']}, all finite: {summary['all_finite']}")
+    stages = sorted({k.split(".")[0] for k in diagnostics if k.endswith(".rate_hz")})
+    if stages:
+        print("per stage (node diagnostics):")
+        for stage in stages:
+            get = lambda key: diagnostics.get(f"{stage}.{key}", "?")
+            print(f"  {stage:<9} {get('rate_hz'):>6} Hz  latency p50 {get('latency_p50_ms')} ms, "
+                  f"p99 {get('latency_p99_ms')} ms  ({get('count')} runs)")
     print("capsules:")
     for line in capsule_lines:
         print(f"  {line}")
