@@ -4,9 +4,7 @@ itself is checked against torch's scaled_dot_product_attention.
 Interpreter by default (TRITON_INTERPRET=1); with TRITON_INTERPRET=0 on CUDA the same tests run compiled.
 """
 import math
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+from kernel_testing import dev, assert_close, randn  # noqa: E402,F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -21,24 +19,8 @@ from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa:
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (3e-3, 3e-3)}
 
 
-@pytest.fixture(scope="module")
-def dev():
-    if interpreting():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
-
-
 def close(out, ref):
-    atol, rtol = TOL[ref.dtype]
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
-
-
-def randn(*shape, dtype=torch.float32, dev="cpu", seed=0, std=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * std).to(dtype).to(dev)
+    assert_close(out, ref, TOL)
 
 
 def pad_mask(b, s, dev, seed=0):

@@ -2,9 +2,8 @@
 
 Interpreter by default (TRITON_INTERPRET=1); with TRITON_INTERPRET=0 on CUDA the same tests run compiled.
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+import kernel_testing
+from kernel_testing import dev, assert_close  # noqa: E402,F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -18,24 +17,12 @@ from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa:
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 
 
-@pytest.fixture(scope="module")
-def dev():
-    if interpreting():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
-
-
 def close(out, ref):
-    atol, rtol = TOL[ref.dtype]
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    assert_close(out, ref, TOL)
 
 
-def randn(*shape, dtype=torch.float32, dev="cpu", seed=0, std=2.0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g) * std).to(dtype).to(dev)
+def randn(*shape, std=2.0, **kwargs):
+    return kernel_testing.randn(*shape, std=std, **kwargs)
 
 
 @pytest.mark.interpret

@@ -4,9 +4,7 @@ align_corners=False on the [0, 1] image).
 
 The interpreter is slow per pixel, so most cases use a small target size (the kernel takes `size`).
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+from kernel_testing import dev, assert_close  # noqa: E402,F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -22,19 +20,8 @@ from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa:
 TOL = {torch.float32: (1e-4, 0.0), torch.bfloat16: (1e-2, 1e-2)}
 
 
-@pytest.fixture(scope="module")
-def dev():
-    if interpreting():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
-
-
 def close(out, ref):
-    atol, rtol = TOL[ref.dtype]
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    assert_close(out, ref, TOL)
 
 
 def frames(b, h, w, dev, seed=0, c=3):

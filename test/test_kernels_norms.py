@@ -3,9 +3,7 @@
 Runs the Triton kernels in the CPU interpreter (TRITON_INTERPRET=1, the default here) or, with
 TRITON_INTERPRET=0 on a CUDA machine, compiled on the GPU at the same small odd shapes.
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+from kernel_testing import dev, assert_close  # noqa: E402,F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -19,19 +17,8 @@ from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa:
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 
 
-@pytest.fixture(scope="module")
-def dev():
-    if interpreting():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
-
-
 def close(out, ref):
-    atol, rtol = TOL[ref.dtype]
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    assert_close(out, ref, TOL)
 
 
 def randn(*shape, dtype=torch.float32, dev="cpu", seed=0, mean=0.0):

@@ -3,9 +3,7 @@ the reference (HF's table formula, position 0 is the identity, scores depend on 
 
 Interpreter by default (TRITON_INTERPRET=1); with TRITON_INTERPRET=0 on CUDA the same tests run compiled.
 """
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+from kernel_testing import dev, assert_close  # noqa: E402,F401  (sets TRITON_INTERPRET first)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -18,19 +16,8 @@ from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa:
 TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 2e-2), torch.float16: (2e-3, 2e-3)}
 
 
-@pytest.fixture(scope="module")
-def dev():
-    if interpreting():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("kernels need TRITON_INTERPRET=1 or CUDA")
-
-
 def close(out, ref):
-    atol, rtol = TOL[ref.dtype]
-    assert out.dtype == ref.dtype and out.shape == ref.shape
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+    assert_close(out, ref, TOL)
 
 
 def randn(*shape, dtype=torch.float32, dev="cpu", seed=0):
