@@ -36,8 +36,25 @@ def _to_rgb8(array: np.ndarray, encoding: str) -> np.ndarray:
     return np.repeat((array >> 8).astype(np.uint8)[..., None], 3, axis=2)
 
 
+_BRIDGE = None
+
+
+def _cv_bridge():
+    """cv_bridge's CvBridge when the ROS install has it (not on PyPI), else None; looked up once."""
+    global _BRIDGE
+    if _BRIDGE is None:
+        try:
+            from cv_bridge import CvBridge
+
+            _BRIDGE = CvBridge()
+        except ImportError:
+            _BRIDGE = False
+    return _BRIDGE or None
+
+
 def image_to_rgb(msg) -> np.ndarray:
-    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array."""
+    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array (validated first, decoded by cv_bridge when
+    available, by numpy otherwise)."""
     encoding = msg.encoding
     if encoding not in SUPPORTED_ENCODINGS:
         raise ConversionError(f"unsupported image encoding '{encoding}' (supported: {', '.join(SUPPORTED_ENCODINGS)})")
@@ -53,6 +70,13 @@ def image_to_rgb(msg) -> np.ndarray:
                          else msg.data, dtype=np.uint8)
     if data.size < step * height:
         raise ConversionError(f"image data has {data.size} bytes, expected step*height = {step * height}")
+    bridge = _cv_bridge()
+    if bridge is not None:
+        try:
+            array = bridge.imgmsg_to_cv2(msg, desired_encoding="passthrough")
+        except Exception as exc:  # cv_bridge's own errors: report them as ours
+            raise ConversionError(f"cv_bridge could not decode the image: {exc}") from exc
+        return np.ascontiguousarray(_to_rgb8(np.asarray(array), encoding))
     rows = data[: step * height].reshape(height, step)[:, :row_bytes]
     if itemsize == 2:
         dtype = np.dtype(">u2" if msg.is_bigendian else "<u2")

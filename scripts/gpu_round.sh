@@ -3,11 +3,16 @@
 # benchmark, JSON results copied to $OUT, and a summary table printed last.
 #   scripts/gpu_round.sh [tests|bench|all] [extra pytest args]
 # Wheels carried in .whl/ (LeRobot 0.6.1 and its pinned deps) are installed into /tmp/site first.
+# Device call: carry [".whl", ".fixtures"], command `FLASHRT_COMMIT=<sha> scripts/gpu_round.sh all`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"; shift || true
 OUT="${OUT:-$(mktemp -d)}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Compiled kernels on the GPU (the kernel tests default to the interpreter otherwise).
+export TRITON_INTERPRET=0
+# shared/ does not travel to the GPU machine: carry a copy of ../shared/reference as .fixtures/reference.
+[ -d .fixtures/reference ] && export FLASHRT_SHARED="$PWD/.fixtures"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"

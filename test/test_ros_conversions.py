@@ -94,3 +94,32 @@ def test_stamp_conversion_round_trips():
 
     ns = 1_733_000_123_456_789_012
     assert cv.stamp_to_ns(cv.ns_to_stamp(ns, Time)) == ns
+
+
+def test_cv_bridge_is_used_when_the_ros_install_has_it(monkeypatch, rgb):
+    """With a cv_bridge module importable, decoding goes through CvBridge (here a stand-in that decodes
+    like the real one, passthrough) and gives the same pixels; its errors come back as ConversionError."""
+    import sys
+    import types
+
+    from sensor_msgs.msg import Image
+
+    calls = []
+
+    class StandInBridge:
+        def imgmsg_to_cv2(self, msg, desired_encoding):
+            calls.append(desired_encoding)
+            if msg.header.frame_id == "broken":
+                raise RuntimeError("bridge refused")
+            rows = np.frombuffer(bytes(msg.data), np.uint8).reshape(msg.height, msg.step)
+            return rows[:, : msg.width * 3].reshape(msg.height, msg.width, 3)
+
+    monkeypatch.setitem(sys.modules, "cv_bridge", types.SimpleNamespace(CvBridge=StandInBridge))
+    monkeypatch.setattr(cv, "_BRIDGE", None)
+    msg = cv.rgb_to_image(rgb, Image, encoding="bgr8", pad=4)
+    np.testing.assert_array_equal(cv.image_to_rgb(msg), rgb)
+    assert calls == ["passthrough"]
+    msg.header.frame_id = "broken"
+    with pytest.raises(cv.ConversionError, match="cv_bridge could not decode the image: bridge refused"):
+        cv.image_to_rgb(msg)
+    monkeypatch.setattr(cv, "_BRIDGE", None)
