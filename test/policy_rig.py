@@ -16,6 +16,7 @@ from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
+from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.conversions import rgb_to_image
 from flashrt_ros.msg import ActionChunk
@@ -33,7 +34,7 @@ def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, co
            "-p", f"act_rate_hz:={act_rate}", "-p", f"observe_rate_hz:={observe_rate}",
            "-p", f"max_observation_age_ms:={max_age_ms}", "-p", "device:=cpu", "-p", "cpu_threads:=1",
            "-p", "prompt:=stack the blocks", "-p", f"autostart:={'true' if autostart else 'false'}",
-           "-p", "diagnostics_period_s:=0.2"]
+           "-p", "diagnostics_period_s:=0.2", "-p", "publish_joint_trajectory:=true"]
     if contract:
         cmd += ["-p", f"contract:={contract}"]
     return cmd
@@ -50,6 +51,8 @@ class Rig:
         self.joints = self.node.create_publisher(JointState, f"/{name}_joints", qos_profile_sensor_data)
         self.chunks: list[tuple[float, ActionChunk]] = []
         self.diagnostics: list[DiagnosticArray] = []
+        self.trajectories: list[JointTrajectory] = []
+        self.node.create_subscription(JointTrajectory, f"/{name}/joint_trajectory", self.trajectories.append, 10)
         self.node.create_subscription(ActionChunk, f"/{name}/action_chunk",
                                       lambda m: self.chunks.append((time.monotonic(), m)),
                                       QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
