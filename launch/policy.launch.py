@@ -27,6 +27,10 @@ def generate_launch_description():
         DeclareLaunchArgument("joint_state_topic", default_value="joint_states", description="JointState topic"),
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the node and its topics"),
         DeclareLaunchArgument("device", default_value="auto", description="cpu | cuda | cuda:N | auto"),
+        DeclareLaunchArgument("image_height", default_value="0",
+                              description="camera image height; 0 = the contract's (other sizes are rejected)"),
+        DeclareLaunchArgument("image_width", default_value="0",
+                              description="camera image width; 0 = the contract's (other sizes are rejected)"),
         DeclareLaunchArgument("autostart", default_value="true",
                               description="configure and activate at start-up (false: use a lifecycle manager)"),
     ]
@@ -39,6 +43,8 @@ def generate_launch_description():
             "camera_topics": ParameterValue(LaunchConfiguration("camera_topics"), value_type=list[str]),
             "joint_state_topic": LaunchConfiguration("joint_state_topic"),
             "device": LaunchConfiguration("device"),
+            "image_height": ParameterValue(LaunchConfiguration("image_height"), value_type=int),
+            "image_width": ParameterValue(LaunchConfiguration("image_width"), value_type=int),
             "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
         }],
     )

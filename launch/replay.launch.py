@@ -1,6 +1,11 @@
 """Replay a rosbag2 onto topics against a running policy node and record what it publishes.
 
-    ros2 launch flashrt_ros replay.launch.py bag:=/data/episode_01 report:=/tmp/replay_report
+    ros2 launch flashrt_ros replay.launch.py bag:=/data/episode_01 report:=/tmp/replay_report \
+        image_height:=240 image_width:=320
+
+The included policy.launch.py arguments (camera_topics, device, image_height/width, ...) are accepted here
+too; image_height/width must match the bag's camera images (the node rejects other sizes). Leave namespace
+empty: the bag's topics are played as recorded.
 """
 import os
 
