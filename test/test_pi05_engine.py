@@ -31,7 +31,9 @@ TOL = {
     "bf16_rel_l2": 2e-2,  # ... and relative L2 error at most
     "masked_change": 1e-6,  # absolute: content of masked prompt tokens / camera slots must not matter
     "gemm_fp32": 1e-5,  # skinny GEMM vs F.linear, fp32 (relative to the output's max)
-    "graph_vs_eager": 1e-3,  # relative L2: CUDA-graph replay vs eager launches of the same kernels
+    # relative L2: the graphed engine (GEMMs picked per shape: Triton skinny GEMM or cuBLAS) vs the eager one
+    # with cuBLAS only; bf16 outputs of two accumulation orders (measured 1.02e-3 on an H200, 2026-12-02)
+    "graph_vs_eager": 3e-3,
 }
 CASES = ["two_views_padded_prompt", "three_views_full_prompt", "one_view_240x320_two_missing"]
 
