@@ -14,11 +14,11 @@ import dataclasses  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
 
 from flashrt_core.errors import InputError  # noqa: E402
 from flashrt_core.kernels._common import interpreting  # noqa: E402
 from flashrt_core.models import pi05  # noqa: E402
+from lerobot_cases import PI05_CASES, load_cases, model_inputs  # noqa: E402
 from flashrt_core.models.pi05 import reference as R  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
@@ -35,7 +35,7 @@ TOL = {
     # with cuBLAS only; bf16 outputs of two accumulation orders (measured 1.02e-3 on an H200, 2026-12-02)
     "graph_vs_eager": 3e-3,
 }
-CASES = ["two_views_padded_prompt", "three_views_full_prompt", "one_view_240x320_two_missing"]
+CASES = PI05_CASES
 
 
 def rel_l2(a, b):
@@ -54,18 +54,10 @@ def fixture_weights(fixtures_dir):
 
 @pytest.fixture(scope="module")
 def cases(fixtures_dir):
-    raw = load_file(str(fixtures_dir / "lerobot_pi05_tiny" / "cases.safetensors"))
-    out = {}
-    for name in CASES:
-        c = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
-        c["images"] = torch.stack([c[f"image.{i}"] for i in range(3)], dim=1)
-        c["image_masks"] = torch.stack([c[f"image_mask.{i}"] for i in range(3)], dim=1)
-        out[name] = c
-    return out
+    return load_cases(fixtures_dir)
 
 
-def _inputs(c):
-    return c["images"], c["image_masks"], c["lang_tokens"], c["lang_mask"]
+_inputs = model_inputs
 
 
 # ---- CPU path (torch references) ------------------------------------------------------------------------

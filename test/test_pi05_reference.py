@@ -4,10 +4,10 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from flashrt_core.errors import InputError
 from flashrt_core.models import pi05
+from lerobot_cases import PI05_CASES, load_cases, model_inputs
 from flashrt_core.models.pi05 import reference as R
 from flashrt_core.models.pi05.weights import step_times, time_condition
 
@@ -19,7 +19,7 @@ TOL = {
     "time_condition": 1e-5,  # precomputed time condition vs an independent float64 formula
     "bf16_cosine": 0.999,  # bf16 weights vs fp32: cosine similarity at least this
 }
-CASES = ["two_views_padded_prompt", "three_views_full_prompt", "one_view_240x320_two_missing"]
+CASES = PI05_CASES
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +31,10 @@ def fixture_model(fixtures_dir):
 
 @pytest.fixture(scope="module")
 def cases(fixtures_dir):
-    raw = load_file(str(fixtures_dir / "lerobot_pi05_tiny" / "cases.safetensors"))
-    out = {}
-    for name in CASES:
-        c = {k[len(name) + 1:]: v for k, v in raw.items() if k.startswith(name + ".")}
-        c["images"] = torch.stack([c[f"image.{i}"] for i in range(3)], dim=1)
-        c["image_masks"] = torch.stack([c[f"image_mask.{i}"] for i in range(3)], dim=1)
-        out[name] = c
-    return out
+    return load_cases(fixtures_dir)
 
 
-def _inputs(c):
-    return c["images"], c["image_masks"], c["lang_tokens"], c["lang_mask"]
+_inputs = model_inputs
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -12,7 +12,6 @@ image_width, action_dim (columns the robot uses), state_dim, prompt_len, prompt_
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import pathlib
 
@@ -23,7 +22,6 @@ from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import CheckpointError, ContractError
 from flashrt_core.models import pi05
-from flashrt_core.models.pi05.checkpoint import DIMS_FILE, LEROBOT_CONFIG_FILE, WEIGHTS_FILE
 from flashrt_core.models.pi05.policy import make_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
 from flashrt_core.models.pi05.prompt import clean_task
@@ -56,23 +54,9 @@ def model_config(model) -> pi05.Pi05Config:
 
 
 def _checkpoint_config(path: str) -> pi05.Pi05Config:
-    from safetensors import safe_open
-
-    p = pathlib.Path(path)
-    file = p / WEIGHTS_FILE if p.is_dir() else p
-    if not file.is_file():
-        raise ContractError(f"model.checkpoint: {file} not found")
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as e:
-        raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
-
-    def read(name):
-        q = file.parent / name
-        return json.loads(q.read_text()) if q.is_file() else None
-
-    return pi05.Pi05Config.from_state_dict_shapes(shapes, dims=read(DIMS_FILE), lerobot_config=read(LEROBOT_CONFIG_FILE))
+    if not pathlib.Path(path).exists():
+        raise ContractError(f"model.checkpoint: {path} not found")
+    return pi05.checkpoint_config(path)
 
 
 def _positive(opts, key, default) -> int:

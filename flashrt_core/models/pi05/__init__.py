@@ -6,7 +6,7 @@
     tokens, mask = policy.tokenize("pick up the cube", state_normalized)
     actions = policy.sample_actions(images, masks, tokens, mask, noise=noise)  # [B, chunk, 32]
 """
-from flashrt_core.models.pi05.checkpoint import expected_keys, load_checkpoint, save_checkpoint
+from flashrt_core.models.pi05.checkpoint import checkpoint_config, expected_keys, load_checkpoint, save_checkpoint
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig
 from flashrt_core.models.pi05.policy import Pi05Policy, load
 from flashrt_core.models.pi05.preprocess import preprocess_images, resize_with_pad
@@ -18,7 +18,7 @@ from flashrt_core.models.pi05.weights import Pi05Weights, convert
 
 __all__ = [
     "load", "Pi05Policy", "Pi05Config", "VisionConfig", "GemmaConfig", "Pi05Weights", "PrefixCache", "convert",
-    "load_checkpoint", "save_checkpoint", "expected_keys", "build_tiny", "tiny_checkpoint",
+    "load_checkpoint", "save_checkpoint", "checkpoint_config", "expected_keys", "build_tiny", "tiny_checkpoint",
     "preprocess_images", "resize_with_pad", "format_prompt", "discretize_state", "tokenize_prompt", "Tokenizer",
     "SentencePieceTokenizer", "TinyTokenizer",
 ]

@@ -117,23 +117,43 @@ def _read_json(path: pathlib.Path) -> dict | None:
         raise CheckpointError(f"{path}: unreadable JSON ({e})") from None
 
 
+def weights_file(path: str | os.PathLike) -> pathlib.Path:
+    """`model.safetensors` of a checkpoint folder (or the file itself); CheckpointError when absent."""
+    path = pathlib.Path(path)
+    file = path / WEIGHTS_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise CheckpointError(f"{file}: checkpoint file not found")
+    return file
+
+
+def _infer_config(file: pathlib.Path, shapes: dict) -> Pi05Config:
+    return Pi05Config.from_state_dict_shapes(shapes, dims=_read_json(file.parent / DIMS_FILE),
+                                             lerobot_config=_read_json(file.parent / LEROBOT_CONFIG_FILE))
+
+
+def checkpoint_config(path: str | os.PathLike) -> Pi05Config:
+    """The model sizes of a checkpoint, from its tensor shapes and JSON files, without reading weights."""
+    file = weights_file(path)
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for truncated or garbled files
+        raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
+    return _infer_config(file, shapes)
+
+
 def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
     """Load `(config, state_dict)` from a checkpoint folder or a `model.safetensors` file.
 
     Without `config`, the sizes are inferred from the tensor shapes plus `dims.json` / `config.json`
     beside the weights (see `Pi05Config.from_state_dict_shapes`). lm_head tensors are dropped.
     """
-    path = pathlib.Path(path)
-    file = path / WEIGHTS_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise CheckpointError(f"{file}: checkpoint file not found")
+    file = weights_file(path)
     try:
         with safe_open(str(file), framework="pt") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
             if config is None:
-                dims = _read_json(file.parent / DIMS_FILE)
-                lerobot = _read_json(file.parent / LEROBOT_CONFIG_FILE)
-                config = Pi05Config.from_state_dict_shapes(shapes, dims=dims, lerobot_config=lerobot)
+                config = _infer_config(file, shapes)
             validate_shapes(config, shapes, str(file))
             state = {k: f.get_tensor(k) for k in shapes if k not in IGNORED_KEYS}
             if EMBED_KEY not in state:
