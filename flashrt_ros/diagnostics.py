@@ -40,6 +40,7 @@ class NodeHealth:
         self.last_error = ""
         self.chunks_published = 0
         self.overruns = 0  # stage timers that fired while a tick was still computing
+        self.deadline_misses = 0  # act periods without a chunk (the action_chunk publisher's deadline QoS)
 
     def reject(self, kind: str, why: str) -> None:
         self.rejected[kind] += 1
@@ -56,7 +57,8 @@ class NodeHealth:
         return 0, "ok"
 
     def key_values(self) -> list[tuple[str, str]]:
-        values = [("chunks_published", str(self.chunks_published)), ("tick_overruns", str(self.overruns))]
+        values = [("chunks_published", str(self.chunks_published)), ("tick_overruns", str(self.overruns)),
+                  ("action_chunk_deadline_misses", str(self.deadline_misses))]
         for name, stats in sorted(self.stages.items()):
             values += [
                 (f"{name}.rate_hz", f"{stats.rate_hz():.2f}"),

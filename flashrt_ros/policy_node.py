@@ -21,6 +21,7 @@ from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from rclpy.duration import Duration
+from rclpy.event_handler import PublisherEventCallbacks
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
@@ -86,10 +87,14 @@ class PolicyNode(LifecycleNode):
                 self.runtime.set_prompt(self.p.prompt)
         self.health.last_error = ""
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
-        period = 1.0 / runtime.stage_rates()["act"]
+        # Reliable, and a deadline of one act period: every period without a chunk raises the middleware's
+        # offered-deadline-missed event, counted in /diagnostics.
+        period = 1.0 / runtime.stage_rates()[runtime.scheduler.output_stage]
         chunk_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
-                               durability=DurabilityPolicy.VOLATILE, deadline=Duration(seconds=4 * period))
-        self._chunk_pub = self.create_lifecycle_publisher(ActionChunk, "~/action_chunk", chunk_qos)
+                               durability=DurabilityPolicy.VOLATILE, deadline=Duration(seconds=period))
+        self._chunk_pub = self.create_lifecycle_publisher(
+            ActionChunk, "~/action_chunk", chunk_qos,
+            event_callbacks=PublisherEventCallbacks(deadline=self._on_chunk_deadline_missed))
         if self.p.publish_joint_trajectory:
             self._traj_pub = self.create_lifecycle_publisher(JointTrajectory, "~/joint_trajectory", 10)
         self._subscribe_sensors()
@@ -134,6 +139,9 @@ class PolicyNode(LifecycleNode):
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
         return self.on_cleanup(state)
+
+    def _on_chunk_deadline_missed(self, info):
+        self.health.deadline_misses = int(info.total_count)
 
     def _stop_timers(self):
         for timer in self._stage_timers:

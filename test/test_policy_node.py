@@ -148,6 +148,8 @@ def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
     rig.mode = "silent"
     assert rig.wait(lambda: rig.last_status() is not None and rig.last_status().level == b"\x02"
                     and "not publishing" in rig.last_status().message, 10), rig.last_status()
+    # The chunk publisher's deadline QoS (one act period) reports the silence too.
+    assert rig.wait(lambda: int(_values(rig.last_status())["action_chunk_deadline_misses"]) > 0, 5)
     quiet_from = time.monotonic() + 0.3
     rig.wait(lambda: False, 1.0)
     assert not rig.chunks_since(quiet_from), "published actions from stale observations"
