@@ -7,7 +7,8 @@
 Known submodules (RMSNorm in plain and Gemma (1 + w) form, AdaRMS, LayerNorm, GELU, gated and plain MLPs,
 self-attention with q/k/v/o projections, linears that read one input) are recognised by structure and by
 behaviour on random inputs, swapped for fused forms (the project's Triton kernels where they run, fused torch
-otherwise), and kept only if they pass parity per unit and end to end and a paired A/B timing.
+otherwise), and kept only if they pass parity and a paired A/B timing, both per unit and end to end (a kept
+set whose whole model is not faster is cut to the best-measured subset that is, or reverted).
 """
 from flashrt_core.adopt.api import AdoptError, accelerate, detach
 from flashrt_core.adopt.gates import DefaultTimer, TimedCall

@@ -4,11 +4,11 @@ Order of work: one captured run of the example inputs (the eager reference outpu
 submodule's calls); then, kind by kind (larger units first), each recognised unit must pass its own parity on
 its captured calls and the paired A/B timing; the units of a kind that passed are swapped in together and the
 whole model is checked end to end against the reference (a failing set is bisected to the offending units);
-finally the whole adopted model is timed against eager and, if asked, a method is captured as a CUDA graph.
+then the whole model (or method) with the kept swaps is timed against the original, and if it does not gain,
+the best-measured subset that does is kept, or none (e2e.py); finally, if asked, a method is captured as a
+CUDA graph.
 """
 from __future__ import annotations
-
-import statistics
 
 import torch
 from torch import nn
@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_map
 from flashrt_core.adopt import gates
 from flashrt_core.adopt.candidates import Candidate, merge_candidates, module_candidates
 from flashrt_core.adopt.capture import run_with_capture
+from flashrt_core.adopt.e2e import DEFAULT_MAX_TRIALS, latency_gate
 from flashrt_core.adopt.graph import GraphedMethod
 from flashrt_core.adopt.kinds import BUILTIN_ORDER, KINDS, Replacement
 from flashrt_core.adopt.kinds.base import first_tensor
@@ -180,7 +181,7 @@ def _trial_order(kinds, extra) -> list[tuple[str, Replacement | None]]:
 def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float = 0.02,
                rounds: int = DEFAULT_ROUNDS, capture: str | None = None, cos_min: float = 0.999,
                max_rel_err: float | None = None, kinds=None, method: str | None = None,
-               extra: tuple[Replacement, ...] | list[Replacement] = ()):
+               extra: tuple[Replacement, ...] | list[Replacement] = (), e2e_trials: int = DEFAULT_MAX_TRIALS):
     """Swap known submodules of `model` (in place) for fused forms that pass parity and latency gates.
 
     example_inputs: a tuple of positional arguments, a dict of keyword arguments, or one tensor, for
@@ -190,6 +191,8 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     cos_min / max_rel_err: parity bounds per unit and end to end; max_rel_err defaults by precision
         (gates.MAX_REL_ERR: 1e-3 fp32, 2e-2 bf16). kinds: restrict to these kinds. extra: more Replacements,
         tried before the built-in ones. capture: "forward" or a method name to capture as a CUDA graph.
+    e2e_trials: at most this many end-to-end timings (each `rounds` paired rounds of the whole method) when
+        the kept set does not gain `min_gain` as a whole and a subset that does is searched for.
     Returns (model, AdoptReport).
     """
     if any(isinstance(m, AdoptedModule) for m in model.modules()):
@@ -197,6 +200,8 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     _refuse_training(model)
     if rounds < 1:
         raise AdoptError(f"rounds must be >= 1, got {rounds}")
+    if e2e_trials < 1:
+        raise AdoptError(f"e2e_trials must be >= 1, got {e2e_trials}")
     method = method or (capture if capture else "forward")
     entry = getattr(model, method, None)
     if not callable(entry):
@@ -228,7 +233,7 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
                 passed.append(cand)
         session.settle(passed)
 
-    report.end_to_end = _end_to_end(session, method)
+    report.end_to_end = _end_to_end(session, method, e2e_trials)
     if capture is not None:
         _capture(session, report.end_to_end, capture)
     for c in session.kept:
@@ -236,41 +241,16 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     return model, report
 
 
-def _end_to_end(session: _Session, method: str) -> EndToEnd:
-    e = EndToEnd(method=method, rel_err_bound=session.bound(session.model))
+def _end_to_end(session: _Session, method: str, max_trials: int) -> EndToEnd:
     par, err = session.e2e()
     if par is None:
         raise AdoptError(f"the adopted model failed end to end: {err}")
+    e = latency_gate(session, method, max_trials)
+    par, err = session.e2e()  # the set finally kept (a subset of the one checked above, or none)
+    if par is None:
+        raise AdoptError(f"the adopted model failed end to end: {err}")
     e.cosine, e.max_rel_err = par.cosine, par.max_rel_err
-    kept = session.kept
-
-    def eager():
-        for c in kept:
-            session.uninstall(c)
-
-    def adopted():
-        for c in kept:
-            session.install(c)
-
-    timing = _paired_with_setup(session, ("eager", eager), ("adopted", adopted), "model")
-    adopted()
-    e.latency_eager_s, e.latency_adopted_s, e.gain = timing.before_s, timing.after_s, timing.gain
     return e
-
-
-def _paired_with_setup(session: _Session, a, b, unit: str) -> gates.Timing:
-    """Paired timing of the whole model in two configurations; setup runs outside the timed call."""
-    (name_a, setup_a), (name_b, setup_b) = a, b
-    before, after, ratios = [], [], []
-    for r in range(session.rounds):
-        times = {}
-        for name, setup in ((name_a, setup_a), (name_b, setup_b))[:: 1 if r % 2 == 0 else -1]:
-            setup()
-            times[name] = session.timer(gates.TimedCall(session.run_plain, name, unit))
-        before.append(times[name_a])
-        after.append(times[name_b])
-        ratios.append(times[name_a] / times[name_b] if times[name_b] > 0 else float("inf"))
-    return gates.Timing(statistics.median(before), statistics.median(after), statistics.median(ratios) - 1.0)
 
 
 def _capture(session: _Session, e: EndToEnd, name: str) -> None:

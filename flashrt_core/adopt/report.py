@@ -52,6 +52,8 @@ class EndToEnd:
     latency_eager_s: float | None = None
     latency_adopted_s: float | None = None
     gain: float | None = None
+    decided_by: str = ""  # which step of the end-to-end latency gate chose the kept set (e2e.py)
+    trials: list[dict] = field(default_factory=list)  # every end-to-end timing: step, units, before/after, gain
     capture: str = "not requested"  # "captured <method>", "not captured: <why>"
     latency_graph_s: float | None = None
     graph_cosine: float | None = None
@@ -131,4 +133,9 @@ def format_table(report: AdoptReport) -> str:
         f"(bound {_num(e.rel_err_bound, '.0e')}); eager {_us(e.latency_eager_s)} us -> adopted "
         f"{_us(e.latency_adopted_s)} us ({_num(e.gain, '+.1%')}); {e.capture}"
         + (f", graph {_us(e.latency_graph_s)} us" if e.latency_graph_s is not None else ""))
+    lines.append(f"end-to-end latency gate: {e.decided_by or '-'}")
+    for t in e.trials:
+        lines.append(f"  {t['step']}: {t['units']} units, " + (
+            f"parity failed ({t['parity_failed']})" if "parity_failed" in t else
+            f"{_us(t['before_s'])} us -> {_us(t['after_s'])} us ({t['gain']:+.1%})"))
     return "\n".join(lines)

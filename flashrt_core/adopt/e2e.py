@@ -1,0 +1,173 @@
+"""The end-to-end latency gate: the whole model (or method) with the kept swaps against the original.
+
+Per-unit gains need not add up: in a launch-bound eager model every wrapper adds Python and dispatch work,
+and a unit timed alone on its captured inputs does not see the real call's overlap. So the kept set is timed
+as a whole (paired A/B rounds, the original and the adopted model alternating, median of per-round ratios).
+If it gains less than `min_gain`, a subset that does gain is searched for, in steps that each cost one
+end-to-end timing, at most `max_trials` in all:
+  1. all kept units;
+  2. each kind alone (most promising first: the largest summed per-unit saving), then the union of the kinds
+     that gained alone;
+  3. if nothing gained yet: the most promising half of the best kind (or of all units when there is one
+     kind), by per-unit saving, then its quarter, ... (drops the individually marginal units).
+The subset with the best measured gain among those that passed is kept; if none passed, every swap is
+reverted and the model is exactly the original. Each subset is checked for end-to-end parity before it is
+timed (a subset of a set that passed need not pass itself).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from flashrt_core.adopt import gates
+from flashrt_core.adopt.report import EndToEnd
+
+DEFAULT_MAX_TRIALS = 8
+
+
+@dataclass
+class Trial:
+    step: str  # "all kept", "kind rms_norm", "kinds a+b", "best 3 of rms_norm", ...
+    cands: list  # the Candidates swapped in
+    timing: gates.Timing | None = None
+    parity_failed: str = ""
+
+    def passes(self, min_gain: float) -> bool:
+        return self.timing is not None and self.timing.passes(min_gain)
+
+    def row(self) -> dict:
+        row = {"step": self.step, "units": len(self.cands)}
+        if self.timing is None:
+            row["parity_failed"] = self.parity_failed
+        else:
+            row.update(before_s=self.timing.before_s, after_s=self.timing.after_s, gain=self.timing.gain)
+        return row
+
+
+def duration(seconds: float) -> str:
+    if seconds >= 1.0:
+        return f"{seconds:.3f} s"
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} us"
+
+
+def _saving(cand) -> float:
+    u = cand.report
+    return (u.latency_before_s or 0.0) - (u.latency_after_s or 0.0)
+
+
+class _Search:
+    def __init__(self, session, max_trials: int):
+        self.session, self.max_trials = session, max_trials
+        self.all = list(session.kept)
+        self.trials: list[Trial] = []
+        self.timed = 0
+
+    def configure(self, subset) -> None:
+        chosen = {id(c) for c in subset}
+        for c in self.all:
+            (self.session.install if id(c) in chosen else self.session.uninstall)(c)
+
+    def budget_left(self) -> bool:
+        return self.timed < self.max_trials
+
+    def trial(self, step: str, cands) -> Trial:
+        s = self.session
+        t = Trial(step, list(cands))
+        self.trials.append(t)
+        self.configure(t.cands)
+        if t.cands and len(t.cands) < len(self.all):
+            par, err = s.e2e()
+            bound = s.bound(s.model)
+            if par is None or not par.passes(s.cos_min, bound):
+                t.parity_failed = err or f"cos {par.cosine:.6f}, rel err {par.max_rel_err:.2e} (max {bound:.0e})"
+                return t
+        self.timed += 1
+        t.timing = paired_with_setup(s, ("eager", lambda: self.configure([])),
+                                     ("adopted", lambda: self.configure(t.cands)), "model")
+        return t
+
+    def run(self, min_gain: float) -> Trial | None:
+        first = self.trial("all kept", self.all)
+        if first.passes(min_gain):
+            return first
+        if not self.all:
+            return None
+        kinds: dict[str, list] = {}
+        for c in self.all:
+            kinds.setdefault(c.report.kind, []).append(c)
+        pool = self.all
+        if len(kinds) > 1:
+            order = sorted(kinds, key=lambda k: -sum(_saving(c) for c in kinds[k]))
+            alone = []
+            for k in order:
+                if not self.budget_left():
+                    break
+                alone.append(self.trial(f"kind {k} alone", kinds[k]))
+            good = [t for t in alone if t.passes(min_gain)]
+            if len(good) > 1 and self.budget_left():
+                self.trial("kinds " + "+".join(t.cands[0].report.kind for t in good),
+                           [c for t in good for c in t.cands])
+            timed = [t for t in alone if t.timing is not None]
+            if not good and timed:
+                pool = max(timed, key=lambda t: t.timing.gain).cands
+        if not any(t.passes(min_gain) for t in self.trials):
+            ranked = sorted(pool, key=_saving, reverse=True)
+            size = len(ranked)
+            while size > 1 and self.budget_left():
+                size = (size + 1) // 2
+                kinds_in = "+".join(sorted({c.report.kind for c in ranked[:size]}))
+                if self.trial(f"best {size} of {len(ranked)} ({kinds_in}) by unit saving",
+                              ranked[:size]).passes(min_gain):
+                    break
+        passed = [t for t in self.trials if t.passes(min_gain)]
+        return max(passed, key=lambda t: t.timing.gain) if passed else None
+
+
+def latency_gate(session, method: str, max_trials: int = DEFAULT_MAX_TRIALS) -> EndToEnd:
+    """Time the kept set end to end; keep the best subset that gains (possibly none). Updates session.kept,
+    the unit reports of dropped units and leaves the model configured with the chosen subset."""
+    search = _Search(session, max_trials)
+    chosen = search.run(session.min_gain)
+    first = search.trials[0]
+    e = EndToEnd(method=method, rel_err_bound=session.bound(session.model),
+                 trials=[t.row() for t in search.trials])
+    keep = chosen.cands if chosen is not None else []
+    search.configure(keep)
+    if chosen is not None:
+        timing = chosen.timing
+        e.latency_eager_s, e.latency_adopted_s, e.gain = timing.before_s, timing.after_s, timing.gain
+        e.decided_by = f"{chosen.step}: {len(keep)}/{len(search.all)} units" + (
+            f" (all kept: {first.timing.gain:+.1%})" if chosen is not first else "")
+    else:
+        # Nothing kept: the adopted model is the original, so it costs what the original costs.
+        e.latency_eager_s = statistics.median(t.timing.before_s for t in search.trials if t.timing)
+        e.latency_adopted_s, e.gain = e.latency_eager_s, 0.0
+        timed = [t for t in search.trials if t.timing]
+        best = max(timed, key=lambda t: t.timing.gain)
+        e.decided_by = ("nothing to time: no unit passed its own gates" if not search.all else
+                        f"reverted: no subset gained >= {session.min_gain:.0%} in {search.timed} timings "
+                        f"(best: {best.step} {best.timing.gain:+.1%})")
+    summary = (f"whole {method} {duration(first.timing.before_s)} -> {duration(first.timing.after_s)} "
+               f"({first.timing.gain:+.1%} < {session.min_gain:.0%}) with all {len(search.all)} kept units")
+    kept_ids = {id(c) for c in keep}
+    for c in search.all:
+        if id(c) not in kept_ids:
+            c.report.kept = False
+            c.report.reason = f"end-to-end latency: {summary}; {e.decided_by}"
+    session.kept = [c for c in search.all if id(c) in kept_ids]
+    return e
+
+
+def paired_with_setup(session, a, b, unit: str) -> gates.Timing:
+    """Paired timing of the whole model in two configurations; setup runs outside the timed call."""
+    (name_a, setup_a), (name_b, setup_b) = a, b
+    before, after, ratios = [], [], []
+    for r in range(session.rounds):
+        times = {}
+        for name, setup in ((name_a, setup_a), (name_b, setup_b))[:: 1 if r % 2 == 0 else -1]:
+            setup()
+            times[name] = session.timer(gates.TimedCall(session.run_plain, name, unit))
+        before.append(times[name_a])
+        after.append(times[name_b])
+        ratios.append(times[name_a] / times[name_b] if times[name_b] > 0 else float("inf"))
+    return gates.Timing(statistics.median(before), statistics.median(after), statistics.median(ratios) - 1.0)

@@ -1,0 +1,166 @@
+"""The end-to-end latency gate of accelerate(): per-unit gains that do not add up to a faster whole model are
+refused, a kind that slows the whole down is dropped while a good kind is kept, the marginal units of a kind
+are dropped, and the number of end-to-end timings is bounded. Timers are injected: a unit's fused form is
+always faster alone, and the whole model's cost is computed from the swaps actually installed in it."""
+import pytest
+import torch
+
+from flashrt_core.adopt import AdoptError, accelerate
+from flashrt_core.adopt.wrappers import AdoptedModule
+from test_adopt_models import GemmaLike, gemma_like, randomized, tokens
+
+# Tolerance table: adopted fp32 models against their own eager output (reverted ones must be bit-exact).
+TOL = {"cos_min": 0.999, "fp32_rel": 1e-3}
+ROUNDS = 5
+GAIN_RE = r"[+-]\d+\.\d%"
+
+
+def swapped(model):
+    """(name, kind) of every swapped module now installed (a merged q/k/v unit counts three times)."""
+    return [(n, m.adopted_kind) for n, m in model.named_modules() if isinstance(m, AdoptedModule)]
+
+
+def swapped_kinds(model):
+    return [k for _, k in swapped(model)]
+
+
+def whole_model_timer(model, per_swap, unit_fused=None, calls=None):
+    """Units alone: original 1.0, fused `unit_fused.get(unit, 0.5)`. Whole model: 1.0 plus, for every
+    installed swapped module, `per_swap[kind]` (a dict) or `per_swap(name, kind)` (an overhead when positive,
+    a saving when negative)."""
+    unit_fused = unit_fused or {}
+    cost = per_swap if callable(per_swap) else (lambda name, kind: per_swap.get(kind, 0.0))
+
+    def timer(fn):
+        fn()
+        if calls is not None:
+            calls.append((fn.variant, fn.unit))
+        if fn.unit == "model":
+            if fn.variant == "eager":
+                assert not swapped_kinds(model), "the eager side of an end-to-end timing ran with swaps"
+                return 1.0
+            return 1.0 + sum(cost(n, k) for n, k in swapped(model))
+        return 1.0 if fn.variant == "original" else unit_fused.get(fn.unit, 0.5)
+    return timer
+
+
+def e2e_timings(calls):
+    """Number of end-to-end timings (each is ROUNDS paired rounds, one adopted call per round)."""
+    adopted = sum(1 for v, u in calls if u == "model" and v == "adopted")
+    assert adopted % ROUNDS == 0
+    return adopted // ROUNDS
+
+
+def assert_close_e2e(out, ref):
+    cos = torch.nn.functional.cosine_similarity(out.flatten().double(), ref.flatten().double(), dim=0)
+    rel = (out - ref).abs().max() / ref.abs().max()
+    assert cos >= TOL["cos_min"] and rel <= TOL["fp32_rel"], (float(cos), float(rel))
+
+
+def test_units_faster_but_whole_slower_all_refused_and_model_is_the_original():
+    model, x = gemma_like(), tokens()
+    originals = dict(model.named_modules())
+    with torch.no_grad():
+        ref = model(x)
+    calls = []
+    timer = whole_model_timer(model, {"rms_norm": 0.01, "gated_mlp": 0.02, "linear_merge": 0.005}, calls=calls)
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS)
+    gated = [u for u in report.units if u.gain is not None and u.gain >= 0.02 and u.cosine >= TOL["cos_min"]]
+    assert len(gated) >= 9 and {u.kind for u in gated} == {"rms_norm", "gated_mlp", "linear_merge"}
+    assert not report.kept and not swapped_kinds(model)
+    assert dict(model.named_modules()) == originals
+    for u in gated:
+        assert u.reason.startswith("end-to-end latency: whole forward 1.000 s -> "), u.reason
+        assert "reverted: no subset gained >= 2%" in u.reason
+    e = report.end_to_end
+    assert e.decided_by.startswith("reverted") and e.gain == 0.0 and e.latency_adopted_s == e.latency_eager_s
+    assert e.trials[0]["step"] == "all kept" and e.trials[0]["units"] == len(gated) and e.trials[0]["gain"] < 0
+    assert e.cosine == 1.0 and e.max_rel_err == 0.0
+    assert 1 < e2e_timings(calls) <= 8
+    with torch.no_grad():
+        assert torch.equal(model(x), ref)
+    assert "refused: end-to-end latency" in str(report) and "reverted" in str(report)
+
+
+def test_kind_that_slows_the_whole_is_dropped_and_the_good_kind_kept():
+    model, x = gemma_like(), tokens()
+    with torch.no_grad():
+        ref = model(x)
+    calls = []
+    # 5 norms save 0.03 each (-0.15), 2 gated MLPs cost 0.1 each (+0.2): all together 1.05 (slower).
+    timer = whole_model_timer(model, {"rms_norm": -0.03, "gated_mlp": 0.1}, calls=calls)
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS, kinds=["rms_norm", "gated_mlp"])
+    assert sorted({u.kind for u in report.kept}) == ["rms_norm"] and len(report.kept) == 5
+    for name in ("layers.0.mlp", "layers.1.mlp"):
+        unit = report.unit(name)
+        assert not unit.kept and unit.gain == pytest.approx(1.0)  # faster alone, refused end to end
+        assert unit.reason.startswith("end-to-end latency: whole forward") and "kind rms_norm alone" in unit.reason
+    assert not isinstance(model.layers[0].mlp, AdoptedModule) and isinstance(model.norm, AdoptedModule)
+    e = report.end_to_end
+    assert e.decided_by.startswith("kind rms_norm alone: 5/7 units")
+    assert e.latency_eager_s == 1.0 and e.latency_adopted_s == pytest.approx(0.85)
+    assert e.gain == pytest.approx(1.0 / 0.85 - 1.0)
+    steps = [t["step"] for t in e.trials]
+    assert steps == ["all kept", "kind rms_norm alone", "kind gated_mlp alone"]
+    assert e.trials[0]["gain"] == pytest.approx(1.0 / 1.05 - 1.0)
+    assert e2e_timings(calls) == 3
+    with torch.no_grad():
+        out = model(x)
+    assert_close_e2e(out, ref)
+    assert report.unit("norm").stats.fused_calls == 1  # the kept kind really runs
+
+
+def test_whole_faster_keeps_every_unit_after_one_timing():
+    model, x = gemma_like(), tokens()
+    with torch.no_grad():
+        ref = model(x)
+    calls = []
+    timer = whole_model_timer(model, {"rms_norm": -0.01, "gated_mlp": -0.02, "linear_merge": 0.001}, calls=calls)
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS)
+    assert sorted({u.kind for u in report.kept}) == ["gated_mlp", "linear_merge", "rms_norm"]
+    assert all(u.reason == "kept" for u in report.kept)
+    e = report.end_to_end
+    assert e.decided_by.startswith("all kept:") and e2e_timings(calls) == 1
+    expected = 1.0 - 0.01 * 5 - 0.02 * 2 + 0.001 * 3 * 2  # two merged q/k/v units of three modules each
+    assert e.latency_adopted_s == pytest.approx(expected) and e.gain == pytest.approx(1.0 / expected - 1.0)
+    with torch.no_grad():
+        assert_close_e2e(model(x), ref)
+
+
+def test_marginal_units_of_one_kind_dropped_by_halving():
+    model, x = gemma_like(), tokens()
+    calls = []
+    marginal = {"layers.0.input_layernorm", "layers.0.post_attention_layernorm"}
+    # Layer-0 norms save little alone (0.9 vs 1.0) and, swapped in, cost the whole model 0.05 each; the
+    # others save 0.5 alone and 0.01 each in the whole: all five 1.07 (slower), the best three 0.97.
+    timer = whole_model_timer(model, lambda name, kind: 0.05 if name in marginal else -0.01,
+                              {n: 0.9 for n in marginal}, calls)
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS, kinds=["rms_norm"])
+    assert {u.name for u in report.kept} == {"norm", "layers.1.input_layernorm", "layers.1.post_attention_layernorm"}
+    for name in marginal:
+        assert report.unit(name).reason.startswith("end-to-end latency:")
+    e = report.end_to_end
+    assert e.decided_by.startswith("best 3 of 5 (rms_norm) by unit saving: 3/5 units")
+    assert e.gain == pytest.approx(1.0 / 0.97 - 1.0) and e2e_timings(calls) == 2
+
+
+@pytest.mark.parametrize("limit", [1, 3, 8])
+def test_number_of_end_to_end_timings_is_bounded(limit):
+    # 129 norms of one kind, every subset slower: all kept, then halving 65, 33, ..., 1 would be 9 timings.
+    model, x = randomized(GemmaLike(layers=64)), tokens()
+    with torch.no_grad():
+        ref = model(x)
+    calls = []
+    timer = whole_model_timer(model, {"rms_norm": 0.01}, calls=calls)
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS, kinds=["rms_norm"], e2e_trials=limit)
+    e = report.end_to_end
+    assert e2e_timings(calls) == limit and len(e.trials) == limit
+    assert [t["units"] for t in e.trials] == [129, 65, 33, 17, 9, 5, 3, 2][:limit]
+    assert not report.kept and e.decided_by.startswith(f"reverted: no subset gained >= 2% in {limit} timings")
+    with torch.no_grad():
+        assert torch.equal(model(x), ref)
+
+
+def test_no_end_to_end_timing_budget_is_refused():
+    with pytest.raises(AdoptError, match="e2e_trials must be >= 1, got 0"):
+        accelerate(gemma_like(), (tokens(),), timer=whole_model_timer(None, {}), e2e_trials=0)
