@@ -116,3 +116,80 @@ def test_runtime_refusals_leave_the_live_state_untouched(tmp_path):
     assert rt.decisions == decisions and [r["id"] for r in rt.list_capsules()] == [cid]
     rt.drop_capsule(cid)
     assert rt.list_capsules() == []
+
+
+def same_meta(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_meta(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_meta, a, b))
+    return type(a) is type(b) and a == b
+
+
+def _corrupt(meta, how):
+    led = meta["ledger"]
+    if how == "clock_name":
+        meta["clocks"]["other_stage"] = meta["clocks"].pop("act")
+    elif how == "ledger_buffers":
+        led["buffers"]["other_buffer"] = led["buffers"].pop("prefix_k")
+    elif how == "seen_reads":
+        led["seen"]["act"]["images"] = 1
+    elif how == "rng_size":
+        meta["rng_state"] = meta["rng_state"][:-8].clone()
+    elif how == "pending":
+        meta["pending"] = ["other_stage"]
+    elif how == "missing":
+        del meta["clocks"]
+    elif how == "runs_type":
+        led["runs"]["act"] = "3"
+    elif how == "prompt_bytes":
+        meta["prompt_bytes"] = meta["prompt_bytes"][:5].clone()
+    return {"clock_name": "clocks", "ledger_buffers": "ledger.buffers", "seen_reads": "ledger.seen.act",
+            "rng_size": "rng_state", "pending": "pending", "missing": "clocks", "runs_type": "ledger.runs.act",
+            "prompt_bytes": "prompt_bytes"}[how]
+
+
+@pytest.mark.parametrize("how", ["clock_name", "ledger_buffers", "seen_reads", "rng_size", "pending", "missing",
+                                 "runs_type", "prompt_bytes"])
+def test_restore_of_a_meta_that_does_not_fit_is_atomic(how):
+    # A meta from another contract (or a damaged one) must be refused before any buffer is copied, so the
+    # live buffers and the host state stay exactly as they were (apply_meta would fail half way otherwise).
+    rt = make_runtime("cpu")
+    run_ticks(rt, range(2))
+    cid = rt.snapshot("x", tier="device")
+    run_ticks(rt, range(2, 4))  # live state moves on from the capsule
+    cap = rt.capsules._caps[cid]
+    field = _corrupt(cap.meta, how)
+    live = {k: v.clone() for k, v in rt.persistent_buffers().items()}
+    host = rt.runtime_meta()
+    with pytest.raises(CapsuleError, match=f"restore of capsule {cid}: meta field {field}"):
+        rt.restore(cid)
+    for k, v in rt.persistent_buffers().items():
+        assert torch.equal(v, live[k]), f"buffer {k} was written by a refused restore"
+    assert same_meta(rt.runtime_meta(), host)
+    assert_same_run(run_ticks(rt, range(4, 6)), run_ticks(_replayed(4), range(4, 6)))
+
+
+def _replayed(ticks):
+    rt = make_runtime("cpu")
+    run_ticks(rt, range(ticks))
+    return rt
+
+
+def test_restore_returns_a_private_meta_and_repeats_exactly():
+    rt = make_runtime("cpu")
+    run_ticks(rt, range(2))
+    cid = rt.snapshot("x", tier="device")
+    want = {k: v.clone() for k, v in rt.persistent_buffers().items()}
+    host = rt.runtime_meta()
+    for seed in (3, 4):
+        disturb(rt, seed)
+        meta = rt.restore(cid)
+        for k, v in rt.persistent_buffers().items():
+            assert torch.equal(v, want[k])
+        assert same_meta(rt.runtime_meta(), host)
+        meta["ledger"]["runs"]["act"] = 999  # the caller's copy: neither the runtime nor the capsule change
+        meta["rng_state"].zero_()
+        assert same_meta(rt.runtime_meta(), host)

@@ -302,3 +302,55 @@ def test_odd_live_views_and_swapped_storage_are_restored_exactly(tmp_path):
     live["chunk"].set_(backing["chunk"][1])
     s.restore(cid, live)
     assert torch.equal(bits(backing["chunk"][1]), bits(odd["chunk"]))
+
+
+@pytest.mark.parametrize("change", ["resize", "retype", "new_object"])
+def test_live_tensor_changed_after_a_cached_restore_is_detected(tmp_path, change):
+    # The first restores validate once and cache the copy lists; an in-place change of a live tensor's
+    # shape or dtype (same object, same address) must still be refused, and a new object still written.
+    s = store(tmp_path)
+    live = make_state(40)
+    want = clone(live)
+    cid = s.snapshot("a", "device", live, {})
+    for seed in (41, 42):
+        dirty(live, seed)
+        s.restore(cid, live)
+        assert_same(live, want)
+    if change == "new_object":
+        live["chunk"] = torch.zeros(1, 5, 7)
+        s.restore(cid, live)
+        assert_same(live, want)
+        return
+    t = live["counters"]
+    ptr = t.data_ptr()
+    if change == "resize":
+        t.resize_(2)
+    else:
+        t.data = t.view(torch.float64)  # same bytes, another dtype
+    assert t.data_ptr() == ptr
+    before = clone(live)
+    with pytest.raises(CapsuleError, match="counters"):
+        s.restore(cid, live)
+    assert_same(live, before)
+
+
+def test_restore_check_refusal_copies_nothing(tmp_path):
+    s = store(tmp_path)
+    live = make_state(50)
+    cid = s.snapshot("a", "device", live, {"clock": [1, 2]})
+    dirty(live, 51)
+    before = clone(live)
+
+    def check(meta):
+        meta["clock"][5]  # an IndexError is not one of the named kinds: it surfaces as is
+
+    def check_named(meta):
+        raise ValueError("clock: wrong length")
+
+    with pytest.raises(CapsuleError, match="meta does not fit this runtime: ValueError: clock: wrong length"):
+        s.restore(cid, live, check=check_named)
+    assert_same(live, before)
+    with pytest.raises(IndexError):
+        s.restore(cid, live, check=check)
+    assert_same(live, before)
+    assert s.restore(cid, live, check=lambda m: None) == {"clock": [1, 2]}

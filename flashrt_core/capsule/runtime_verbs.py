@@ -7,6 +7,8 @@ attribute that starts as None; the store is created on first use.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from flashrt_core.capsule.fingerprint import Fingerprint, fingerprint
@@ -50,14 +52,39 @@ def capsule_store(rt) -> CapsuleStore:
     return rt.capsules
 
 
+def _config_key(rt):
+    """Weak references to the objects a runtime's fingerprint is computed from (its contract and model
+    binding) and its cached weights digest; None when the runtime has no such objects."""
+    contract, binding = getattr(rt, "contract", None), getattr(rt, "binding", None)
+    if contract is None or binding is None:
+        return None
+    try:
+        return weakref.ref(contract), weakref.ref(binding), getattr(rt, "_weights_digest", None)
+    except TypeError:  # objects without weak references: check the full fingerprint every time
+        return None
+
+
+def _same_config(rt, key) -> bool:
+    return (key is not None and key[0]() is getattr(rt, "contract", None) and key[1]() is getattr(rt, "binding", None)
+            and key[2] == getattr(rt, "_weights_digest", None))
+
+
 def _checked_store(rt, what: str) -> CapsuleStore:
-    """The store, after checking the runtime was not re-configured under it (other weights, dtype, layout)."""
+    """The store, after checking the runtime was not re-configured under it (other weights, dtype, layout).
+
+    Computing the fingerprint (model identity, layout) costs more than a restore's copy, so it is redone
+    only when the runtime's contract or binding are other objects or its weights digest changed; the live
+    buffers' shapes and dtypes are checked by the store on every call anyway.
+    """
     store = capsule_store(rt)
+    if _same_config(rt, store.verified_config):
+        return store
     live = runtime_fingerprint(rt)
     if live != store.fingerprint:
         diffs = "; ".join(store.fingerprint.diff(live))
         raise CapsuleError(f"{what}: the runtime's fingerprint changed since its capsules were made "
                            f"(capsules != runtime): {diffs}")
+    store.verified_config = _config_key(rt)
     return store
 
 
@@ -66,9 +93,14 @@ def snapshot(rt, name: str, tier: str = "device") -> str:
 
 
 def restore(rt, capsule_id: str) -> dict:
-    """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch."""
-    meta = _checked_store(rt, f"restore of {capsule_id}").restore(capsule_id, rt.persistent_buffers())
-    rt.apply_meta(meta)
+    """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch.
+
+    The runtime's `check_meta` (when it has one) vets the meta before any copy, so a meta that does not
+    fit this runtime is refused with the live buffers and host state untouched.
+    """
+    store = _checked_store(rt, f"restore of {capsule_id}")
+    meta = store.restore(capsule_id, rt.persistent_buffers(), check=getattr(rt, "check_meta", None))
+    rt.apply_meta(meta)  # takes no references into meta, so the same copy is handed back
     return meta
 
 

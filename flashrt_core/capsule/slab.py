@@ -59,6 +59,7 @@ class Slab:
         for (name, _, nbytes, _, _), piece in zip(plan.entries, pieces[0::2]):
             self.words.append(piece if nbytes % 8 == 0 else piece.view(torch.uint8)[:nbytes])
         self._views = None
+        self.planned = {}  # the Copier's cached copy lists to (True) / from (False) the live buffers
         self.ready = None  # CUDA event recorded after the copy that filled it, when one was async
 
     @property
@@ -75,38 +76,48 @@ class Slab:
             self.ready.synchronize()
 
 
-def _copy_pairs(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """Copy each (dst, src): one fused launch per (dtype, device) group, single copies across devices."""
+def _group(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list, list]:
+    """Split (dst, src) pairs into fused lists, one per (dtype, device), and single cross-device copies."""
     groups: dict = {}
+    singles = []
     for d, s in pairs:
         if d.device == s.device and d.dtype == s.dtype:
-            groups.setdefault((d.dtype, d.device), ([], []))
-            groups[(d.dtype, d.device)][0].append(d)
-            groups[(d.dtype, d.device)][1].append(s)
+            dst, src = groups.setdefault((d.dtype, d.device), ([], []))
+            dst.append(d)
+            src.append(s)
         else:  # host-placed buffers of a CUDA runtime, host <-> device tiers
-            d.copy_(s, non_blocking=True)
-    for dst, src in groups.values():
+            singles.append((d, s))
+    return list(groups.values()), singles
+
+
+def _run(groups: list, singles: list) -> None:
+    for d, s in singles:
+        d.copy_(s, non_blocking=True)
+    for dst, src in groups:
         torch._foreach_copy_(dst, src, non_blocking=True)
 
 
+def _copy_pairs(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each (dst, src): one fused launch per (dtype, device) group, single copies across devices."""
+    _run(*_group(pairs))
+
+
 class LiveWords:
-    """Raw-word views of the live buffers, cached while the caller passes the same tensor objects.
+    """Raw-word views of the live buffers, rebuilt only when the store's checked live tensors change.
 
     A runtime hands over the same persistent tensors on every call, so building 40 views per restore would
-    cost more host time than the copy itself. Holding the tensors keeps the identity check sound.
+    cost more host time than the copy itself. The store bumps `gen` whenever the tensors it validated are
+    other objects or moved, resized or retyped (see CapsuleStore._check_buffers).
     """
 
     def __init__(self):
-        self._tensors: list = []
-        self._ptrs: list = []
+        self._gen = None
         self._words: list = []
 
-    def get(self, plan: SlabPlan, live: Mapping[str, torch.Tensor]) -> list:
-        tensors = [live[n] for n in plan.names]
-        ptrs = [t.data_ptr() for t in tensors]  # same object but new storage (set_, resize_): rebuild
-        if ptrs != self._ptrs or any(a is not b for a, b in zip(tensors, self._tensors)):
-            self._words = [_as_words(t, n) for t, (_, _, n, _, _) in zip(tensors, plan.entries)]
-            self._tensors, self._ptrs = tensors, ptrs
+    def get(self, plan: SlabPlan, live: Sequence[torch.Tensor], gen: int) -> list:
+        if gen != self._gen:
+            self._words = [_as_words(t, n) for t, (_, _, n, _, _) in zip(live, plan.entries)]
+            self._gen = gen
         return self._words
 
 
@@ -120,12 +131,12 @@ def _as_words(t: torch.Tensor, nbytes: int):
     return None if nbytes % 8 == 0 else flat
 
 
-def _live_pairs(slab: Slab, live: Mapping[str, torch.Tensor], words: list, to_slab: bool) -> list:
+def _live_pairs(slab: Slab, live: Sequence[torch.Tensor], words: list, to_slab: bool) -> list:
     pairs = []
     for i, (name, _, _, _, _) in enumerate(slab.plan.entries):
         w = words[i]
         if w is None:  # odd live tensor: typed copy of this one buffer
-            pair = (slab.views[name], live[name]) if to_slab else (live[name], slab.views[name])
+            pair = (slab.views[name], live[i]) if to_slab else (live[i], slab.views[name])
         else:
             pair = (slab.words[i], w) if to_slab else (w, slab.words[i])
         pairs.append(pair)
@@ -142,7 +153,12 @@ def _cuda_device(pairs) -> torch.device | None:
 
 
 class Copier:
-    """Copies on a side CUDA stream (snapshot, move, fork) or on the caller's stream (restore)."""
+    """Copies on a side CUDA stream (snapshot, move, fork) or on the caller's stream (restore).
+
+    Copies between a slab and the live buffers are planned once per (slab, direction, live generation)
+    and kept on the slab, so a repeated restore (or a time-travel ring slot refilled every decision)
+    only replays the fused copy lists.
+    """
 
     def __init__(self):
         self._side = {}
@@ -153,7 +169,7 @@ class Copier:
             self._side[device] = torch.cuda.Stream(device=device)
         return self._side[device]
 
-    def _side_copy(self, pairs) -> None | torch.cuda.Event:
+    def _side_copy(self, groups: list, singles: list, device) -> None | torch.cuda.Event:
         """Copy on a side stream; returns the completion event (None on CPU).
 
         The side stream first waits for the work already queued on the caller's stream (so it copies the
@@ -161,38 +177,48 @@ class Copier:
         cannot overwrite a buffer mid-copy). The host never blocks: the control loop is held back by at
         most the copy itself.
         """
-        device = _cuda_device(pairs)
         if device is None:
-            _copy_pairs(pairs)
+            _run(groups, singles)
             return None
         main = torch.cuda.current_stream(device)
         side = self._side_stream(device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            _copy_pairs(pairs)
+            _run(groups, singles)
             done = torch.cuda.Event()
             done.record(side)
         main.wait_event(done)
         return done
 
-    def live_to_slab(self, slab: Slab, live: Mapping[str, torch.Tensor]) -> None:
-        slab.ready = self._side_copy(_live_pairs(slab, live, self._live.get(slab.plan, live), to_slab=True))
+    def _side_pairs(self, pairs) -> None | torch.cuda.Event:
+        return self._side_copy(*_group(pairs), _cuda_device(pairs))
+
+    def _planned(self, slab: Slab, live: Sequence[torch.Tensor], gen: int, to_slab: bool) -> tuple:
+        """(groups, singles, cuda device) for copies between `slab` and the live tensors of generation `gen`."""
+        cached = slab.planned.get(to_slab)
+        if cached is None or cached[0] != gen:
+            pairs = _live_pairs(slab, live, self._live.get(slab.plan, live, gen), to_slab)
+            cached = slab.planned[to_slab] = (gen, (*_group(pairs), _cuda_device(pairs)))
+        return cached[1]
+
+    def live_to_slab(self, slab: Slab, live: Sequence[torch.Tensor], gen: int) -> None:
+        slab.ready = self._side_copy(*self._planned(slab, live, gen, to_slab=True))
 
     def slab_to_slab(self, dst: Slab, src: Slab) -> None:
-        dst.ready = self._side_copy(list(zip(dst.words, src.words)))
+        dst.ready = self._side_pairs(list(zip(dst.words, src.words)))
 
     def tensors_to_slab(self, slab: Slab, tensors: Mapping[str, torch.Tensor]) -> None:
         """From verified CPU tensors (a disk capsule) into a memory slab."""
-        slab.ready = self._side_copy([(slab.views[n], tensors[n]) for n in slab.plan.names])
+        slab.ready = self._side_pairs([(slab.views[n], tensors[n]) for n in slab.plan.names])
 
-    def slab_to_live(self, live: Mapping[str, torch.Tensor], slab: Slab) -> None:
+    def slab_to_live(self, live: Sequence[torch.Tensor], gen: int, slab: Slab) -> None:
         """Restore: on the caller's stream, after the copy that filled the slab."""
-        pairs = _live_pairs(slab, live, self._live.get(slab.plan, live), to_slab=False)
-        device = _cuda_device(pairs)
+        groups, singles, device = self._planned(slab, live, gen, to_slab=False)
         if device is not None and slab.ready is not None:
             torch.cuda.current_stream(device).wait_event(slab.ready)
-        _copy_pairs(pairs)
+        _run(groups, singles)
 
     @staticmethod
-    def tensors_to_live(live: Mapping[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]) -> None:
-        _copy_pairs([(live[n], tensors[n]) for n in live])
+    def tensors_to_live(live: Sequence[torch.Tensor], names: Sequence[str],
+                        tensors: Mapping[str, torch.Tensor]) -> None:
+        _copy_pairs([(t, tensors[n]) for t, n in zip(live, names)])

@@ -14,13 +14,13 @@ import secrets
 import shutil
 import threading
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
 from flashrt_core.capsule import diskfmt
 from flashrt_core.capsule.fingerprint import Fingerprint, dtype_name, shape_text
-from flashrt_core.capsule.meta import copy_meta, decode_meta
+from flashrt_core.capsule.meta import clone_meta, copy_meta, decode_meta
 from flashrt_core.capsule.slab import Copier, Slab, SlabPlan, torch_dtype
 from flashrt_core.errors import CapsuleError
 
@@ -81,36 +81,58 @@ class CapsuleStore:
         self._ring_ids: list[str | None] = []
         self._ring_next = 0
         self._lock = threading.RLock()  # ROS services and the control loop may call from different threads
+        # The live tensors last validated, in plan order, with their (id, address, shape, dtype) signature
+        # and a generation the Copier keys its cached copy lists on (see _check_buffers).
+        self._live: list = []
+        self._live_sig: list | None = None
+        self._live_gen = 0
+        self.verified_config = None  # set by capsule.runtime_verbs: what the runtime's fingerprint was checked for
 
     # ---------------------------------------------------------------- public verbs
     def snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str:
         self._check_tier(tier)
-        self._check_buffers(tensors, f"snapshot {name!r}")
         meta = _own_meta(meta)
         with self._lock:
+            live = self._check_buffers(tensors, f"snapshot {name!r}")
             self._make_room(tier, self.capsule_bytes, protect=set(), for_what=f"snapshot {name!r}")
             cap = self._new(name, tier, meta)
             if tier == "disk":
                 staging = self._slab("host")
-                self._copier.live_to_slab(staging, tensors)
+                self._copier.live_to_slab(staging, live, self._live_gen)
                 staging.wait_host()
                 self._write_disk(cap, staging.views)
             else:
                 cap.slab = self._slab(tier)
-                self._copier.live_to_slab(cap.slab, tensors)
+                self._copier.live_to_slab(cap.slab, live, self._live_gen)
             self._caps[cap.id] = cap
             return cap.id
 
-    def restore(self, capsule_id: str, into: Mapping[str, torch.Tensor]) -> dict:
-        """Copy a capsule into the live tensors in place; returns its meta. Validates all before copying."""
+    def restore(self, capsule_id: str, into: Mapping[str, torch.Tensor],
+                check: Callable[[dict], None] | None = None) -> dict:
+        """Copy a capsule into the live tensors in place; returns a copy of its meta.
+
+        Everything is validated before the first byte moves: the id, the live buffers against the layout,
+        a disk capsule's checksums and fingerprint, and `check(meta)` (the runtime's own test that it can
+        apply this meta), so a refused restore leaves the live tensors untouched.
+        """
+        what = f"restore of capsule {capsule_id}"
         with self._lock:
             cap = self._get(capsule_id)
-            self._check_buffers(into, f"restore of capsule {capsule_id}")
-            if cap.tier == "disk":
-                self._copier.tensors_to_live(into, self._load_disk(cap, f"restore of capsule {capsule_id}"))
+            live = self._check_buffers(into, what)
+            loaded = self._load_disk(cap, what) if cap.tier == "disk" else None
+            if check is not None:
+                try:
+                    check(cap.meta)
+                except CapsuleError as exc:
+                    raise CapsuleError(f"{what}: {exc}") from None
+                except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                    raise CapsuleError(f"{what}: its meta does not fit this runtime: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+            if loaded is not None:
+                self._copier.tensors_to_live(live, self._plan.names, loaded)
             else:
-                self._copier.slab_to_live(into, cap.slab)
-            return copy_meta(cap.meta)
+                self._copier.slab_to_live(live, self._live_gen, cap.slab)
+            return clone_meta(cap.meta)
 
     def fork(self, capsule_id: str, name: str) -> str:
         """A new, independent capsule with the same buffers and meta, in the source's tier."""
@@ -120,7 +142,7 @@ class CapsuleStore:
             # A disk source is verified before anything is evicted for the copy.
             loaded = self._load_disk(src, f"fork of capsule {src.id}") if src.tier == "disk" else None
             self._make_room(tier, self.capsule_bytes, protect={src.id}, for_what=f"fork {name!r} of {src.id}")
-            cap = self._new(name, tier, copy_meta(src.meta))
+            cap = self._new(name, tier, clone_meta(src.meta))
             if tier == "disk":
                 if loaded is None:
                     src.slab.wait_host()
@@ -201,9 +223,9 @@ class CapsuleStore:
         """Time travel: keep this decision in a ring of the last `ring` decisions (None when ring=0)."""
         if self.ring == 0:
             return None
-        self._check_buffers(tensors, "time-travel record")
         meta = _own_meta(meta)
         with self._lock:
+            live = self._check_buffers(tensors, "time-travel record")
             if not self._ring_slots:
                 # Reserve every slot once, so a decision never allocates; the ring counts against the device budget.
                 self._make_room("device", self.ring * self.capsule_bytes, protect=set(),
@@ -216,7 +238,7 @@ class CapsuleStore:
                 self._caps.pop(self._ring_ids[i], None)
             cap = self._new(f"ring/{self._ring_next}", "device", meta)
             cap.ring, cap.slab = True, self._ring_slots[i]
-            self._copier.live_to_slab(cap.slab, tensors)
+            self._copier.live_to_slab(cap.slab, live, self._live_gen)
             self._caps[cap.id] = cap
             self._ring_ids[i] = cap.id
             return cap.id
@@ -234,15 +256,40 @@ class CapsuleStore:
         if tier == "disk" and self.disk_dir is None:
             raise CapsuleError("tier 'disk' needs a disk_dir; create the CapsuleStore with disk_dir=...")
 
-    def _check_buffers(self, tensors: Mapping[str, torch.Tensor], what: str) -> None:
+    def _check_buffers(self, tensors: Mapping[str, torch.Tensor], what: str) -> list:
+        """The live tensors in plan order, after checking them against the layout (call under the lock).
+
+        Fast path: the same tensor objects at the same addresses with the same shapes and dtypes as the
+        last ones checked (the store holds those objects, so their ids cannot be reused meanwhile); any
+        change - another object, set_/resize_, a retype through .data - runs the full check again and
+        bumps the generation the Copier's cached copy lists depend on.
+        """
+        names = self._plan.names
+        if len(tensors) == len(names) and self._live_sig is not None:
+            try:
+                live = [tensors[n] for n in names]
+                sig = [(id(t), t.data_ptr(), t.shape, t.dtype) for t in live]
+            except (KeyError, AttributeError):  # a missing name or a non-tensor: the full check names it
+                sig = None
+            if sig == self._live_sig:
+                return live
+        self._full_check(tensors, what)
+        live = [tensors[n] for n in names]
+        self._live, self._live_sig = live, [(id(t), t.data_ptr(), t.shape, t.dtype) for t in live]
+        self._live_gen += 1
+        return live
+
+    def _full_check(self, tensors: Mapping[str, torch.Tensor], what: str) -> None:
         layout = self.fingerprint.layout
         if len(tensors) != len(layout) or any(n not in tensors for n in layout):
             missing = [n for n in layout if n not in tensors]
             extra = [n for n in tensors if n not in layout]
             raise CapsuleError(f"{what}: buffers do not match the fingerprint layout: "
                                f"missing {missing}, unexpected {extra}")
-        for name, (size, dt) in self._expect.items():  # torch.Size / dtype compares: cheap on the hot path
+        for name, (size, dt) in self._expect.items():
             t = tensors[name]
+            if not isinstance(t, torch.Tensor):
+                raise CapsuleError(f"{what}: buffer {name} is a {type(t).__name__}, not a tensor")
             if t.shape != size or t.dtype != dt:
                 shape, dtype = layout[name]
                 raise CapsuleError(f"{what}: buffer {name} is {dtype_name(t.dtype)} {shape_text(t.shape)}, "

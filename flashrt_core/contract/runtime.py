@@ -248,10 +248,77 @@ class Runtime:
                 meta["prompt_bytes"] = self.buffers.host_view("prompt").clone()
             return meta
 
+    def check_meta(self, meta: Mapping) -> None:
+        """Raise CapsuleError naming the field if `apply_meta(meta)` could fail or mix another contract's
+        state into this one. Capsule restores call it before the first byte moves, so a refusal leaves
+        buffers and host state untouched (e.g. a meta from another contract: other stages, clocks, buffers).
+        Runs on every restore: messages are formatted only on failure, and dicts are plain `dict`s (what
+        runtime_meta() and capsules hold; the typing.Mapping check alone would double its cost)."""
+        from flashrt_core.errors import CapsuleError
+
+        def fail(field, why):
+            raise CapsuleError(f"meta field {field}: {why} (is the capsule from another runtime or contract?)")
+
+        def names(got, want, field):
+            if not isinstance(got, dict):
+                fail(field, f"expected a dict, got {type(got).__name__}")
+            if got.keys() != want:
+                fail(field, f"names differ from this runtime's: missing {sorted(want - got.keys())}, "
+                            f"unexpected {sorted(map(str, got.keys() - want))}")
+
+        def ints(d, field):
+            for k, v in d.items():
+                if type(v) is not int:
+                    fail(f"{field}.{k}", f"expected an int, got {v!r}")
+
+        def tensor_like(got, want, field):
+            if not (isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape):
+                fail(field, f"expected a {want.dtype} tensor of shape {tuple(want.shape)}, got "
+                     + (f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__))
+
+        if not isinstance(meta, dict):
+            fail("meta", f"expected a dict, got {type(meta).__name__}")
+        for key in ("ledger", "clocks", "pending", "rng_state", "prompt"):
+            if key not in meta:
+                fail(key, "missing")
+        stages, led = self.contract.stages, meta["ledger"]
+        if not isinstance(led, dict):
+            fail("ledger", f"expected a dict, got {type(led).__name__}")
+        for key in ("buffers", "seen", "runs", "misses", "lates", "step", "decisions"):
+            if key not in led:
+                fail(f"ledger.{key}", "missing")
+        names(led["buffers"], self.contract.buffers.keys(), "ledger.buffers")
+        for name, e in led["buffers"].items():
+            if not (isinstance(e, (list, tuple)) and len(e) == 3 and type(e[0]) is int and type(e[1]) is int
+                    and (e[2] is None or type(e[2]) is int)):
+                fail(f"ledger.buffers.{name}", f"expected [version, step, stamp_ns or None], got {e!r}")
+        names(led["seen"], stages.keys(), "ledger.seen")
+        for stage, seen in led["seen"].items():
+            names(seen, set(stages[stage].reads), f"ledger.seen.{stage}")
+            ints(seen, f"ledger.seen.{stage}")
+        for key in ("runs", "misses", "lates"):
+            names(led[key], stages.keys(), f"ledger.{key}")
+            ints(led[key], f"ledger.{key}")
+        ints({"step": led["step"], "decisions": led["decisions"]}, "ledger")
+        names(meta["clocks"], self.scheduler.clocks.keys(), "clocks")
+        for name, c in meta["clocks"].items():
+            if not (isinstance(c, (list, tuple)) and len(c) == 2 and (c[0] is None or type(c[0]) is int)
+                    and type(c[1]) is int):
+                fail(f"clocks.{name}", f"expected [t0 or None, n], got {c!r}")
+        pending = meta["pending"]
+        if not (isinstance(pending, (list, tuple, set)) and all(p in stages for p in pending)):
+            fail("pending", f"expected stage names of this contract, got {pending!r}")
+        tensor_like(meta["rng_state"], self.generator.get_state(), "rng_state")
+        if not (meta["prompt"] is None or isinstance(meta["prompt"], str)):
+            fail("prompt", f"expected a string or None, got {type(meta['prompt']).__name__}")
+        if "prompt_bytes" in meta and "prompt" in self.buffers.tensors:
+            tensor_like(meta["prompt_bytes"], self.buffers.host_view("prompt"), "prompt_bytes")
+
     def apply_meta(self, meta: Mapping) -> None:
         """Restore host-side state from `runtime_meta()` output (the capsule restores the buffers).
 
         Observation inputs stay live (the robot's newest frames are not rewound); the prompt is restored.
+        `check_meta(meta)` first tells whether this can fail; capsule restores run it before any copy.
         """
         with self._lock:
             restored = Ledger.from_dict(meta["ledger"])
