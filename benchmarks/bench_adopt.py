@@ -3,7 +3,8 @@
 In one process, on workload W2 (2 views 224x224, 48-token prompt, 10 flow steps, chunk 50, bf16, batch 1,
 every parameter re-drawn normal(0, 0.02)): `policy.model.sample_actions(..., noise=noise)` latency of
 LeRobot eager, the adopted model (per-unit swaps, optionally a CUDA graph of sample_actions) and
-torch.compile; action cosine of each against eager. Prints a table and writes JSON (gpu, commit, date).
+torch.compile; action cosine of each against eager. Prints a table and the end-to-end gate's decision, and
+writes JSON via _common.write_result (gpu, commit from FLASHRT_COMMIT or git, date, workload, results).
 
     python3 benchmarks/bench_adopt.py [--compile-mode default|none] [--capture] [--json FILE]
 
@@ -12,23 +13,15 @@ Import-safe without CUDA or LeRobot: `main()` says what is missing and exits 2.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO))  # this checkout's flashrt_core first (an installed copy may be older)
+from _common import write_result  # noqa: E402  (commit() honours FLASHRT_COMMIT where there is no .git)
 
 
 def build_policy(torch, views: int, prompt_len: int, dtype: str):
@@ -153,19 +146,23 @@ def main(argv=None) -> int:
         print(f"adopted vs torch.compile: {p50(compiled_ms) / p50(adopted_ms):.2f}x "
               f"(compile took {compile_s:.0f} s, adoption {adopt_s:.0f} s)")
 
-    result = {
-        "benchmark": "adopt_pi05", "workload": {"views": args.views, "prompt_len": args.prompt_len,
-                                                "steps": 10, "chunk": 50, "dtype": args.dtype, "batch": 1},
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": git_commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "eager_ms": eager_ms, "adopted_ms": adopted_ms, "compiled_ms": compiled_ms,
-        "compile_mode": args.compile_mode, "compile_s": compile_s, "adopt_s": adopt_s,
-        "adopted_action_cos": adopted_cos, "compiled_action_cos": compiled_cos,
-        "detach_bit_exact": detached_exact, "report": report.to_dict(),
-    }
+    e = report.end_to_end
+    print(f"end-to-end gate: {e.decided_by}; eager {e.latency_eager_s * 1e3:.1f} ms -> adopted "
+          f"{e.latency_adopted_s * 1e3:.1f} ms ({e.gain:+.1%}), {len(report.kept)} units kept")
+
+    def row(ms, cos):
+        return {"p50_ms": p50(ms), "samples_ms": ms, "action_cos": cos} if ms else None
+
+    results = {"lerobot eager": row(eager_ms, 1.0), "adopted": row(adopted_ms, adopted_cos),
+               f"torch.compile {args.compile_mode}": row(compiled_ms, compiled_cos)}
     path = pathlib.Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
+    write_result(path, workload={"views": args.views, "prompt_len": args.prompt_len, "steps": 10, "chunk": 50,
+                                 "dtype": args.dtype, "batch": 1},
+                 results={k: v for k, v in results.items() if v is not None},
+                 extra={"benchmark": "adopt_pi05", "torch": torch.__version__, "capture": args.capture,
+                        "compile_mode": args.compile_mode, "compile_s": compile_s, "adopt_s": adopt_s,
+                        "gate_decision": e.decided_by, "detach_bit_exact": detached_exact,
+                        "report": report.to_dict()})
     print(f"wrote {path}")
     return 0
 

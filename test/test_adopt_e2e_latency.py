@@ -164,3 +164,55 @@ def test_number_of_end_to_end_timings_is_bounded(limit):
 def test_no_end_to_end_timing_budget_is_refused():
     with pytest.raises(AdoptError, match="e2e_trials must be >= 1, got 0"):
         accelerate(gemma_like(), (tokens(),), timer=whole_model_timer(None, {}), e2e_trials=0)
+
+
+def test_eager_side_of_every_timing_is_the_original_module_objects():
+    model, x = gemma_like(), tokens()
+    originals = dict(model.named_modules())
+    seen = {"eager": 0, "adopted": 0}
+
+    def timer(fn):
+        fn()
+        if fn.unit == "model":
+            now = dict(model.named_modules())
+            if fn.variant == "eager":  # exactly as after detach(): the same objects under the same names
+                assert now.keys() == originals.keys() and all(now[n] is m for n, m in originals.items())
+            else:
+                assert any(isinstance(m, AdoptedModule) for m in now.values())
+            seen[fn.variant] += 1
+            # Slower as a whole, so the subset search runs several configurations, each against the eager.
+            return 1.0 if fn.variant == "eager" else 1.0 + 0.01 * len(swapped(model))
+        return 1.0 if fn.variant == "original" else 0.5
+
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS)
+    assert seen["eager"] == seen["adopted"] >= 2 * ROUNDS
+    assert not report.kept and dict(model.named_modules()) == originals
+
+
+def test_refused_units_leave_no_wrapper_behind():
+    model, x = gemma_like(), tokens()
+    originals = dict(model.named_modules())
+
+    def timer(fn):  # layers.0.mlp slower alone (latency gate); gated MLPs slow the whole (end-to-end gate)
+        fn()
+        if fn.unit == "model":
+            return 1.0 if fn.variant == "eager" else 1.0 + sum(0.5 if k == "gated_mlp" else -0.03
+                                                               for _, k in swapped(model))
+        if fn.variant == "original":
+            return 1.0
+        return 1.5 if fn.unit == "layers.0.mlp" else 0.5
+
+    model, report = accelerate(model, (x,), timer=timer, rounds=ROUNDS)
+    refused = [u for u in report.units if not u.kept and u.cosine is not None]
+    assert {u.reason.split(":")[0] for u in refused} >= {"latency", "end-to-end latency"}
+    for u in refused:
+        for name in u.name.split("+") if "[" not in u.name else [
+                f"{u.name.split('[')[0]}.{m}" for m in u.name.split("[")[1].rstrip("]").split(",")]:
+            assert model.get_submodule(name) is originals[name], name
+    kept_modules = {n for u in report.kept for n in (
+        [u.name] if "[" not in u.name else [f"{u.name.split('[')[0]}.{m}"
+                                            for m in u.name.split("[")[1].rstrip("]").split(",")])}
+    assert {n for n, _ in swapped(model)} == kept_modules
+    for name, module in model.named_modules():
+        if name not in kept_modules and not any(name.startswith(k + ".") for k in kept_modules):
+            assert module is originals[name], name

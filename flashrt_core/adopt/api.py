@@ -220,6 +220,7 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     report = AdoptReport(device=str(device), dtype=str(gates.compute_dtype(model)).replace("torch.", ""),
                          cos_min=cos_min, min_gain=min_gain, rounds=rounds)
 
+    tried: list[Candidate] = []
     for kind, rep in order:
         if rep is None:
             found, misses = merge_candidates(model, cap, session.taken())
@@ -227,6 +228,7 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
             found, misses = module_candidates(model, cap, rep, session.taken(), kind in _QUIET_KINDS)
         report.units.extend(misses)
         passed = []
+        tried.extend(found)
         for cand in found:
             report.units.append(cand.report)
             if session.gate_unit(cand):
@@ -234,11 +236,28 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
         session.settle(passed)
 
     report.end_to_end = _end_to_end(session, method, e2e_trials)
+    _drop_refused(session, tried)
     if capture is not None:
         _capture(session, report.end_to_end, capture)
     for c in session.kept:
         c.report.stats.reset()
     return model, report
+
+
+def _drop_refused(session: _Session, tried: list[Candidate]) -> None:
+    """Refused units leave nothing behind: their originals are in place (not a pass-through wrapper) and their
+    wrappers, with derived tensors such as merged weights, are released."""
+    kept = {id(c) for c in session.kept}
+    for cand in tried:
+        if id(cand) not in kept:
+            for name, original in cand.originals.items():
+                if session.model.get_submodule(name) is cand.wrappers.get(name, original):
+                    set_submodule(session.model, name, original)
+            cand.wrappers = {}
+    ours = {id(w) for c in session.kept for w in c.wrappers.values()}
+    stray = [n for n, m in session.model.named_modules() if isinstance(m, AdoptedModule) and id(m) not in ours]
+    if stray:
+        raise AdoptError(f"internal: wrappers of refused units still installed: {stray[:5]}")
 
 
 def _end_to_end(session: _Session, method: str, max_trials: int) -> EndToEnd:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from flashrt_core.adopt import gates
 from flashrt_core.adopt.report import EndToEnd
+from flashrt_core.adopt.wrappers import AdoptedModule
 
 DEFAULT_MAX_TRIALS = 8
 
@@ -67,6 +68,14 @@ class _Search:
         for c in self.all:
             (self.session.install if id(c) in chosen else self.session.uninstall)(c)
 
+    def as_original(self) -> None:
+        """The eager side of a timing: every original module object back in place, as after detach(); a
+        wrapper left anywhere (even one passing every call through) would be timed as 'eager'."""
+        self.configure([])
+        left = [n for n, m in self.session.model.named_modules() if isinstance(m, AdoptedModule)]
+        if left:
+            raise RuntimeError(f"end-to-end gate: wrappers still installed for the eager timing: {left[:5]}")
+
     def budget_left(self) -> bool:
         return self.timed < self.max_trials
 
@@ -82,7 +91,7 @@ class _Search:
                 t.parity_failed = err or f"cos {par.cosine:.6f}, rel err {par.max_rel_err:.2e} (max {bound:.0e})"
                 return t
         self.timed += 1
-        t.timing = paired_with_setup(s, ("eager", lambda: self.configure([])),
+        t.timing = paired_with_setup(s, ("eager", self.as_original),
                                      ("adopted", lambda: self.configure(t.cands)), "model")
         return t
 

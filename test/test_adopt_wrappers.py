@@ -1,0 +1,118 @@
+"""AdoptedModule, the swapped-in wrapper: its fast path runs the fused form only for an adopted call (shape,
+dtype, device, eval mode, no gradient wanted, weights unchanged since adoption); every other call runs the
+original module and is counted. The fused form here is deliberately distinguishable (original + OFFSET) so
+each test sees which path ran."""
+import pytest
+import torch
+from torch import nn
+
+from flashrt_core.adopt.signature import call_signature
+from flashrt_core.adopt.wrappers import AdoptedModule, UnitStats
+
+# Tolerance table: which path ran is told by exact outputs (fused = original + OFFSET).
+TOL = {"exact": 0.0}
+OFFSET = 1000.0
+
+
+class Scale(nn.Module):
+    def __init__(self, width=13):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(width, generator=torch.Generator().manual_seed(7)) + 0.5)
+
+    def forward(self, x, shift=None):
+        return x * self.weight if shift is None else x * self.weight + shift
+
+
+class Marked(nn.Module):
+    """The fused stand-in: the original's result plus OFFSET."""
+
+    def __init__(self, original):
+        super().__init__()
+        object.__setattr__(self, "orig", original)
+
+    def forward(self, x, shift=None):
+        return self.orig(x, shift) + OFFSET
+
+
+def x_of(rows=3, width=13, seed=1, dtype=torch.float32):
+    return torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def wrapped(*calls):
+    orig = Scale().eval()
+    stats = UnitStats()
+    sigs = {call_signature(args, kwargs) for args, kwargs in calls}
+    return orig, AdoptedModule(orig, Marked(orig).eval(), sigs, stats, "scale"), stats
+
+
+def ran_fused(wrapper, orig, *args, **kwargs) -> bool:
+    with torch.no_grad():
+        out, ref = wrapper(*args, **kwargs), orig(*args, **kwargs)
+    if torch.equal(out, ref + OFFSET):
+        return True
+    assert torch.equal(out, ref)
+    return False
+
+
+def test_fast_path_runs_fused_for_the_adopted_call_only():
+    x = x_of()
+    orig, w, stats = wrapped(((x,), {}))
+    assert ran_fused(w, orig, x_of(seed=2))  # same signature, other values
+    assert not ran_fused(w, orig, x_of(rows=5))  # other shape
+    assert not ran_fused(w, orig, x_of(dtype=torch.float64))  # other dtype
+    assert (stats.fused_calls, stats.fallback_calls) == (1, 2)
+
+
+def test_other_device_falls_back():
+    # Adopted on the meta device (needs no accelerator), called on the CPU: same shape and dtype, other device.
+    orig, w, stats = wrapped(((torch.empty(3, 13, device="meta"),), {}))
+    assert next(iter(w._one_tensor_keys))[2] == torch.device("meta")
+    assert not ran_fused(w, orig, x_of())
+    assert (stats.fused_calls, stats.fallback_calls) == (0, 1)
+
+
+def test_general_path_for_keyword_and_multi_tensor_calls():
+    x, s = x_of(), x_of(seed=3)
+    orig, w, stats = wrapped(((x,), {"shift": s}), ((x, s), {}))
+    assert ran_fused(w, orig, x, shift=s)
+    assert ran_fused(w, orig, x, s)
+    assert not ran_fused(w, orig, x, shift=x_of(rows=1))
+    assert not ran_fused(w, orig, x)  # the one-tensor form was never adopted
+    assert (stats.fused_calls, stats.fallback_calls) == (2, 2)
+
+
+def test_training_mode_grad_mode_and_changed_weights_fall_back():
+    x = x_of()
+    orig, w, stats = wrapped(((x,), {}))
+    w.train()
+    assert not ran_fused(w, orig, x)
+    w.eval()
+    with torch.enable_grad():  # the weight wants a gradient: only the original gives one
+        out = w(x)
+        assert out.requires_grad and torch.equal(out, orig(x))
+    orig.weight.requires_grad_(False)
+    with torch.enable_grad():
+        assert torch.equal(w(x), orig(x) + OFFSET)  # grad mode on, but nothing wants a gradient
+    with torch.no_grad():
+        orig.weight.mul_(1.5)  # a checkpoint reload writes in place: derived tensors would be stale
+    assert not ran_fused(w, orig, x)
+    assert stats.fallback_calls == 3 and stats.fused_calls == 1
+
+
+def test_converted_weights_fall_back():
+    x = x_of()
+    orig, w, stats = wrapped(((x,), {}))
+    assert ran_fused(w, orig, x)
+    w.double()  # .to() keeps the parameter objects and their versions: only dtype tells
+    assert orig.weight.dtype == torch.float64
+    assert not ran_fused(w, orig, x.double())
+    assert (stats.fused_calls, stats.fallback_calls) == (1, 1)
+
+
+@pytest.mark.parametrize("shape", [(4, 13), (2, 3, 13)])
+def test_fast_path_key_matches_the_general_signature(shape):
+    x = torch.randn(*shape)
+    orig, w, _ = wrapped(((x,), {}))
+    orig.weight.requires_grad_(False)
+    assert w.fused_allowed((x,), {}) and w.fused_allowed((torch.randn(*shape),), {})
+    assert not w.fused_allowed((torch.randn(*shape[:-1], 14),), {})
