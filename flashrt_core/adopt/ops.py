@@ -1,8 +1,10 @@
 """The fused math behind every replacement: the project's Triton kernels where they can run, else a fused
 torch formulation (fewer, larger ops than the module it replaces) so the gates still judge real numbers.
 
-Only the public ops of `flashrt_core.kernels` are used, each with backend="triton" and only where
-`kernels.available(device)` says Triton runs there; an op the kernels package lacks falls back to torch.
+Only the public ops of `flashrt_core.kernels` are used, each with backend="triton" and only on CUDA devices
+where `kernels.available(device)` says Triton runs (never the CPU interpreter: it is a correctness tool,
+not a speed path, and adoption must not depend on whether some test set TRITON_INTERPRET); an op the
+kernels package lacks falls back to torch.
 """
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ import torch.nn.functional as F
 
 
 def _triton_op(name: str, device: torch.device):
-    """The kernels package's op `name` when Triton can run on `device`, else None."""
+    """The kernels package's op `name` when compiled Triton can run on `device` (CUDA), else None."""
     try:
         from flashrt_core import kernels
     except ImportError:
         return None
     op = getattr(kernels, name, None)
-    if op is None or not kernels.available(device):
+    if op is None or device.type != "cuda" or not kernels.available(device):
         return None
     return op
 
