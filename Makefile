@@ -38,7 +38,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(DEPS_STAMP): requirements.txt | $(PY)
-	$(PY) -m pip install -q --upgrade "pip>=24,<27"
+	$(PY) -m pip install -q pip==24.3.1
 	$(PY) -m pip install -q -r requirements.txt
 	@# `. .venv/bin/activate` then also gives the ament environment (launch_ros finds the package).
 	@grep -q AMENT_PREFIX_PATH $(VENV)/bin/activate || \
