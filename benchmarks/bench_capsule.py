@@ -15,7 +15,6 @@ import datetime
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's flashrt_core first
 from flashrt_core.capsule import CapsuleStore, fingerprint  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _common import commit as _commit  # noqa: E402  (honours FLASHRT_COMMIT where there is no .git)
 
 COPY_TBPS = 4.2  # measured device-to-device copy on the H200 (bytes read + written), notes/gpu.md
 
@@ -135,14 +136,6 @@ def run(args) -> dict:
         restore = results.get("device", {}).get("restore", {})
         report["device_restore_meets_target"] = restore.get("done_us", 1e9) <= report["restore_target_us"]
     return report
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=pathlib.Path(__file__).parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def print_table(report) -> None:

@@ -22,10 +22,11 @@ import json
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 
 import torch
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _common import commit  # noqa: E402  (honours FLASHRT_COMMIT where there is no .git)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's flashrt_core first
@@ -191,14 +192,6 @@ def sweep_attention(dtype, dev, iters, reps):
         best = sorted((r for r in results if r["shape"] == name and "us" in r), key=lambda r: r["us"])[:3]
         print(f"attention sweep {name}: " + "; ".join(f"{r['config']} {r['us']:.2f} us" for r in best))
     return results
-
-
-def commit():
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None):

@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -26,6 +25,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from flashrt_core.contract.runtime import Runtime  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _common import commit as git_commit  # noqa: E402  (honours FLASHRT_COMMIT where there is no .git)
 
 MS = 1_000_000
 
@@ -117,18 +118,6 @@ def mixed_run(rt, rng, duration_s, act_hz):
             "gpu_ms_per_tick": summary(gpu), "step_ms_per_tick": summary(wall),
             "deadline_misses": late_ticks + dropped, "late_ticks": late_ticks, "dropped_periods": dropped,
             "scheduler_missed_periods": skipped, "ticks_without_actions": no_actions}
-
-
-def git_commit():
-    import os
-
-    if os.environ.get("FLASHRT_COMMIT"):  # the GPU machine gets a copy of the tree without .git
-        return os.environ["FLASHRT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=REPO, text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
 
 
 def main(argv=None) -> int:

@@ -1,35 +1,42 @@
 #!/usr/bin/env bash
-# One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then every
-# benchmark, JSON results copied to $OUT, and a summary table printed last.
-#   scripts/gpu_round.sh [tests|bench|all] [extra pytest args]
-# Wheels carried in .whl/ (LeRobot 0.6.1 and its pinned deps) are installed into /tmp/site first.
-# Device call: carry [".whl", ".fixtures"], command `FLASHRT_COMMIT=<sha> scripts/gpu_round.sh all`.
+# One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
+# JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all] [extra pytest args]
+# Device call: carry [".whl", ".fixtures"] (.whl: LeRobot 0.6.1 and its pinned wheels, see gpu.md;
+# .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
+# most 8 files: by default this writes 7 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"; shift || true
 OUT="${OUT:-$(mktemp -d)}"
+LOG="$OUT/round.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Compiled kernels on the GPU (the kernel tests default to the interpreter otherwise).
 export TRITON_INTERPRET=0
-# shared/ does not travel to the GPU machine: carry a copy of ../shared/reference as .fixtures/reference.
 [ -d .fixtures/reference ] && export FLASHRT_SHARED="$PWD/.fixtures"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 status=0
 if [[ "$what" == tests || "$what" == all ]]; then
-  echo "== GPU tests =="
-  timeout 900 python3 -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
-    --junitxml="$OUT/gpu_tests.xml" "$@" test 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+  echo "== GPU tests ==" | tee -a "$LOG"
+  timeout "${FLASHRT_TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+    --continue-on-collection-errors "$@" test 2>&1 | tee -a "$LOG" | tail -25
   status=${PIPESTATUS[0]}
 fi
+bench() {  # name, timeout seconds, arguments...
+  local name=$1 limit=$2; shift 2
+  echo "== $name $* ==" | tee -a "$LOG"
+  timeout "$limit" python3 "benchmarks/$name.py" "$@" 2>&1 | tee -a "$LOG" | tail -20
+}
 if [[ "$what" == bench || "$what" == all ]]; then
-  for bench in ${FLASHRT_BENCHES:-benchmarks/bench_*.py}; do
-    echo "== $bench =="
-    timeout "${FLASHRT_BENCH_TIMEOUT:-600}" python3 "$bench" --out-dir "$OUT" 2>&1 | tee "$OUT/$(basename "$bench" .py).log" | tail -30
-  done
+  bench bench_pi05 420 --out-dir "$OUT" --workloads "${FLASHRT_WORKLOADS:-w2}" --skip-compile
+  bench bench_runtime 120 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
+  bench bench_capsule 90 --json "$OUT/capsule_h200.json"
+  bench bench_kernels 180 --json "$OUT/kernels_h200.json"
+  bench bench_adopt 240 --compile-mode none --json "$OUT/adopt_pi05_w2.json"
 fi
-python3 scripts/summarize_results.py "$OUT"
+python3 scripts/summarize_results.py "$OUT" | tee -a "$LOG"
 exit $status
