@@ -1,11 +1,15 @@
 """pi0.5 behind a contract: stages `prompt`, `observe` and `act` over static buffers.
 
 - prompt (host, on a new prompt): cleans the task text into the persistent host buffer `task`.
-- observe: host part tokenizes "Task: ..., State: ...;" (pi0.5 puts the discretized state into the prompt,
+- observe: host part normalizes the robot state with the checkpoint's statistics and tokenizes "Task: ..., State: ...;" (pi0.5 puts the discretized state into the prompt,
   so the tokens change with every observation) and stages them; device part turns the uint8 camera frames
   into SigLIP input (resize with pad, [-1, 1], present cameras first) and fills the persistent prefix K/V.
 - act: host part draws the noise from the runtime's seeded generator; device part runs the flow steps of the
   action expert over the cached prefix into the persistent `prev_chunk` and the output `actions`.
+Spaces: `state` is in robot units (normalized on the host before discretization); `noise` and `prev_chunk`
+are in the model's normalized action space (all max_action_dim columns); `actions` is in robot units (the
+first action_dim columns, un-normalized by the LeRobot post-processor statistics beside the checkpoint).
+The built-in tiny/full models and checkpoints without stats files use identity normalization.
 Model options (contract `model.options`): variant (tiny | full, without a checkpoint), views, image_height,
 image_width, action_dim (columns the robot uses), state_dim, prompt_len, prompt_bytes, image_slots, engine.
 """
@@ -22,6 +26,7 @@ from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import CheckpointError, ContractError
 from flashrt_core.models import pi05
+from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.policy import make_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
 from flashrt_core.models.pi05.prompt import clean_task
@@ -121,6 +126,10 @@ class Pi05Binding(ModelBinding):
         self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
         self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed,
                                       tokenizer=self._tokenizer(tokenizer))
+        # state stats stay on the host (observe's host part); action stats live beside the actions
+        self.normalizer = (Normalizer.from_checkpoint(model.checkpoint, dims["state_dim"], dims["action_dim"])
+                           if model.checkpoint else Normalizer.identity())
+        self._action_norm = self.normalizer.to(self.device)
 
     def _tokenizer(self, tokenizer):
         if tokenizer is not None:
@@ -141,7 +150,8 @@ class Pi05Binding(ModelBinding):
             text = clean_task(decode_prompt(io.host("prompt")))
             io.host("task").copy_(torch.from_numpy(encode_prompt(text or " ", io.host("task").shape[0])))
         elif stage == "observe":
-            text = pi05.format_prompt(decode_prompt(io.host("task")), io.host("state").numpy())
+            state = self.normalizer.normalize_state(io.host("state"))
+            text = pi05.format_prompt(decode_prompt(io.host("task")), state.numpy())
             tokens, mask = pi05.tokenize_prompt(self.policy.tokenizer, text, self.dims["prompt_len"])
             io.to_device("lang_tokens", tokens[0])
             io.to_device("lang_mask", mask[0])
@@ -164,8 +174,8 @@ class Pi05Binding(ModelBinding):
     def _act(self, b) -> None:
         cache = prefix_cache(b)
         chunk = self.policy.denoise(cache, b["noise"][None])[0]
-        b["prev_chunk"].copy_(chunk)
-        b["actions"].copy_(chunk[:, :self.dims["action_dim"]])
+        b["prev_chunk"].copy_(chunk)  # model space: what the next chunk would be conditioned on
+        b["actions"].copy_(self._action_norm.unnormalize_actions(chunk[:, :self.dims["action_dim"]]))
 
     def identity(self) -> str:
         return "pi05:" + self.config.to_json().replace("\n", "").replace(" ", "")

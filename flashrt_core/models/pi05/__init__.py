@@ -8,6 +8,7 @@
 """
 from flashrt_core.models.pi05.checkpoint import checkpoint_config, expected_keys, load_checkpoint, save_checkpoint
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig
+from flashrt_core.models.pi05.normalize import FeatureNorm, Normalizer
 from flashrt_core.models.pi05.policy import Pi05Policy, load
 from flashrt_core.models.pi05.preprocess import preprocess_images, resize_with_pad
 from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, discretize_state,
@@ -20,5 +21,5 @@ __all__ = [
     "load", "Pi05Policy", "Pi05Config", "VisionConfig", "GemmaConfig", "Pi05Weights", "PrefixCache", "convert",
     "load_checkpoint", "save_checkpoint", "checkpoint_config", "expected_keys", "build_tiny", "tiny_checkpoint",
     "preprocess_images", "resize_with_pad", "format_prompt", "discretize_state", "tokenize_prompt", "Tokenizer",
-    "SentencePieceTokenizer", "TinyTokenizer",
+    "SentencePieceTokenizer", "TinyTokenizer", "Normalizer", "FeatureNorm",
 ]
