@@ -62,13 +62,20 @@ def _call(node, client, request, timeout=10.0):
     return future.result()
 
 
-def exercise_capsules(node, log) -> list[str]:
+def capsule_clients(node) -> dict:
+    """Clients of the node's capsule services. Create them early: a client used right after discovery can
+    lose its first response (the server's response writer has not found it yet)."""
+    from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
+
+    return {name: node.create_client(t, f"/policy_node/{name}") for name, t in (
+        ("snapshot", SnapshotCapsule), ("fork", ForkCapsule), ("list_capsules", ListCapsules),
+        ("restore", RestoreCapsule), ("drop_capsule", DropCapsule))}
+
+
+def exercise_capsules(node, clients) -> list[str]:
     """snapshot -> fork -> list -> restore -> drop through the services; returns one line per call."""
     from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
 
-    clients = {name: node.create_client(t, f"/policy_node/{name}") for name, t in (
-        ("snapshot", SnapshotCapsule), ("fork", ForkCapsule), ("list_capsules", ListCapsules),
-        ("restore", RestoreCapsule), ("drop_capsule", DropCapsule))}
     for client in clients.values():
         if not client.wait_for_service(timeout_sec=30.0):
             raise RuntimeError(f"service {client.srv_name} not available")
@@ -175,11 +182,12 @@ def demo(duration: float = 8.0, config: str | None = None, cameras: int = 2, joi
                       os.path.join(workdir, "listener.log"))
     rclpy.init()
     client = rclpy.create_node("flashrt_demo")
+    clients = capsule_clients(client)
     capsule_lines, capsules_ok = [], False
     try:
         time.sleep(min(3.0, duration / 3))
         try:
-            capsule_lines, capsules_ok = exercise_capsules(client, None)
+            capsule_lines, capsules_ok = exercise_capsules(client, clients)
         except RuntimeError as exc:
             capsule_lines = [f"capsule services failed: {exc}"]
         listener.wait(timeout=duration + 60)

@@ -57,6 +57,16 @@ class Rig:
                                       lambda m: self.chunks.append((time.monotonic(), m)),
                                       QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+        self._clients = {}
+        from flashrt_ros.srv import DropCapsule, ForkCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
+
+        from rcl_interfaces.srv import SetParameters
+
+        for srv_type, service in ((ChangeState, "change_state"), (GetState, "get_state"),
+                                  (SetParameters, "set_parameters"),
+                                  (SnapshotCapsule, "snapshot"), (RestoreCapsule, "restore"), (ForkCapsule, "fork"),
+                                  (ListCapsules, "list_capsules"), (DropCapsule, "drop_capsule")):
+            self.client(srv_type, service)  # created now, used seconds later: discovery is complete by then
         self.mode = "good"  # what the sensor timers publish; see _publish
         self.t0 = time.time()
         self.node.create_timer(1 / 15, self._publish_cameras)
@@ -110,15 +120,19 @@ class Rig:
             time.sleep(0.02)
         return predicate()
 
+    def client(self, srv_type, name: str):
+        """One client per service, kept: a client used right after discovery can lose its first response."""
+        key = (srv_type, name)
+        if key not in self._clients:
+            self._clients[key] = self.node.create_client(srv_type, f"/{self.name}/{name}")
+        return self._clients[key]
+
     def call(self, srv_type, name: str, request, timeout: float = 30.0):
-        client = self.node.create_client(srv_type, f"/{self.name}/{name}")
-        try:
-            assert client.wait_for_service(timeout_sec=timeout), f"/{self.name}/{name} not available\n{self.log()}"
-            future = client.call_async(request)
-            assert self.wait(future.done, timeout), f"/{self.name}/{name} did not answer"
-            return future.result()
-        finally:
-            self.node.destroy_client(client)
+        client = self.client(srv_type, name)
+        assert client.wait_for_service(timeout_sec=timeout), f"/{self.name}/{name} not available\n{self.log()}"
+        future = client.call_async(request)
+        assert self.wait(future.done, timeout), f"/{self.name}/{name} did not answer"
+        return future.result()
 
     def transition(self, transition_id: int) -> bool:
         return self.call(ChangeState, "change_state", ChangeState.Request(
