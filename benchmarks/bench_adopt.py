@@ -22,6 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))  # this checkout's flashrt_core first (an installed copy may be older)
 from _common import write_result  # noqa: E402  (commit() honours FLASHRT_COMMIT where there is no .git)
+from flashrt_core.bench import cuda_samples  # noqa: E402
 
 
 def build_policy(torch, views: int, prompt_len: int, dtype: str):
@@ -47,20 +48,6 @@ def make_inputs(torch, views: int, prompt_len: int):
     lang_mask[:, prompt_len * 3 // 4:] = False  # a padded prompt, as real prompts are
     noise = torch.randn(1, 50, 32, generator=gen, device="cuda")
     return (images, masks, tokens, lang_mask), {"noise": noise}
-
-
-def timed(torch, fn, iters: int, warmups: int = 3) -> list[float]:
-    for _ in range(warmups):
-        fn()
-    out = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end))
-    return out
 
 
 def cosine(torch, a, b) -> float:
@@ -107,7 +94,7 @@ def main(argv=None) -> int:
             return model.sample_actions(*inputs, **kwargs)
 
     ref = run()
-    eager_ms = timed(torch, run, args.iters)
+    eager_ms = cuda_samples(run, iters=args.iters)
     print(f"eager p50 {statistics.median(eager_ms):.1f} ms", flush=True)
 
     t0 = time.perf_counter()
@@ -117,7 +104,7 @@ def main(argv=None) -> int:
     adopt_s = time.perf_counter() - t0
     print(report, flush=True)
     adopted = run()
-    adopted_ms = timed(torch, run, args.iters)
+    adopted_ms = cuda_samples(run, iters=args.iters)
     adopted_cos = cosine(torch, adopted, ref)
     detach(model)
     detached_exact = bool(torch.equal(run(), ref))
@@ -130,7 +117,7 @@ def main(argv=None) -> int:
             out = compiled(*inputs, **kwargs)
         compile_s = time.perf_counter() - t0
         compiled_cos = cosine(torch, out, ref)
-        compiled_ms = timed(torch, lambda: compiled(*inputs, **kwargs), args.iters)
+        compiled_ms = cuda_samples(lambda: compiled(*inputs, **kwargs), iters=args.iters)
 
     p50 = statistics.median
     rows = [("lerobot eager", p50(eager_ms), 1.0, "-"),

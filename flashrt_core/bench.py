@@ -67,8 +67,8 @@ def random_inputs(config, seed: int, device, valid_tokens: int | None = None) ->
 
 
 # ---- measuring ------------------------------------------------------------------------------------------------
-def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
-    """CUDA-event latency of each call (a sync after each, so calls never overlap): p50/p90/p99/mean ms."""
+def cuda_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
+    """CUDA-event latency in ms of each call, in call order (a sync after each, so calls never overlap)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -80,7 +80,12 @@ def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
         end.record()
         end.synchronize()
         ms.append(start.elapsed_time(end))
-    ms.sort()
+    return ms
+
+
+def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
+    """p50/p90/p99/mean ms of `cuda_samples`."""
+    ms = sorted(cuda_samples(fn, warmup, iters))
 
     def pct(p):
         return ms[min(len(ms) - 1, max(0, math.ceil(p / 100 * len(ms)) - 1))]
