@@ -18,6 +18,7 @@ from flashrt_core import kernels as K
 from flashrt_core.kernels._common import KernelInputError, KernelUnavailableError, interpreting
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
+ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) tried per shape on CUDA.
 CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256, 1, 4, 4),
            (32, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (16, 256, 4, 4, 3)]
@@ -170,25 +171,31 @@ class LinearPicker:
         return skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu))
 
     def _tune(self, key, x, w, b, geglu, backend):
-        """Time each candidate (CUDA events, median of 3 x 10 calls) and return the fastest; runs outside
-        capture, during warm-up, so its syncs cost nothing in a decision."""
+        """Time each candidate and return the fastest. Runs during warm-up (outside capture). Each candidate
+        is timed the way a decision runs it: captured in a CUDA graph (no host launch cost, which would
+        otherwise favour cuBLAS's cheaper launches), with the weight cycled through enough copies to
+        overflow L2 (a decision streams every weight from HBM once per flow step)."""
         candidates = {"cublas": None}
         for c in CONFIGS:
             if not (geglu and c[2] > 1):
                 candidates[str(c)] = c
         want = _cublas(x, w, b, geglu, backend).float()
+        copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
         times = {}
         for name, config in candidates.items():
-            fn = (lambda: _cublas(x, w, b, geglu, backend)) if config is None else \
-                (lambda c=config: skinny_linear(x, w, b, geglu=geglu, **_kwargs(c, geglu)))
+            fn = (lambda wi: _cublas(x, wi, b, geglu, backend)) if config is None else \
+                (lambda wi, c=config: skinny_linear(x, wi, b, geglu=geglu, **_kwargs(c, geglu)))
             try:
-                got = fn().float()
+                got = fn(w).float()
                 # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
                 if not torch.allclose(got, want, atol=3e-2 * float(want.abs().max()) + 1e-3, rtol=3e-2):
                     continue
-                times[name] = _median_ms(fn)
+                times[name] = _graph_ms(fn, ws)
             except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
+                torch.cuda.synchronize(x.device)
                 times[name] = f"failed: {type(exc).__name__}"
+        del ws
         valid = {k: v for k, v in times.items() if isinstance(v, float)}
         self.timings[key] = times
         best = min(valid, key=valid.get)
@@ -209,15 +216,28 @@ def _kwargs(config, geglu):
     return {"block_n": bn, "block_k": bk, "split_k": 1 if geglu else split, "num_warps": warps, "num_stages": stages}
 
 
-def _median_ms(fn, reps: int = 10, rounds: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
+def _graph_ms(fn, weights, rounds: int = 3) -> float:
+    """ms per call of fn(w) over `weights` in turn, captured once as a CUDA graph and replayed (median of
+    `rounds` replays). Capture happens on a side stream, so this also works inside the engine's warm-up."""
+    stream = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        for wi in weights:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
+            fn(wi)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            for wi in weights:
+                fn(wi)
+        graph.replay()
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(side)
+            graph.replay()
+            end.record(side)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / len(weights))
+    stream.wait_stream(side)
+    del graph
     return sorted(times)[len(times) // 2]
