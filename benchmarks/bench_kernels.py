@@ -168,8 +168,8 @@ def sweep_attention(dtype, dev, iters, reps):
     qkv_s = rnd(2, 256, 3, 16, 72)
     shapes = {
         "prefix": ((rnd(1, 560, 8, 256), k, v, mask), (32, 64, 128), (1, 2, 4)),
-        "expert": ((rnd(1, 50, 8, 256), k, v, mask, rnd(1, 1, 50, 256), rnd(1, 1, 50, 256)), (16, 32, 64),
-                   (1, 4, 8, 16)),
+        "expert": ((rnd(1, 50, 8, 256), k, v, mask, rnd(1, 1, 50, 256), rnd(1, 1, 50, 256)), (16, 32, 64, 128),
+                   (1, 4, 8, 16, 32)),
         "siglip": ((qkv_s[:, :, 0], qkv_s[:, :, 1].transpose(1, 2), qkv_s[:, :, 2].transpose(1, 2)),
                    (32, 64, 128), (1, 2)),
     }
@@ -237,7 +237,13 @@ def main(argv=None):
         rows.append(row)
         torch.cuda.empty_cache()
 
-    sweep = sweep_attention(dtype, dev, args.iters, args.reps) if args.sweep_attention else None
+    if args.sweep_attention:  # split configs use one ticket workspace, as in the engine (no per-call zeros)
+        from flashrt_core.kernels import new_semaphore_workspace, semaphore_workspace
+
+        with semaphore_workspace(new_semaphore_workspace(dev)):
+            sweep = sweep_attention(dtype, dev, args.iters, args.reps)
+    else:
+        sweep = None
     gpu = torch.cuda.get_device_name(dev)
     header = f"{'op':38s} {'shape':30s} {'triton us':>9s} {'torch us':>9s} {'x':>6s} {'GB/s':>7s} " \
              f"{'%copy':>6s} {'TFLOP/s':>8s} {'eager tri/torch us':>19s} {'max|diff|':>9s}"

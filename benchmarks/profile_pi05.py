@@ -100,8 +100,8 @@ def gemm_candidates(config, dtype) -> list[dict]:
     e, m = config.expert, config.chunk_size
     shapes = {"qkv": ((e.heads + 2 * e.kv_heads) * e.head_dim, e.width, False),
               "o": (e.width, e.heads * e.head_dim, False),
-              "gate_up (geglu)": (2 * e.mlp_dim, e.width, True),
-              "down": (e.width, e.mlp_dim, False)}
+              "gate_up (geglu)": (2 * e.mlp, e.width, True),
+              "down": (e.width, e.mlp, False)}
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, (n, k, geglu) in shapes.items():

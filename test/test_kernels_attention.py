@@ -169,8 +169,10 @@ def test_full_shapes_on_cuda(dtype):
 @pytest.mark.parametrize("splits", [2, 3, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_split_keys_flash_decoding(dev, splits, dtype):
-    """Keys split across programs and merged by the combine kernel (the heuristic does this on GPU for the
-    expert's few queries); splits straddle the prefix / suffix boundary and fully masked slices."""
+    """Keys split across programs and merged in-kernel by the last program of each row block (the heuristic
+    splits on GPU for the expert's few queries); splits straddle the prefix / suffix boundary and fully
+    masked slices. The tickets of a shared workspace are all zero again after each call."""
+    from flashrt_core.kernels._common import new_semaphore_workspace, semaphore_workspace
     from flashrt_core.kernels.flash_attention import attention as attention_kernel
 
     b, sp, ts, hq, dh = 2, 37, 7, 8, 24
@@ -180,7 +182,12 @@ def test_split_keys_flash_decoding(dev, splits, dtype):
     mask = pad_mask(b, sp, dev, seed=45)
     mask[0, :16] = False  # batch 0: the whole first split is masked
     ref = R.attention_ref(q, kp, vp, mask, ks, vs)
-    close(attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4)), ref)
+    tickets = new_semaphore_workspace(dev, 256)
+    with semaphore_workspace(tickets):
+        first = attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4))
+        assert int(tickets.abs().sum()) == 0
+        assert torch.equal(attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4)), first)
+    close(first, ref)
     empty = mask.clone()
     empty[1] = False  # prefix fully masked: only the suffix keys count
     close(attention_kernel(q, kp, vp, empty, ks, vs, config=(16, 16, splits, 4)),

@@ -192,7 +192,8 @@ def test_triton_engine_matches_reference(kdev, dtype):
 @pytest.mark.interpret
 @pytest.mark.parametrize("m,n,k,bias,geglu,split", [
     (50, 40, 72, True, False, 1), (7, 33, 129, False, False, 2), (50, 24, 300, True, False, 4),
-    (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1)], ids=lambda v: str(v))
+    (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1), (130, 24, 100, True, False, 4)],
+    ids=lambda v: str(v))
 def test_skinny_linear_matches_f_linear(kdev, m, n, k, bias, geglu, split):
     g = torch.Generator().manual_seed(m * n + k)
     x = torch.randn(m, k, generator=g).to(kdev)
@@ -205,6 +206,25 @@ def test_skinny_linear_matches_f_linear(kdev, m, n, k, bias, geglu, split):
         want = F.gelu(gate, approximate="tanh") * up
     assert got.shape == (1, *want.shape)
     assert (got[0] - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+
+
+@pytest.mark.interpret
+def test_split_k_tickets_are_reset_so_a_workspace_serves_call_after_call(kdev):
+    """The last program of each tile reduces the split partials and resets its ticket: a shared workspace
+    is all zero again after every call, and repeated calls give bit-identical results."""
+    from flashrt_core.kernels._common import new_semaphore_workspace, semaphore_workspace
+
+    g = torch.Generator().manual_seed(7)
+    x, w, b = (torch.randn(*s, generator=g).to(kdev) for s in ((37, 96), (40, 96), (40,)))
+    tickets = new_semaphore_workspace(kdev, 64)
+    with semaphore_workspace(tickets):
+        first = skinny_linear(x, w, b, block_n=16, block_k=16, split_k=3)
+        assert int(tickets.abs().sum()) == 0
+        second = skinny_linear(x, w, b, block_n=16, block_k=16, split_k=3)
+    assert int(tickets.abs().sum()) == 0
+    assert torch.equal(first, second)
+    want = F.linear(x, w, b)
+    assert (first - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
 
 
 def test_linear_picker_modes_route_to_cublas_on_cpu():

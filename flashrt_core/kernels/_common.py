@@ -3,6 +3,8 @@
 Launchers only read tensor metadata (shape, dtype, strides, device), never values, so checking inputs costs
 no host sync and is safe inside CUDA-graph capture.
 """
+import contextlib
+import contextvars
 import os
 
 import torch
@@ -25,6 +27,39 @@ class KernelUnavailableError(FlashRTError, RuntimeError):
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1 set before import)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+# ---- semaphores for in-kernel split reductions ------------------------------------------------------------
+# Split-K GEMMs and split-key attention let the *last* program of each output tile (an atomic ticket per
+# tile) sum the partials and write the result, so no second "reduce" kernel is launched. The tickets live in
+# an int32 buffer that every kernel leaves all-zero when it ends (the last program resets its tile's ticket),
+# so kernels that run one after another on one stream can share it; kernels that may run concurrently
+# (stage graphs on different streams) must not. A CUDA graph bakes the buffer's address in, so an engine
+# gives each stage its own buffer with `semaphore_workspace`; without one, each call gets fresh zeros.
+_SEMAPHORES: contextvars.ContextVar = contextvars.ContextVar("flashrt_semaphores", default=None)
+SEMAPHORE_WORKSPACE = 8192  # tickets: enough for the largest tile grid of pi0.5's split kernels
+
+
+def new_semaphore_workspace(device, size: int = SEMAPHORE_WORKSPACE) -> torch.Tensor:
+    return torch.zeros(size, dtype=torch.int32, device=device)
+
+
+@contextlib.contextmanager
+def semaphore_workspace(buffer: torch.Tensor):
+    """Kernels launched inside use `buffer` (int32, all zero, from `new_semaphore_workspace`) for their tickets."""
+    token = _SEMAPHORES.set(buffer)
+    try:
+        yield buffer
+    finally:
+        _SEMAPHORES.reset(token)
+
+
+def semaphores(n: int, device) -> torch.Tensor:
+    """n zeroed int32 tickets: a prefix of the active workspace on the same device, else a fresh tensor."""
+    buf = _SEMAPHORES.get()
+    if buf is not None and buf.device == torch.device(device) and buf.numel() >= n:
+        return buf[:n]
+    return torch.zeros(n, dtype=torch.int32, device=device)
 
 
 def next_pow2(n: int, minimum: int = 1) -> int:

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import MASK_DTYPES, KernelInputError, check, check_out, interpreting, next_pow2
+from flashrt_core.kernels._common import (MASK_DTYPES, KernelInputError, check, check_out, interpreting, next_pow2,
+                                         semaphores)
 
 _LOG2E = 1.4426950408889634
 
@@ -53,11 +54,11 @@ def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask,
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, B, T, S, S2, HQ, HKV, DH, qk_scale, keys_per_split, n_rows,
+def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, DH, qk_scale, keys_per_split, n_rows,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
-                      SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                      NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -86,41 +87,41 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, B, T, S, S2, HQ, HKV, DH,
                                 M, k2_ss, v2_ss, tl.minimum(tl.maximum(lo - S, 0), S2),
                                 tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask, False, BLOCK_N,
                                 PRECISION, UPCAST)
-    if SPLIT:
-        # Unnormalized partials for _combine_kernel: PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ]
-        # holding each row's running max (in log2 units) and sum.
+    if NSPLIT > 1:
+        # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
+        # max in log2 units, and sum). The last of the NSPLIT programs of this row block (ticket C) merges
+        # them: every split rescaled to the global max, summed in split order, normalized.
         row = ((split.to(tl.int64) * B + b) * T + t) * HQ + head
         tl.store(PART + row[:, None] * DH + d[None, :], acc, mask=io_mask)
         tl.store(ML + row, m_i, mask=t < T)
         tl.store(ML + n_rows + row, l_i, mask=t < T)
+        tl.debug_barrier()  # every thread's partials are stored before the ticket is taken (release)
+        tile = pid_m * tl.num_programs(1) + bh
+        ticket = tl.atomic_add(C + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == NSPLIT - 1:
+            rows_per_split = n_rows // NSPLIT
+            row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
+            m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+            for i in tl.static_range(NSPLIT):
+                m_all = tl.maximum(m_all, tl.load(ML + i * rows_per_split + row0, mask=t < T, other=-1.0e30,
+                                                  cache_modifier=".cg"))
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            l_all = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for i in tl.static_range(NSPLIT):
+                wgt = tl.exp2(tl.load(ML + i * rows_per_split + row0, mask=t < T, other=-1.0e30,
+                                      cache_modifier=".cg") - m_all)
+                l_all += wgt * tl.load(ML + n_rows + i * rows_per_split + row0, mask=t < T, other=0.0,
+                                       cache_modifier=".cg")
+                acc += wgt[:, None] * tl.load(PART + (i * rows_per_split + row0)[:, None] * DH + d[None, :],
+                                              mask=io_mask, other=0.0, cache_modifier=".cg")
+            out = acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
+            tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+                     out.to(O.dtype.element_ty), mask=io_mask)
+            tl.atomic_xchg(C + tile, 0, sem="relaxed", scope="gpu")  # all-zero tickets for the next call
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
                  out.to(O.dtype.element_ty), mask=io_mask)
-
-
-@triton.jit
-def _combine_kernel(PART, ML, O, T, HQ, DH, rows_per_split, n_rows, o_sb, o_st, o_sh,
-                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Merge the per-split (acc, max, sum) of one query row: rescale each to the global max and normalize."""
-    row = tl.program_id(0).to(tl.int64)  # (b * T + t) * HQ + head
-    head = row % HQ
-    t = (row // HQ) % T
-    b = row // (HQ * T)
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < DH
-    one = tl.zeros([1], dtype=tl.int64)  # loads through [1]-shaped offsets keep everything a tensor
-    m = tl.full([1], -1.0e30, dtype=tl.float32)
-    for i in tl.static_range(SPLITS):
-        m = tl.maximum(m, tl.load(ML + i * rows_per_split + row + one))
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    l_sum = tl.zeros([1], dtype=tl.float32)
-    for i in tl.static_range(SPLITS):
-        w = tl.exp2(tl.load(ML + i * rows_per_split + row + one) - m)
-        l_sum += w * tl.load(ML + n_rows + i * rows_per_split + row + one)
-        acc += w * tl.load(PART + (i * rows_per_split + row) * DH + d, mask=d_mask, other=0.0)
-    out = acc / tl.where(l_sum > 0.0, l_sum, 1.0)
-    tl.store(O + b * o_sb + t * o_st + head * o_sh + d, out.to(O.dtype.element_ty), mask=d_mask)
 
 
 def _blocks(rows, batch_heads, keys, block_d):
@@ -182,29 +183,27 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
     splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
     n_rows = splits * b * t * hq
+    grid = (triton.cdiv(t * group, block_m), b * hkv, splits)
     if splits > 1:  # per-call scratch: the caching allocator (and a CUDA graph's pool) makes it cheap
         part = torch.empty(n_rows * dh, dtype=torch.float32, device=q.device)
         ml = torch.empty(2 * n_rows, dtype=torch.float32, device=q.device)
+        tickets = semaphores(grid[0] * grid[1], q.device)
     else:
-        part = ml = q
+        part = ml = tickets = q
     m_arg = key_mask if key_mask is not None else q
     k2_arg, v2_arg = (k2, v2) if k2 is not None else (k, v)
     upcast = interpreting() and q.dtype != torch.float32
-    _attention_kernel[(triton.cdiv(t * group, block_m), b * hkv, splits)](
-        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, b, t, s, s2, hq, hkv, dh, scale * _LOG2E,
+    _attention_kernel[grid](
+        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, b, t, s, s2, hq, hkv, dh, scale * _LOG2E,
         keys_per_split, n_rows,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
         k2_arg.stride(0), k2_arg.stride(1), k2_arg.stride(2), v2_arg.stride(0), v2_arg.stride(1), v2_arg.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, SPLIT=splits > 1,
+        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, NSPLIT=splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
         num_warps=warps, num_stages=2)
-    if splits > 1:
-        _combine_kernel[(b * t * hq,)](part, ml, out, t, hq, dh, b * t * hq, n_rows, out.stride(0),
-                                       out.stride(1), out.stride(2), SPLITS=splits, BLOCK_D=block_d,
-                                       num_warps=2)
     return out

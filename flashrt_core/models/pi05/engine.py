@@ -100,6 +100,9 @@ class Pi05Engine:
         self.linear = LinearPicker(device, mode=gemm)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
+        # replay concurrently on different streams (observe beside act) and must not share them.
+        self._tickets = {stage: K.new_semaphore_workspace(device) for stage in ("observe", "act")}
         self._pool = None
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
 
@@ -190,7 +193,7 @@ class Pi05Engine:
     # ---- graphs ---------------------------------------------------------------------------------------
     def _run(self, stage: str, body) -> None:
         if not self.use_graphs:
-            with torch.no_grad():
+            with torch.no_grad(), K.semaphore_workspace(self._tickets[stage]):
                 body()
             return
         graph = self._graphs.get(stage)
@@ -203,7 +206,7 @@ class Pi05Engine:
         # times its candidates outside the capture (none of that may happen inside it).
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.no_grad(), torch.cuda.stream(side):
+        with torch.no_grad(), torch.cuda.stream(side), K.semaphore_workspace(self._tickets[stage]):
             self.linear.tuning = True
             body()
             self.linear.tuning = False
@@ -212,7 +215,7 @@ class Pi05Engine:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool):
+        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool), K.semaphore_workspace(self._tickets[stage]):
             body()
         self._graphs[stage] = graph
         self.captures += 1

@@ -15,13 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
-from flashrt_core.kernels._common import KernelInputError, KernelUnavailableError, interpreting
+from flashrt_core.kernels._common import KernelInputError, KernelUnavailableError, interpreting, semaphores
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) tried per shape on CUDA.
 CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256, 1, 4, 4),
-           (32, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (16, 256, 4, 4, 3)]
+           (32, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (16, 256, 4, 4, 3),
+           (32, 128, 8, 4, 4), (16, 128, 8, 4, 4), (64, 128, 4, 4, 4), (16, 128, 4, 4, 4)]
 
 try:  # Triton is optional on CPU-only installs; the picker then never offers it
     import triton
@@ -37,12 +38,13 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
-    def _skinny_gemm_kernel(X, W, B, Y, P, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
+    def _skinny_gemm_kernel(X, W, B, Y, P, C, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
                             HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr):
         """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_off rows.
-        SPLIT > 1: each program sums one K slice into the fp32 partials P[split, M, N] (reduced after)."""
+        SPLIT > 1: each program sums one K slice into the fp32 partials P[split, M, N]; the last of a tile's
+        SPLIT programs to finish (ticket C[tile]) adds them up in split order and writes Y."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -70,26 +72,25 @@ if triton is not None:
                     wu = wu.to(tl.float32)
                 acc_up += tl.dot(x, wu, input_precision=PRECISION)
         out_mask = m_ok[:, None] & n_ok[None, :]
+        last = True
         if SPLIT > 1:
             tl.store(P + pid_k * sps + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
-        else:
+            tl.debug_barrier()  # every thread's partial is stored before the ticket is taken (release)
+            tile = pid_m * tl.num_programs(0) + pid_n
+            ticket = tl.atomic_add(C + tile, 1, sem="acq_rel", scope="gpu")
+            last = ticket == SPLIT - 1
+            if last:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for s in tl.static_range(SPLIT):  # fixed order: the result does not depend on who finished last
+                    acc += tl.load(P + s * sps + rm[:, None] * N + rn[None, :], mask=out_mask, other=0.0,
+                                   cache_modifier=".cg")
+                tl.atomic_xchg(C + tile, 0, sem="relaxed", scope="gpu")  # all-zero tickets for the next call
+        if last:
             if HAS_BIAS:
                 acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             if GEGLU:
                 acc = _gelu_tanh(acc) * acc_up
             tl.store(Y + rm[:, None] * sym + rn[None, :], acc.to(Y.dtype.element_ty), mask=out_mask)
-
-    @triton.jit
-    def _split_reduce_kernel(P, B, Y, MN, N, sps, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr,
-                             BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        ok = i < MN
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for s in tl.static_range(SPLIT):
-            acc += tl.load(P + s * sps + i, mask=ok, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(B + i % N, mask=ok, other=0.0).to(tl.float32)
-        tl.store(Y + i, acc.to(Y.dtype.element_ty), mask=ok)
 
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4):
@@ -113,18 +114,18 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     # Every split covers a whole number of BLOCK_K steps, so no K element is summed twice.
     k_per_split = triton.cdiv(triton.cdiv(kdim, split_k), block_k) * block_k
     split = triton.cdiv(kdim, k_per_split)
-    part = torch.empty(split, m, n, device=x.device, dtype=torch.float32) if split > 1 else y
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    if split > 1:
+        part = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+        tickets = semaphores(grid[0] * grid[1], x.device)
+    else:
+        part = tickets = y
     _skinny_gemm_kernel[grid](
-        x2, w, b if b is not None else w, y, part, m, n, kdim, k_per_split, x2.stride(0), w.stride(0), y.stride(0),
+        x2, w, b if b is not None else w, y, part, tickets, m, n, kdim, k_per_split, x2.stride(0), w.stride(0), y.stride(0),
         m * n, n * kdim, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
         UPCAST=interp and x.dtype != torch.float32,
         PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=1 if interp else num_stages)
-    if split > 1:
-        block = 1024
-        _split_reduce_kernel[(triton.cdiv(m * n, block),)](part, b if b is not None else w, y, m * n, n, m * n,
-                                                           HAS_BIAS=b is not None, SPLIT=split, BLOCK=block)
     return y.view(*x.shape[:-1], n)
 
 
