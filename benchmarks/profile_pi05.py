@@ -109,7 +109,7 @@ def gemm_candidates(config, dtype) -> list[dict]:
         nbytes = n * k * x.element_size()
         copies = max(2, min(64, -(-L2_FLUSH_BYTES // nbytes)))
         ws = [(torch.randn(n, k, generator=gen, device="cuda") * 0.02).to(dtype) for _ in range(copies)]
-        cands = {"cublas": None, **{str(c): c for c in G.CONFIGS if not (geglu and c[2] > 1)}}
+        cands = {"cublas": None, **{str(c): c for c in G.CONFIGS}}
         for cname, cfg in cands.items():
             if cfg is None:
                 fn = (lambda i: K.geglu(torch.nn.functional.linear(x, ws[i]))) if geglu else \
@@ -141,26 +141,34 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--gemm", default="auto", help="engine GEMM mode: auto, torch, triton")
     p.add_argument("--no-gemm-sweep", action="store_true")
+    p.add_argument("--pdl", type=int, default=1, help="1: programmatic dependent launch (default), 0: off")
+    p.add_argument("--no-attention-tuning", action="store_true")
     args = p.parse_args(argv)
     from flashrt_core.models.pi05 import convert
     from flashrt_core.models.pi05.engine import Pi05Engine
 
     config = workload_config(args.views, 48, 10, 50)
     w32 = convert(config, random_state(config, 0, "cuda"))
-    engine = Pi05Engine(w32, device="cuda", dtype=torch.bfloat16, gemm=args.gemm)
+    engine = Pi05Engine(w32, device="cuda", dtype=torch.bfloat16, gemm=args.gemm, pdl=bool(args.pdl),
+                        tune_attention=not args.no_attention_tuning)
     del w32
     inputs = random_inputs(config, 0, "cuda")
     engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask", "noise")))
     torch.cuda.synchronize()
+    print(f"engine built: pdl={engine.pdl}, gemm choices " + ", ".join(
+        f"{r['weight']}{'g' if r['geglu'] else ''}:{r['choice']}" for r in engine.linear.report()))
+    print("attention choices: " + ", ".join(f"{r['q']}:{r['choice']}" for r in engine.attend.report()))
     profiles = {}
     for stage in ("observe", "act"):
         profiles[stage] = profile_graph(getattr(engine, stage), args.reps)
         print_profile(stage, profiles[stage], args.top)
     gemms = [] if args.no_gemm_sweep else gemm_candidates(config, torch.bfloat16)
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
-                "dtype": "bfloat16", "gemm_mode": args.gemm, "reps": args.reps}
+                "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),
+                "tune_attention": not args.no_attention_tuning, "reps": args.reps}
     write_result(args.json, workload, {"profiles": profiles, "gemm_candidates": gemms},
-                 {"gemm_choices": engine.linear.report(), "ceilings": CEILINGS})
+                 {"gemm_choices": engine.linear.report(), "attention_choices": engine.attend.report(),
+                  "ceilings": CEILINGS})
     print(f"wrote {args.json}")
     return 0
 

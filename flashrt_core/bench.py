@@ -229,7 +229,8 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
         # Full options first; should graph capture or the Triton GEMMs fail on this GPU, the numbers of
         # the fallback are still worth having, and the JSON says which options ran and why.
         errors = []
-        for opts in ({}, {"gemm": "torch"}, {"gemm": "torch", "graphs": False}):
+        for opts in ({}, {"pdl": False}, {"gemm": "torch", "pdl": False},
+                     {"gemm": "torch", "graphs": False, "pdl": False}):
             try:
                 engine = Pi05Engine(w32, device="cuda", dtype=torch_dtype, vision_dtype=vis_dtype, **opts)
                 engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask",
@@ -242,7 +243,7 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
                 engine = None
         if engine is None:
             raise RuntimeError("flashrt engine failed with every option: " + " | ".join(errors))
-        extra["engine_options"] = opts or "default (graphs, gemm auto)"
+        extra["engine_options"] = opts or "default (graphs, gemm auto, PDL where supported, attention tuned)"
         if errors:
             extra["engine_errors"] = errors
         extra["flashrt_build_s"] = time.time() - t0
@@ -262,6 +263,7 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
     extra["stages"] = {s: achieved(costs[s], stage_ms[s]) for s in ("observe", "act")}
     extra["ceilings"] = CEILINGS
     extra["gemm_choices"] = engine.linear.report()
+    extra["attention_choices"] = engine.attend.report()
     log(f"[bench] flashrt p50 {whole['p50_ms']:.2f} ms, act-only {act_only['p50_ms']:.2f} ms "
         f"(observe {stage_ms['observe']:.2f} / act {stage_ms['act']:.2f}), build {extra['flashrt_build_s']:.1f} s")
 

@@ -192,7 +192,8 @@ def test_triton_engine_matches_reference(kdev, dtype):
 @pytest.mark.interpret
 @pytest.mark.parametrize("m,n,k,bias,geglu,split", [
     (50, 40, 72, True, False, 1), (7, 33, 129, False, False, 2), (50, 24, 300, True, False, 4),
-    (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1), (130, 24, 100, True, False, 4)],
+    (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1), (130, 24, 100, True, False, 4),
+    (13, 2 * 20, 70, False, True, 2), (50, 24, 96, True, False, 0), (9, 2 * 16, 64, False, True, 0)],
     ids=lambda v: str(v))
 def test_skinny_linear_matches_f_linear(kdev, m, n, k, bias, geglu, split):
     g = torch.Generator().manual_seed(m * n + k)

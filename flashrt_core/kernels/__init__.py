@@ -17,12 +17,12 @@ import torch
 
 from flashrt_core.kernels import reference
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting,
-                                         new_semaphore_workspace, semaphore_workspace)
+                                         new_semaphore_workspace, pdl_scope, semaphore_workspace)
 from flashrt_core.kernels.reference import resized_hw, rope_cos_sin
 
 __all__ = [
     "available", "KernelInputError", "KernelUnavailableError", "rope_cos_sin", "resized_hw",
-    "new_semaphore_workspace", "semaphore_workspace",
+    "new_semaphore_workspace", "semaphore_workspace", "pdl_scope",
     "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_residual", "gated_residual_ada_rms_norm",
     "geglu", "bias_gelu", "layer_norm", "add_layer_norm", "qkv_rope_cache", "attention", "preprocess_images",
 ]

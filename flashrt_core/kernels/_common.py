@@ -62,6 +62,47 @@ def semaphores(n: int, device) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int32, device=device)
 
 
+# ---- programmatic dependent launch (host side; device side in _pdl.py) ------------------------------------
+_PDL: contextvars.ContextVar = contextvars.ContextVar("flashrt_pdl", default=True)
+_PDL_SUPPORT: dict = {}
+
+
+@contextlib.contextmanager
+def pdl_scope(enabled: bool):
+    """Kernels launched inside use PDL only if `enabled` (and the GPU and Triton support it)."""
+    token = _PDL.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _PDL.reset(token)
+
+
+def pdl_supported(device) -> bool:
+    """PDL needs a CUDA device of compute capability 9.0+ (Hopper, Blackwell, Thor), a Triton with
+    griddepcontrol support and launch_pdl, and FLASHRT_PDL not set to 0. Never under the interpreter."""
+    device = torch.device(device)
+    if device.type != "cuda" or interpreting() or os.environ.get("FLASHRT_PDL", "1") == "0":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _PDL_SUPPORT:
+        ok = torch.cuda.get_device_capability(index)[0] >= 9
+        try:
+            from triton.backends.nvidia.compiler import CUDAOptions
+            from triton.language.extra.cuda import gdc_wait  # noqa: F401
+            ok = ok and "launch_pdl" in CUDAOptions.__dataclass_fields__
+        except ImportError:
+            ok = False
+        _PDL_SUPPORT[index] = ok
+    return _PDL_SUPPORT[index]
+
+
+def pdl_launch(device) -> dict:
+    """Launch keyword arguments of a kernel that starts with `_pdl.pdl_enter` (or trigger/wait)."""
+    if _PDL.get() and pdl_supported(device):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
 def next_pow2(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 

@@ -12,12 +12,15 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, row_warps
+from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._pdl import pdl_enter
 
 
 @triton.jit
 def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
                          g_stride, sc_stride, sh_stride, rows_per_batch, D, eps,
-                         HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr):
+                         HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // rows_per_batch
     cols = tl.arange(0, BLOCK_D)
@@ -70,7 +73,7 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out):
             x, h if has_gated else x, gate if has_gated else x, scale if do_norm else x,
             shift if do_norm else x, out if do_norm else x, x_out if has_gated else x,
             g_stride, sc_stride, sh_stride, rows // batch, d, float(eps),
-            HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block))
+            HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block), **pdl_launch(x.device))
     return out, x_out
 
 

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import (MASK_DTYPES, KernelInputError, check, check_out, interpreting, next_pow2,
-                                         semaphores)
+                                         pdl_launch, semaphores)
+from flashrt_core.kernels._pdl import pdl_enter
 
 _LOG2E = 1.4426950408889634
 
@@ -59,7 +60,8 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, 
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     split = tl.program_id(2)  # which slice of the (S + S2) keys this program folds
@@ -205,5 +207,5 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        num_warps=warps, num_stages=2)
+        num_warps=warps, num_stages=2, **pdl_launch(q.device))
     return out

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out
+from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._pdl import pdl_enter
 
 _BLOCK = 1024
 
@@ -21,7 +23,8 @@ def _gelu_tanh(g):
 
 
 @triton.jit
-def _geglu_kernel(GU_ptr, Y_ptr, F, BLOCK: tl.constexpr):
+def _geglu_kernel(GU_ptr, Y_ptr, F, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < F
@@ -31,7 +34,8 @@ def _geglu_kernel(GU_ptr, Y_ptr, F, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _bias_gelu_kernel(X_ptr, B_ptr, Y_ptr, F, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+def _bias_gelu_kernel(X_ptr, B_ptr, Y_ptr, F, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < F
@@ -52,7 +56,8 @@ def geglu(gate_up, *, out=None):
     out = check_out(op, "out", out, shape, gate_up.device) if out is not None else gate_up.new_empty(shape)
     rows = gate_up.numel() // (2 * f) if f else 0
     if rows:
-        _geglu_kernel[(rows, triton.cdiv(f, _BLOCK))](gate_up, out, f, BLOCK=_BLOCK, num_warps=4)
+        _geglu_kernel[(rows, triton.cdiv(f, _BLOCK))](gate_up, out, f, BLOCK=_BLOCK, num_warps=4,
+                                                      **pdl_launch(gate_up.device))
     return out
 
 
@@ -67,5 +72,6 @@ def bias_gelu(x, bias=None, *, out=None):
     rows = x.numel() // f if f else 0
     if rows:
         _bias_gelu_kernel[(rows, triton.cdiv(f, _BLOCK))](
-            x, bias if bias is not None else x, out, f, HAS_BIAS=bias is not None, BLOCK=_BLOCK, num_warps=4)
+            x, bias if bias is not None else x, out, f, HAS_BIAS=bias is not None, BLOCK=_BLOCK, num_warps=4,
+            **pdl_launch(x.device))
     return out

@@ -6,11 +6,14 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import check, check_out, next_pow2, row_warps
+from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._pdl import pdl_enter
 
 
 @triton.jit
 def _layer_norm_kernel(X_ptr, R_ptr, W_ptr, B_ptr, Y_ptr, RES_OUT_ptr, D, eps,
-                       HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr):
+                       HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
@@ -44,7 +47,7 @@ def _launch(op, x, residual, weight, bias, eps, out, residual_out):
         _layer_norm_kernel[(rows,)](
             x, residual if residual is not None else x, weight, bias, out,
             residual_out if residual is not None else out, d, float(eps),
-            HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=row_warps(block))
+            HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=row_warps(block), **pdl_launch(x.device))
     return out, residual_out
 
 

@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2
+from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._pdl import pdl_enter
 
 
 @triton.jit(do_not_specialize=["offset"])  # one compiled kernel for every offset
@@ -24,7 +26,8 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
                            T, n_positions, offset,
                            q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S,
                            HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
-                           OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr):
+                           OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+    pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)  # b * T + t
     head = tl.program_id(1)
     b = token // T
@@ -102,5 +105,5 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
             *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2],
             HQ=num_q_heads, HKV=num_kv_heads, DH=dh, OFFSET_TENSOR=isinstance(cache_offset, torch.Tensor),
             BLOCK_HALF=next_pow2(dh // 2, 16),
-            num_warps=1 if dh <= 128 else 2)
+            num_warps=1 if dh <= 128 else 2, **pdl_launch(qkv.device))
     return q_out

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
+from flashrt_core.models.pi05.engine_attention import AttentionPicker
 from flashrt_core.models.pi05.engine_gemm import LinearPicker
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
@@ -77,12 +80,14 @@ class Pi05Engine:
 
     def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
-                 graphs: bool | None = None, gemm: str = "auto"):
+                 graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
         graphs: capture CUDA graphs (default: on CUDA). gemm: "auto" (time cuBLAS vs Triton per shape on
-        CUDA), "torch" (cuBLAS only) or "triton"."""
+        CUDA), "torch" (cuBLAS only) or "triton". pdl: launch the Triton kernels with programmatic dependent
+        launch where the GPU supports it (sm_90+), so each kernel's launch and weight loads overlap the one
+        before. tune_attention: time attention launch configurations per shape during warm-up."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -98,6 +103,8 @@ class Pi05Engine:
         # no host->device copy during capture).
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
         self.linear = LinearPicker(device, mode=gemm)
+        self.attend = AttentionPicker(device, enabled=tune_attention)
+        self.pdl = bool(pdl)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
@@ -122,7 +129,7 @@ class Pi05Engine:
         for i, L in enumerate(layers):
             qkv = lin(h, L.qkv_w, L.qkv_b).view(n, t, 3, vc.heads, vc.head_dim)
             # q stays token-major; k / v are [N, H, T, Dh] views of the same GEMM output (no copies).
-            a = K.attention(qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2), backend=be)
+            a = self.attend(qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2), backend=be)
             o = lin(a.reshape(n, t, vc.hidden), L.out_w, L.out_b)
             x, h = K.add_layer_norm(o, x, L.ln2_w, L.ln2_b, eps, residual_out=x, backend=be)
             f = K.bias_gelu(lin(h, L.fc1_w), L.fc1_b, backend=be)
@@ -153,7 +160,7 @@ class Pi05Engine:
                                  num_q_heads=g.heads, num_kv_heads=g.kv_heads, backend=be)
             if i == len(layers) - 1:
                 break  # the last layer's attention output and MLP only feed the unused prefix logits
-            a = K.attention(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, backend=be)
+            a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, backend=be)
             o = lin(a.flatten(2), L.o_w)
             x, h = K.add_rms_norm(o, x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
             d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
@@ -177,7 +184,7 @@ class Pi05Engine:
                 q = K.qkv_rope_cache(lin(h, L.qkv_w), positions, self.cos, self.sin, suffix_k, suffix_v, 0,
                                      num_q_heads=e.heads, num_kv_heads=e.kv_heads, backend=be)
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
-                a = K.attention(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=suffix_k, v2=suffix_v,
+                a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=suffix_k, v2=suffix_v,
                                 backend=be)
                 o = lin(a.flatten(2), L.o_w)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
@@ -191,9 +198,17 @@ class Pi05Engine:
         buf.actions.copy_(x_t)
 
     # ---- graphs ---------------------------------------------------------------------------------------
+    def _launch_context(self, stage: str) -> contextlib.ExitStack:
+        """What every kernel launch of a stage runs under: no autograd, the stage's ticket workspace, PDL on/off."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(K.semaphore_workspace(self._tickets[stage]))
+        stack.enter_context(K.pdl_scope(self.pdl))
+        return stack
+
     def _run(self, stage: str, body) -> None:
         if not self.use_graphs:
-            with torch.no_grad(), K.semaphore_workspace(self._tickets[stage]):
+            with self._launch_context(stage):
                 body()
             return
         graph = self._graphs.get(stage)
@@ -206,16 +221,18 @@ class Pi05Engine:
         # times its candidates outside the capture (none of that may happen inside it).
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.no_grad(), torch.cuda.stream(side), K.semaphore_workspace(self._tickets[stage]):
-            self.linear.tuning = True
-            body()
-            self.linear.tuning = False
+        with self._launch_context(stage), torch.cuda.stream(side):
+            self.linear.tuning = self.attend.tuning = True
+            try:
+                body()
+            finally:
+                self.linear.tuning = self.attend.tuning = False
             body()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool), K.semaphore_workspace(self._tickets[stage]):
+        with self._launch_context(stage), torch.cuda.graph(graph, pool=self._pool):
             body()
         self._graphs[stage] = graph
         self.captures += 1

@@ -15,18 +15,24 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
-from flashrt_core.kernels._common import KernelInputError, KernelUnavailableError, interpreting, semaphores
+from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, pdl_launch,
+                                         semaphores)
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) tried per shape on CUDA.
 CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256, 1, 4, 4),
            (32, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (16, 256, 4, 4, 3),
-           (32, 128, 8, 4, 4), (16, 128, 8, 4, 4), (64, 128, 4, 4, 4), (16, 128, 4, 4, 4)]
+           (32, 128, 8, 4, 4), (64, 128, 4, 4, 4),
+           # split 0: one BLOCK_K slice per program, weight tile prefetched before the PDL wait
+           (32, 256, 0, 4, 1), (64, 128, 0, 4, 1), (32, 128, 0, 4, 1), (16, 256, 0, 4, 1), (64, 256, 0, 8, 1),
+           (32, 512, 0, 4, 1)]
 
 try:  # Triton is optional on CPU-only installs; the picker then never offers it
     import triton
     import triton.language as tl
+
+    from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -40,11 +46,14 @@ if triton is not None:
     @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
                             HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
-                            UPCAST: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr):
+                            ONE_STEP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_off rows.
-        SPLIT > 1: each program sums one K slice into the fp32 partials P[split, M, N]; the last of a tile's
-        SPLIT programs to finish (ticket C[tile]) adds them up in split order and writes Y."""
+        SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
+        to finish (ticket C[tile]) adds them up in split order and writes Y.
+        ONE_STEP (each program covers exactly one BLOCK_K slice): the weight tile is loaded before waiting for
+        the previous kernel (PDL), so the weight stream overlaps that kernel's tail."""
+        pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -56,34 +65,58 @@ if triton is not None:
         k_lo = pid_k * k_per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-            kk = k0 + rk
+        if ONE_STEP:
+            kk = k_lo + rk
             k_ok = kk < K
-            x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
-            w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
+            w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # weights: never written
+            wu = w
+            if GEGLU:
+                wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            pdl_wait(PDL)
+            x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
-            acc += tl.dot(x, w, input_precision=PRECISION)
+                wu = wu.to(tl.float32)
+            acc = tl.dot(x, w, input_precision=PRECISION)
             if GEGLU:
-                wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                acc_up = tl.dot(x, wu, input_precision=PRECISION)
+        else:
+            pdl_wait(PDL)
+            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+                kk = k0 + rk
+                k_ok = kk < K
+                x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
+                w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
                 if UPCAST:
-                    wu = wu.to(tl.float32)
-                acc_up += tl.dot(x, wu, input_precision=PRECISION)
+                    x = x.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc += tl.dot(x, w, input_precision=PRECISION)
+                if GEGLU:
+                    wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                    if UPCAST:
+                        wu = wu.to(tl.float32)
+                    acc_up += tl.dot(x, wu, input_precision=PRECISION)
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = True
         if SPLIT > 1:
-            tl.store(P + pid_k * sps + rm[:, None] * N + rn[None, :], acc, mask=out_mask)
+            part = P + rm[:, None] * N + rn[None, :]
+            tl.store(part + pid_k * sps, acc, mask=out_mask)
+            if GEGLU:  # the up half's partials follow the gate half's
+                tl.store(part + (SPLIT + pid_k) * sps, acc_up, mask=out_mask)
             tl.debug_barrier()  # every thread's partial is stored before the ticket is taken (release)
             tile = pid_m * tl.num_programs(0) + pid_n
             ticket = tl.atomic_add(C + tile, 1, sem="acq_rel", scope="gpu")
             last = ticket == SPLIT - 1
             if last:
                 acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for s in tl.static_range(SPLIT):  # fixed order: the result does not depend on who finished last
-                    acc += tl.load(P + s * sps + rm[:, None] * N + rn[None, :], mask=out_mask, other=0.0,
-                                   cache_modifier=".cg")
+                    acc += tl.load(part + s * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
+                    if GEGLU:
+                        acc_up += tl.load(part + (SPLIT + s) * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
                 tl.atomic_xchg(C + tile, 0, sem="relaxed", scope="gpu")  # all-zero tickets for the next call
         if last:
             if HAS_BIAS:
@@ -95,11 +128,12 @@ if triton is not None:
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
-    and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k > 1 is not combined with geglu."""
+    and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
+    program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
-    if geglu and split_k > 1:
-        raise KernelInputError("skinny_linear: geglu does not combine with split_k > 1")
+    if split_k < 0:
+        raise KernelInputError(f"skinny_linear: split_k must be >= 0, got {split_k}")
     kdim = x.shape[-1]
     x2 = x.reshape(-1, kdim)
     if x2.stride(-1) != 1:
@@ -112,20 +146,21 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     interp = interpreting()
     block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
     # Every split covers a whole number of BLOCK_K steps, so no K element is summed twice.
-    k_per_split = triton.cdiv(triton.cdiv(kdim, split_k), block_k) * block_k
+    splits_wanted = triton.cdiv(kdim, block_k) if split_k == 0 else split_k
+    k_per_split = triton.cdiv(triton.cdiv(kdim, splits_wanted), block_k) * block_k
     split = triton.cdiv(kdim, k_per_split)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     if split > 1:
-        part = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+        part = torch.empty((2 if geglu else 1) * split, m, n, device=x.device, dtype=torch.float32)
         tickets = semaphores(grid[0] * grid[1], x.device)
     else:
         part = tickets = y
     _skinny_gemm_kernel[grid](
-        x2, w, b if b is not None else w, y, part, tickets, m, n, kdim, k_per_split, x2.stride(0), w.stride(0), y.stride(0),
-        m * n, n * kdim, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
-        UPCAST=interp and x.dtype != torch.float32,
-        PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=1 if interp else num_stages)
+        x2, w, b if b is not None else w, y, part, tickets, m, n, kdim, k_per_split, x2.stride(0), w.stride(0),
+        y.stride(0), m * n, n * kdim, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
+        ONE_STEP=k_per_split == block_k, UPCAST=interp and x.dtype != torch.float32,
+        PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=num_warps, num_stages=1 if interp else num_stages, **pdl_launch(x.device))
     return y.view(*x.shape[:-1], n)
 
 
@@ -178,8 +213,7 @@ class LinearPicker:
         overflow L2 (a decision streams every weight from HBM once per flow step)."""
         candidates = {"cublas": None}
         for c in CONFIGS:
-            if not (geglu and c[2] > 1):
-                candidates[str(c)] = c
+            candidates[str(c)] = c
         want = _cublas(x, w, b, geglu, backend).float()
         copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
@@ -212,9 +246,9 @@ class LinearPicker:
         return out
 
 
-def _kwargs(config, geglu):
+def _kwargs(config, geglu=False):
     bn, bk, split, warps, stages = config
-    return {"block_n": bn, "block_k": bk, "split_k": 1 if geglu else split, "num_warps": warps, "num_stages": stages}
+    return {"block_n": bn, "block_k": bk, "split_k": split, "num_warps": warps, "num_stages": stages}
 
 
 def _graph_ms(fn, weights, rounds: int = 3) -> float:

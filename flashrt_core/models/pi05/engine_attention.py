@@ -1,0 +1,71 @@
+"""Attention launch configurations of the engine, picked per shape by measuring them on this GPU.
+
+The three attention shapes of pi0.5 (SigLIP patches, the prefix over itself, the 50 action queries over the
+cached prefix + themselves) want very different tilings: the action expert has 8 query heads sharing one
+K/V head and only 50 tokens, so its 400 query rows must be split over keys to fill the SMs, and the best
+(BLOCK_M, BLOCK_N, splits, warps) differs between GPUs (H200, Thor). `AttentionPicker` times the kernel's
+own heuristic and a few alternatives once per shape during the engine's warm-up (CUDA-graph timing, as in
+a decision; never inside capture) and keeps the fastest whose output matches the heuristic's. On CPU it is
+`kernels.attention` unchanged. Reference: `kernels.reference.attention_ref`.
+"""
+from __future__ import annotations
+
+import torch
+
+from flashrt_core import kernels as K
+from flashrt_core.models.pi05.engine_gemm import _graph_ms
+
+# (BLOCK_M, BLOCK_N, splits, num_warps) tried besides the kernel's heuristic (None).
+CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 8), (64, 32, 8, 4),
+              (128, 32, 4, 8), (32, 32, 16, 4), (64, 32, 16, 4), (64, 64, 1, 4), (128, 64, 1, 8)]
+TIMED_CALLS = 10
+
+
+class AttentionPicker:
+    """`picker(q, k, v, key_mask, k2, v2, backend=...)` = `kernels.attention`, with the launch configuration
+    per shape chosen by timing while `tuning` is True (CUDA only)."""
+
+    def __init__(self, device, enabled: bool = True):
+        self.device, self.enabled, self.tuning = torch.device(device), enabled, False
+        self.choices: dict[tuple, tuple | None] = {}
+        self.timings: dict[tuple, dict] = {}
+
+    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, backend=None):
+        if not (self.enabled and q.device.type == "cuda" and K.available(q.device) and backend != "torch"):
+            return K.attention(q, k, v, key_mask, k2, v2, backend=backend)
+        from flashrt_core.kernels.flash_attention import attention
+
+        key = (tuple(q.shape), tuple(k.shape), key_mask is not None, None if k2 is None else tuple(k2.shape), q.dtype)
+        if key not in self.choices:
+            if not self.tuning:
+                return attention(q, k, v, key_mask, k2, v2)
+            self.choices[key] = self._tune(key, q, k, v, key_mask, k2, v2)
+        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key])
+
+    def _tune(self, key, q, k, v, key_mask, k2, v2):
+        from flashrt_core.kernels.flash_attention import attention
+
+        want = attention(q, k, v, key_mask, k2, v2).float()
+        tol = 2e-2 * float(want.abs().max()) + 1e-3
+        times = {}
+        for config in [None, *CANDIDATES]:
+            name = "heuristic" if config is None else str(config)
+            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c))
+            try:
+                if not torch.allclose(fn(None).float(), want, atol=tol, rtol=2e-2):
+                    times[name] = "mismatch"
+                    continue
+                times[name] = _graph_ms(fn, [None] * TIMED_CALLS)
+            except Exception as exc:  # a configuration this GPU cannot launch (shared memory) is skipped
+                torch.cuda.synchronize(q.device)
+                times[name] = f"failed: {type(exc).__name__}"
+        self.timings[key] = times
+        valid = {n: t for n, t in times.items() if isinstance(t, float)}
+        best = min(valid, key=valid.get)
+        return None if best == "heuristic" else next(c for c in CANDIDATES if str(c) == best)
+
+    def report(self) -> list[dict]:
+        """The chosen configuration per shape with every candidate's time (for benchmark JSON)."""
+        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3],
+                 "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
+                for key, c in self.choices.items()]
