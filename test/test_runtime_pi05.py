@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashrt_core.contract.runtime import Runtime
-from flashrt_core.errors import InputError
+from flashrt_core.errors import ContractError, InputError
 from flashrt_core.models import pi05
 
 # tolerance table (absolute, on actions in normalized space)
@@ -193,3 +193,17 @@ def test_cuda_graphs_match_eager_and_never_move(graphs):
     assert captures == 2  # stage: observe, act; plan: observe+act, act
     assert sorted(keys) == (sorted([("observe",), ("act",)]) if graphs == "stage"
                             else sorted([("observe", "act"), ("act",)]))
+
+
+def test_vision_dtype_option():
+    """SigLIP runs in float32 (LeRobot's choice) under the reference engine and in the model dtype under the
+    fused one unless the contract says otherwise; anything else is a contract error naming the option."""
+    ref = Runtime.from_config(CONFIG, seed=0, dtype="bfloat16")
+    assert ref.binding.policy.weights.patch_w.dtype == torch.float32
+    fused = Runtime.from_config(CONFIG, seed=0, dtype="bfloat16", options={"engine": "fused"})
+    assert fused.binding.policy.weights.patch_w.dtype == torch.bfloat16
+    assert fused.binding.policy.weights.vlm_layers[0].qkv_w.dtype == torch.bfloat16
+    kept = Runtime.from_config(CONFIG, seed=0, dtype="bfloat16", options={"engine": "fused", "vision_dtype": "float32"})
+    assert kept.binding.policy.weights.patch_w.dtype == torch.float32
+    with pytest.raises(ContractError, match="model.options.vision_dtype"):
+        Runtime.from_config(CONFIG, seed=0, options={"vision_dtype": "fp8"})

@@ -11,7 +11,9 @@ are in the model's normalized action space (all max_action_dim columns); `action
 first action_dim columns, un-normalized by the LeRobot post-processor statistics beside the checkpoint).
 The built-in tiny/full models and checkpoints without stats files use identity normalization.
 Model options (contract `model.options`): variant (tiny | full, without a checkpoint), views, image_height,
-image_width, action_dim (columns the robot uses), state_dim, prompt_len, prompt_bytes, image_slots, engine.
+image_width, action_dim (columns the robot uses), state_dim, prompt_len, prompt_bytes, image_slots, engine,
+vision_dtype (float32 as LeRobot keeps SigLIP, or model: the model dtype; default model for the fused engine,
+whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from flashrt_core.models.pi05.preprocess import resize_with_pad
 from flashrt_core.models.pi05.prompt import clean_task
 
 _OPTIONS = {"variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
-            "prompt_bytes", "image_slots", "engine"}
+            "prompt_bytes", "image_slots", "engine", "vision_dtype"}
 
 
 def model_config(model) -> pi05.Pi05Config:
@@ -119,9 +121,13 @@ class Pi05Binding(ModelBinding):
         else:
             config = self.config
             state = random_state(config, seed, device)
-        weights = pi05.convert(config, state).to(device=device, dtype=dtype)
-        del state
         engine_name = model.options.get("engine", "reference")
+        vision = model.options.get("vision_dtype", "model" if engine_name == "fused" else "float32")
+        if vision not in ("float32", "model"):
+            raise ContractError(f"model.options.vision_dtype: float32 or model, got {vision!r}")
+        weights = pi05.convert(config, state).to(device=device, dtype=dtype,
+                                                 vision_dtype=torch.float32 if vision == "float32" else None)
+        del state
         engine = make_engine(engine_name, weights)
         self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
         self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed,
