@@ -23,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's flashrt_core first
 from flashrt_core.capsule import CapsuleStore, fingerprint  # noqa: E402
+from flashrt_core.capsule.slab import arena  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _common import commit as _commit  # noqa: E402  (honours FLASHRT_COMMIT where there is no .git)
 
@@ -110,6 +111,12 @@ def run(args) -> dict:
     layout = pi05_layout(prefix=args.prefix, layers=args.layers, fused_kv=args.fused_kv)
     fp = fingerprint("pi05-bench", "random", "bfloat16", layout)
     live = random_state(layout, device)
+    arena_flat = None
+    if not args.separate:  # as the contract runtime allocates its persistent device buffers
+        arena_flat, views = arena(layout, device)
+        for name, t in live.items():
+            views[name].copy_(t)
+        live = views
     nbytes = sum(t.numel() * t.element_size() for t in live.values())
     disk_dir = pathlib.Path(args.disk_dir or tempfile.mkdtemp(prefix="flashrt_bench_caps_"))
     store = CapsuleStore(fp, device=device, disk_dir=disk_dir)
@@ -130,6 +137,8 @@ def run(args) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "torch": torch.__version__, "buffers": len(layout), "bytes": nbytes, "prefix_tokens": args.prefix,
         "layers": args.layers, "fused_kv": args.fused_kv, "iters": args.iters,
+        "live_allocation": "separate" if args.separate else "arena",
+        "arena_bytes": None if arena_flat is None else arena_flat.numel(),
         "copy_floor_us": floor_us, "restore_target_us": 2 * floor_us + 50, "results": results,
     }
     if device.type == "cuda":
@@ -158,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=18)
     p.add_argument("--prefix", type=int, default=3 * 256 + 200, help="prefix tokens P")
     p.add_argument("--fused-kv", action="store_true", help="one K and one V buffer for all layers")
+    p.add_argument("--separate", action="store_true",
+                   help="one allocation per live buffer (default: one arena, as the runtime allocates them)")
     p.add_argument("--disk-dir", default=None)
     p.add_argument("--commit", default=None)
     p.add_argument("--json", default=None, help="where to write the JSON report")

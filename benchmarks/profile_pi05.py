@@ -123,8 +123,9 @@ def gemm_candidates(config, dtype) -> list[dict]:
                 torch.cuda.synchronize()
                 rows.append({"gemm": name, "candidate": cname, "error": str(exc).splitlines()[0][:100]})
                 continue
-            rows.append({"gemm": name, "n": n, "k": k, "m": m, "candidate": cname, "us": us,
-                         "gbps": nbytes / us / 1e3, "vs_copy_ceiling": nbytes / us / 1e3 / (CEILINGS["copy_tbps"] * 1e3)})
+            gbps = nbytes / us / 1e3
+            rows.append({"gemm": name, "n": n, "k": k, "m": m, "candidate": cname, "us": us, "gbps": gbps,
+                         "vs_copy_ceiling": gbps / (CEILINGS["copy_tbps"] * 1e3)})
         best = min((r for r in rows if r["gemm"] == name and "us" in r), key=lambda r: r["us"])
         print(f"gemm {name:<16} [{m}x{k}] x [{n}x{k}]^T: best {best['candidate']} {best['us']:.2f} us "
               f"({best['gbps']:.0f} GB/s); cublas "

@@ -4,7 +4,8 @@
 #   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all] [extra pytest args]
 # Device call: carry [".whl", ".fixtures"] (.whl: LeRobot 0.6.1 and its pinned wheels, see gpu.md;
 # .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
-# most 8 files: by default this writes 7 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two).
+# most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
+# the profile separately).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"; shift || true
@@ -37,6 +38,7 @@ if [[ "$what" == bench || "$what" == all ]]; then
   bench bench_capsule 90 --json "$OUT/capsule_h200.json"
   bench bench_kernels 180 --json "$OUT/kernels_h200.json"
   bench bench_adopt 240 --compile-mode none --json "$OUT/adopt_pi05_w2.json"
+  bench profile_pi05 200 --json "$OUT/profile_pi05_w2.json"
 fi
 python3 scripts/summarize_results.py "$OUT" | tee -a "$LOG"
 exit $status

@@ -190,6 +190,10 @@ def test_restore_returns_a_private_meta_and_repeats_exactly():
         for k, v in rt.persistent_buffers().items():
             assert torch.equal(v, want[k])
         assert same_meta(rt.runtime_meta(), host)
+        # The runtime's persistent device buffers live in one arena laid out like the slab: the restore is
+        # one span copy for all of them plus one for the host-placed `task`.
+        groups, singles, _ = rt.capsules._caps[cid].slab.planned[False][1]
+        assert sum(len(d) for d, _ in groups) + len(singles) == 2
         meta["ledger"]["runs"]["act"] = 999  # the caller's copy: neither the runtime nor the capsule change
         meta["rng_state"].zero_()
         assert same_meta(rt.runtime_meta(), host)

@@ -354,3 +354,54 @@ def test_restore_check_refusal_copies_nothing(tmp_path):
         s.restore(cid, live, check=check)
     assert_same(live, before)
     assert s.restore(cid, live, check=lambda m: None) == {"clock": [1, 2]}
+
+
+def _names(layout):
+    return {k: (s, str(d).removeprefix("torch.")) for k, (s, d) in layout.items()}
+
+
+def test_arena_buffers_restore_as_one_span_bit_exact(tmp_path):
+    """Live buffers allocated with `arena` (as the runtime does) sit like a slab: a restore and a snapshot are
+    each one flat copy, and the bytes come back exactly."""
+    from flashrt_core.capsule.slab import arena
+
+    flat, live = arena(_names(LAYOUT), "cpu")
+    for k, v in make_state(1).items():
+        live[k].copy_(v)
+    want = clone(live)
+    st = store(tmp_path)
+    cid = st.snapshot("a", "device", live, {"decision_id": 1})
+    dirty(live, 2)
+    st.restore(cid, live)
+    assert_same(live, want)
+    slab = st._caps[cid].slab
+    for direction in (True, False):  # to the slab (snapshot) and from it (restore)
+        groups, singles, _ = slab.planned[direction][1]
+        assert sum(len(d) for d, _ in groups) + len(singles) == 1
+    dirty(live, 3)
+    st.restore(cid, live)  # the cached span again
+    assert_same(live, want)
+    assert flat.numel() >= NBYTES
+
+
+def test_views_of_a_tensor_the_store_does_not_own_never_coalesce(tmp_path):
+    """Same offsets as a slab, but inside a user's tensor: the padding between the views may hold the user's
+    data, so each buffer is copied on its own and the bytes between them are never written."""
+    from flashrt_core.capsule.slab import SlabPlan
+
+    plan = SlabPlan(_names(LAYOUT))
+    base = torch.full((plan.total_bytes,), 99, dtype=torch.uint8)
+    live = {name: base[o:o + n].view(dt).view(shape) for name, o, n, dt, shape in plan.entries}
+    for k, v in make_state(4).items():
+        live[k].copy_(v)
+    want = clone(live)
+    gaps = torch.ones(plan.total_bytes, dtype=torch.bool)
+    for _, o, n, _, _ in plan.entries:
+        gaps[o:o + n] = False
+    assert int(gaps.sum()) > 0
+    st = store(tmp_path)
+    cid = st.snapshot("a", "device", live, {"decision_id": 1})
+    dirty(live, 5)
+    st.restore(cid, live)
+    assert_same(live, want)
+    assert bool((base[gaps] == 99).all())

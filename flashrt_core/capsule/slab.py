@@ -6,10 +6,16 @@ elements: each buffer is seen as int64 words (bytes when its size is not a multi
 bf16 K/V layers, the fp32 chunk and the uint8 RNG state all go through ONE multi-tensor copy launch
 (`torch._foreach_copy_` only fuses lists of a single dtype). That keeps a restore near the copy floor
 instead of paying a launch per buffer.
+
+Live buffers allocated with `arena` (what the contract runtime does for its persistent device buffers) sit
+at the same aligned offsets as in a slab, so consecutive buffers of a restore or snapshot coalesce into one
+span: a plain flat copy. Only memory this module allocated (arenas and slabs, registered in `_OWNED`) is
+ever coalesced, because a span also copies the alignment padding between buffers.
 """
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Mapping, Sequence
 
 import torch
@@ -18,6 +24,28 @@ from flashrt_core.errors import CapsuleError
 
 _ALIGN = 256  # bytes; keeps every buffer aligned for any dtype and for vectorised copies
 _WORD = torch.int64
+
+
+# storage base address -> the flat uint8 tensor of an arena or slab (gone when that tensor is freed)
+_OWNED: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _own(flat: torch.Tensor) -> torch.Tensor:
+    _OWNED[flat.untyped_storage().data_ptr()] = flat
+    return flat
+
+
+def _owner(t: torch.Tensor) -> torch.Tensor | None:
+    return _OWNED.get(t.untyped_storage().data_ptr())
+
+
+def arena(layout: Mapping[str, tuple], device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Zeroed tensors for `layout` {name: (shape, dtype name)} in one flat allocation laid out like a slab of
+    the same buffers (256-byte aligned, in name order as a capsule fingerprint orders its layout). Returns
+    (flat, views); keep `flat` alive as long as the views are used, so that capsule copies keep coalescing."""
+    plan = SlabPlan({name: layout[name] for name in sorted(layout)})
+    flat = _own(torch.zeros(max(plan.total_bytes, _ALIGN), dtype=torch.uint8, device=device))
+    return flat, {name: flat[o:o + n].view(dt).view(shape) for name, o, n, dt, shape in plan.entries}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -52,8 +80,8 @@ class Slab:
     def __init__(self, plan: SlabPlan, device: torch.device, pinned: bool = False):
         self.plan = plan
         self.device = torch.device(device)
-        self.flat = torch.empty(max(plan.total_bytes, _ALIGN), dtype=torch.uint8, device=self.device,
-                                pin_memory=pinned and self.device.type == "cpu")
+        self.flat = _own(torch.empty(max(plan.total_bytes, _ALIGN), dtype=torch.uint8, device=self.device,
+                                     pin_memory=pinned and self.device.type == "cpu"))
         pieces = self.flat[:plan.total_bytes].view(_WORD).split_with_sizes(plan.split)  # one call, all views
         self.words = []
         for (name, _, nbytes, _, _), piece in zip(plan.entries, pieces[0::2]):
@@ -88,6 +116,47 @@ def _group(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[list, li
         else:  # host-placed buffers of a CUDA runtime, host <-> device tiers
             singles.append((d, s))
     return list(groups.values()), singles
+
+
+def _coalesce(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list:
+    """Merge consecutive (dst, src) pairs that lie back to back (up to alignment padding) in an arena or slab
+    on both sides, at the same relative offsets, into one byte-span pair; others pass through unchanged."""
+    out, run = [], None  # run: [dst flat, src flat, dst start, src start, bytes, pairs merged]
+
+    def flush():
+        if run is None:
+            return
+        dflat, sflat, d0, s0, n, merged = run
+        if len(merged) == 1:
+            out.append(merged[0])
+            return
+        d = dflat[d0 - dflat.data_ptr():d0 - dflat.data_ptr() + n]
+        s = sflat[s0 - sflat.data_ptr():s0 - sflat.data_ptr() + n]
+        if n % 8 == 0 and d0 % 8 == 0 and s0 % 8 == 0:
+            d, s = d.view(_WORD), s.view(_WORD)
+        out.append((d, s))
+
+    for d, s in pairs:
+        nbytes = d.numel() * d.element_size()
+        if nbytes == 0 and s.numel() == 0:
+            continue  # nothing to copy (and an empty view's address means nothing)
+        dflat, sflat = _owner(d), _owner(s)
+        if (dflat is None or sflat is None or d.device != s.device or not d.is_contiguous()
+                or not s.is_contiguous() or nbytes != s.numel() * s.element_size()):
+            flush()
+            run = None
+            out.append((d, s))
+            continue
+        dp, sp = d.data_ptr(), s.data_ptr()
+        if (run is not None and run[0] is dflat and run[1] is sflat and dp - run[2] == sp - run[3]
+                and 0 <= dp - (run[2] + run[4]) < _ALIGN):
+            run[4] = dp + nbytes - run[2]
+            run[5].append((d, s))
+            continue
+        flush()
+        run = [dflat, sflat, dp, sp, nbytes, [(d, s)]]
+    flush()
+    return out
 
 
 def _run(groups: list, singles: list) -> None:
@@ -197,7 +266,7 @@ class Copier:
         """(groups, singles, cuda device) for copies between `slab` and the live tensors of generation `gen`."""
         cached = slab.planned.get(to_slab)
         if cached is None or cached[0] != gen:
-            pairs = _live_pairs(slab, live, self._live.get(slab.plan, live, gen), to_slab)
+            pairs = _coalesce(_live_pairs(slab, live, self._live.get(slab.plan, live, gen), to_slab))
             cached = slab.planned[to_slab] = (gen, (*_group(pairs), _cuda_device(pairs)))
         return cached[1]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from flashrt_core.capsule.slab import arena
 from flashrt_core.contract.schedule import Ledger
 from flashrt_core.contract.spec import Contract
 
@@ -60,10 +61,16 @@ class BufferSet:
         self.host_inputs: dict[str, torch.Tensor] = {}  # host copies of device-placed inputs
         self.device_version: dict[str, int] = {}  # version of each device input copy
         pin = device.type == "cuda"
+        # Persistent device buffers share one allocation laid out like a capsule slab, so a capsule restore
+        # or snapshot of them is one flat copy (see capsule.slab.arena).
+        kept = {b.name: (tuple(b.shape), b.dtype) for b in contract.buffers.values()
+                if b.persistent and b.place == "device"}
+        self._arena, persistent = arena(kept, device) if kept else (None, {})
         for b in contract.buffers.values():
             dt = TORCH_DTYPES[b.dtype]
             where = device if b.place == "device" else torch.device("cpu")
-            self.tensors[b.name] = torch.zeros(b.shape, dtype=dt, device=where)
+            self.tensors[b.name] = persistent[b.name] if b.name in persistent else \
+                torch.zeros(b.shape, dtype=dt, device=where)
             if b.is_input and b.place == "device":
                 self.host_inputs[b.name] = torch.zeros(b.shape, dtype=dt, pin_memory=pin)
                 self.device_version[b.name] = 0

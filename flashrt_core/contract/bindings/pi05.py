@@ -1,8 +1,9 @@
 """pi0.5 behind a contract: stages `prompt`, `observe` and `act` over static buffers.
 
 - prompt (host, on a new prompt): cleans the task text into the persistent host buffer `task`.
-- observe: host part normalizes the robot state with the checkpoint's statistics and tokenizes "Task: ..., State: ...;" (pi0.5 puts the discretized state into the prompt,
-  so the tokens change with every observation) and stages them; device part turns the uint8 camera frames
+- observe: host part normalizes the robot state with the checkpoint's statistics and tokenizes
+  "Task: ..., State: ...;" (pi0.5 puts the discretized state into the prompt, so the tokens change with every
+  observation) and stages them; device part turns the uint8 camera frames
   into SigLIP input (resize with pad, [-1, 1], present cameras first) and fills the persistent prefix K/V.
 - act: host part draws the noise from the runtime's seeded generator; device part runs the flow steps of the
   action expert over the cached prefix into the persistent `prev_chunk` and the output `actions`.
