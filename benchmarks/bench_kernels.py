@@ -122,27 +122,10 @@ def time_eager(fn, iters, reps):
 
 
 def time_graph(fn, iters, reps):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (compiles Triton kernels) outside the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iters):
-        start, end = _events()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(samples)
+    """Median us per call over `iters` replays of a CUDA graph of `reps` calls (flashrt_core.bench.graph_ms)."""
+    from flashrt_core.bench import graph_ms
+
+    return graph_ms(lambda _: fn(), [None] * reps, rounds=iters) * 1e3
 
 
 def max_diff(a, b):

@@ -83,6 +83,34 @@ def cuda_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
     return ms
 
 
+def graph_ms(fn, items, rounds: int = 3) -> float:
+    """ms per call of fn(item) for each of `items` in turn, captured once as a CUDA graph and replayed (median
+    of `rounds` replays): the cost inside a decision, without host launch overhead. Capture happens on a side
+    stream, so this also works inside the engine's warm-up."""
+    stream = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):
+        for item in items:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
+            fn(item)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            for item in items:
+                fn(item)
+        graph.replay()
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(side)
+            graph.replay()
+            end.record(side)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / len(items))
+    stream.wait_stream(side)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
 def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
     """p50/p90/p99/mean ms of `cuda_samples`."""
     ms = sorted(cuda_samples(fn, warmup, iters))

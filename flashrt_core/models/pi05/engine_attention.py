@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from flashrt_core import kernels as K
-from flashrt_core.models.pi05.engine_gemm import _graph_ms
+from flashrt_core.bench import graph_ms
 
 # (BLOCK_M, BLOCK_N, splits, num_warps) tried besides the kernel's heuristic (None).
 CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 8), (64, 32, 8, 4),
@@ -55,7 +55,7 @@ class AttentionPicker:
                 if not torch.allclose(fn(None).float(), want, atol=tol, rtol=2e-2):
                     times[name] = "mismatch"
                     continue
-                times[name] = _graph_ms(fn, [None] * TIMED_CALLS)
+                times[name] = graph_ms(fn, [None] * TIMED_CALLS)
             except Exception as exc:  # a configuration this GPU cannot launch (shared memory) is skipped
                 torch.cuda.synchronize(q.device)
                 times[name] = f"failed: {type(exc).__name__}"

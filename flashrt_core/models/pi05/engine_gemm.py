@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
+from flashrt_core.bench import graph_ms
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, pdl_launch,
                                          semaphores)
 
@@ -226,7 +227,7 @@ class LinearPicker:
                 # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
                 if not torch.allclose(got, want, atol=3e-2 * float(want.abs().max()) + 1e-3, rtol=3e-2):
                     continue
-                times[name] = _graph_ms(fn, ws)
+                times[name] = graph_ms(fn, ws)
             except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
                 torch.cuda.synchronize(x.device)
                 times[name] = f"failed: {type(exc).__name__}"
@@ -249,30 +250,3 @@ class LinearPicker:
 def _kwargs(config, geglu=False):
     bn, bk, split, warps, stages = config
     return {"block_n": bn, "block_k": bk, "split_k": split, "num_warps": warps, "num_stages": stages}
-
-
-def _graph_ms(fn, weights, rounds: int = 3) -> float:
-    """ms per call of fn(w) over `weights` in turn, captured once as a CUDA graph and replayed (median of
-    `rounds` replays). Capture happens on a side stream, so this also works inside the engine's warm-up."""
-    stream = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(stream)
-    with torch.cuda.stream(side):
-        for wi in weights:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
-            fn(wi)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            for wi in weights:
-                fn(wi)
-        graph.replay()
-        times = []
-        for _ in range(rounds):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(side)
-            graph.replay()
-            end.record(side)
-            end.synchronize()
-            times.append(start.elapsed_time(end) / len(weights))
-    stream.wait_stream(side)
-    del graph
-    return sorted(times)[len(times) // 2]
