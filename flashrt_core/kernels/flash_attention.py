@@ -22,6 +22,7 @@ import triton.language as tl
 from flashrt_core.kernels._common import (MASK_DTYPES, KernelInputError, check, check_out, interpreting, next_pow2,
                                          pdl_launch, semaphores)
 from flashrt_core.kernels._pdl import pdl_enter
+from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 
 _LOG2E = 1.4426950408889634
 
@@ -97,10 +98,8 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, 
         tl.store(PART + row[:, None] * DH + d[None, :], acc, mask=io_mask)
         tl.store(ML + row, m_i, mask=t < T)
         tl.store(ML + n_rows + row, l_i, mask=t < T)
-        tl.debug_barrier()  # every thread's partials are stored before the ticket is taken (release)
         tile = pid_m * tl.num_programs(1) + bh
-        ticket = tl.atomic_add(C + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == NSPLIT - 1:
+        if last_of_split(C, tile, NSPLIT):
             rows_per_split = n_rows // NSPLIT
             row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
             m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -119,7 +118,7 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, 
             out = acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
             tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
                      out.to(O.dtype.element_ty), mask=io_mask)
-            tl.atomic_xchg(C + tile, 0, sem="relaxed", scope="gpu")  # all-zero tickets for the next call
+            reset_ticket(C, tile)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],

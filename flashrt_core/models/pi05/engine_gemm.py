@@ -34,6 +34,7 @@ try:  # Triton is optional on CPU-only installs; the picker then never offers it
     import triton.language as tl
 
     from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
+    from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -107,10 +108,8 @@ if triton is not None:
             tl.store(part + pid_k * sps, acc, mask=out_mask)
             if GEGLU:  # the up half's partials follow the gate half's
                 tl.store(part + (SPLIT + pid_k) * sps, acc_up, mask=out_mask)
-            tl.debug_barrier()  # every thread's partial is stored before the ticket is taken (release)
             tile = pid_m * tl.num_programs(0) + pid_n
-            ticket = tl.atomic_add(C + tile, 1, sem="acq_rel", scope="gpu")
-            last = ticket == SPLIT - 1
+            last = last_of_split(C, tile, SPLIT)
             if last:
                 acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -118,7 +117,7 @@ if triton is not None:
                     acc += tl.load(part + s * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
                     if GEGLU:
                         acc_up += tl.load(part + (SPLIT + s) * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(C + tile, 0, sem="relaxed", scope="gpu")  # all-zero tickets for the next call
+                reset_ticket(C, tile)
         if last:
             if HAS_BIAS:
                 acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
