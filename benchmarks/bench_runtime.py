@@ -1,13 +1,17 @@
 """Runtime benchmark: cost of an act-only tick and of observe+act, and a real-time mixed-rate run.
 
     python benchmarks/bench_runtime.py [--config config/pi05.yaml] [--device cuda] [--engine reference]
-        [--graphs stage] [--duration 10] [--json benchmarks/results/runtime_pi05_w2.json]
+        [--graphs stage] [--duration 10] [--modes inline,deferred] [--json benchmarks/results/runtime_pi05_w2.json]
 
 Workload: config/pi05.yaml = full-size pi0.5 W2 (2 views 224x224, 48-token prompt, 10 flow steps, chunk 50,
 bf16, random weights). Tick costs are CUDA-event GPU time of the stages plus the host wall time of `step`
 (host parts, launches, and the final copy of the actions). The mixed run steps the runtime on the wall clock
 at the act rate for `--duration` s with a fresh observation every tick; a deadline miss is a tick whose step
 did not finish within one act period, or a period the scheduler had to skip.
+Modes, each a fresh runtime in the same process: `inline` (observe runs before act in its tick) and
+`deferred` (the contract with `observe` deferred: at an observe tick act uses the previous prefix and observe
+runs behind it on the same stream, off the tick's critical path). For deferred ticks the GPU time of a tick
+counts its own stages plus the deferred observe it launched (read back at the next synchronizing step).
 """
 from __future__ import annotations
 
@@ -47,8 +51,16 @@ def make_inputs(rt, rng):
         rng.uniform(-1, 1, b["state"].shape[0]).astype(np.float32)
 
 
+DEVICE_KEYS = ("observe", "act", "observe+act", "act+observe")
+
+
 def gpu_ms(res):
-    return sum(res.stage_latency_ms.get(k, 0.0) for k in res.stage_latency_ms if k in ("observe", "act", "observe+act"))
+    """GPU ms of the device stages this step ran in order (deferred ones are counted by deferred_gpu_ms)."""
+    return sum(v for k, v in res.stage_latency_ms.items() if k in DEVICE_KEYS and k not in res.deferred)
+
+
+def deferred_gpu_ms(res):
+    return sum(v for k, v in res.deferred_latency_ms.items() if k in DEVICE_KEYS)
 
 
 def tick_costs(rt, rng, iters):
@@ -65,11 +77,12 @@ def tick_costs(rt, rng, iters):
         imgs, st = make_inputs(rt, rng)
         rt.set_observation(images=imgs, state=st, stamp_ns=t)
         r = rt.step(t)
-        assert r.ran == ["observe", "act"], r.ran
-        full.append(gpu_ms(r))
-        full_wall.append(r.latency_ms)
-        r = rt.step(t + act_period)  # act only
+        assert sorted(r.ran) == ["act", "observe"], r.ran
+        observe_step = r
+        r = rt.step(t + act_period)  # act only (it also reads back a deferred observe's GPU time)
         assert r.ran == ["act"], r.ran
+        full.append(gpu_ms(observe_step) + deferred_gpu_ms(r))
+        full_wall.append(observe_step.latency_ms)
         act.append(gpu_ms(r))
         act_wall.append(r.latency_ms)
     return {"act_only_gpu_ms": summary(act), "act_only_step_ms": summary(act_wall),
@@ -102,6 +115,8 @@ def mixed_run(rt, rng, duration_s, act_hz):
         r = rt.step(now + offset)
         done = time.perf_counter_ns()
         ticks += 1
+        if gpu:  # a deferred stage's GPU time belongs to the tick that launched it
+            gpu[-1] += deferred_gpu_ms(r)
         gpu.append(gpu_ms(r))
         wall.append(r.latency_ms)
         ran_observe += "observe" in r.ran
@@ -131,50 +146,69 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--observe-hz", type=float, default=10.0)
     ap.add_argument("--act-hz", type=float, default=50.0)
+    ap.add_argument("--modes", default="inline,deferred", help="comma list of inline, deferred")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
     from flashrt_core.contract.spec import load_contract
 
-    contract = load_contract(args.config).with_overrides(
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - {"inline", "deferred"})
+    if unknown:
+        ap.error(f"--modes: unknown mode {unknown[0]!r} (inline, deferred)")
+    base = load_contract(args.config).with_overrides(
         dtype=args.dtype, rates={"observe": args.observe_hz, "act": args.act_hz},
         limits={"max_observation_age_ms": None}, options={"engine": args.engine})
     if args.graphs:
-        contract = type(contract)(**{**vars(contract), "graphs": args.graphs})
-    t0 = time.perf_counter()
-    rt = Runtime(contract, device=args.device, seed=0)
-    build_s = time.perf_counter() - t0
-    rng = np.random.default_rng(0)
-    rt.set_prompt("pick up the red cube and put it in the bowl")
-    t0 = time.perf_counter()
-    rt.warmup()
-    capture_s = time.perf_counter() - t0
-    costs = tick_costs(rt, rng, args.iters)
-    mixed = mixed_run(rt, rng, args.duration, args.act_hz)
+        base = type(base)(**{**vars(base), "graphs": args.graphs})
     result = {
         "benchmark": "runtime", "config": pathlib.Path(args.config).name, "engine": args.engine,
-        "graphs": rt.contract.graphs if rt.graphs.enabled else f"{rt.contract.graphs} (engine-owned graphs)"
-        if getattr(rt.binding, "owns_graphs", False) else "off",
-        "dtype": rt.contract.model.dtype, "device": str(rt.device),
-        "gpu": torch.cuda.get_device_name() if rt.device.type == "cuda" else "none",
+        "dtype": base.model.dtype, "device": args.device,
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else "none",
         "torch": torch.__version__, "commit": git_commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "build_s": build_s, "capture_s": capture_s, "graph_captures": rt.graphs.captures,
-        "prefix_len": rt.contract.dims["prefix_len"], **costs, "mixed": mixed,
+        "prefix_len": base.dims["prefix_len"], "modes": {},
     }
-    print(f"pi0.5 runtime  {result['config']}  engine={args.engine}  graphs={result['graphs']}  "
-          f"{result['dtype']}  {result['gpu']}")
-    print(f"{'what':<28}{'mean ms':>10}{'p50':>10}{'p99':>10}{'max':>10}")
-    for key in ("act_only_gpu_ms", "act_only_step_ms", "observe_act_gpu_ms", "observe_act_step_ms"):
-        s = result[key]
-        print(f"{key:<28}{s['mean']:>10.3f}{s['p50']:>10.3f}{s['p99']:>10.3f}{s['max']:>10.3f}")
-    for key in ("gpu_ms_per_tick", "step_ms_per_tick"):
-        s = mixed[key]
-        print(f"{'mixed ' + key:<28}{s['mean']:>10.3f}{s['p50']:>10.3f}{s['p99']:>10.3f}{s['max']:>10.3f}")
-    print(f"mixed run: {mixed['ticks']} ticks in {mixed['duration_s']} s at {mixed['act_hz']} Hz, "
-          f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']} "
-          f"({mixed['late_ticks']} late ticks + {mixed['dropped_periods']} dropped periods), "
-          f"scheduler missed periods {mixed['scheduler_missed_periods']}")
+    for mode in modes:
+        contract = base.with_overrides(deferred={"observe": mode == "deferred"})
+        if args.graphs:
+            contract = type(contract)(**{**vars(contract), "graphs": args.graphs})
+        t0 = time.perf_counter()
+        rt = Runtime(contract, device=args.device, seed=0)
+        build_s = time.perf_counter() - t0
+        rng = np.random.default_rng(0)
+        rt.set_prompt("pick up the red cube and put it in the bowl")
+        t0 = time.perf_counter()
+        rt.warmup()
+        capture_s = time.perf_counter() - t0
+        costs = tick_costs(rt, rng, args.iters)
+        mixed = mixed_run(rt, rng, args.duration, args.act_hz)
+        graphs = (rt.contract.graphs if rt.graphs.enabled else f"{rt.contract.graphs} (engine-owned graphs)"
+                  if getattr(rt.binding, "owns_graphs", False) else "off")
+        result["modes"][mode] = {"graphs": graphs, "build_s": build_s, "capture_s": capture_s,
+                                 "graph_captures": rt.graphs.captures, **costs, "mixed": mixed}
+        rt.close()
+        del rt
+        print(f"pi0.5 runtime  {result['config']}  engine={args.engine}  graphs={graphs}  mode={mode}  "
+              f"{result['dtype']}  {result['gpu']}")
+        print(f"{'what':<28}{'mean ms':>10}{'p50':>10}{'p99':>10}{'max':>10}")
+        for key in ("act_only_gpu_ms", "act_only_step_ms", "observe_act_gpu_ms", "observe_act_step_ms"):
+            st = costs[key]
+            print(f"{key:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
+        for key in ("gpu_ms_per_tick", "step_ms_per_tick"):
+            st = mixed[key]
+            print(f"{'mixed ' + key:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
+        print(f"mixed run: {mixed['ticks']} ticks in {mixed['duration_s']} s at {mixed['act_hz']} Hz, "
+              f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']} "
+              f"({mixed['late_ticks']} late ticks + {mixed['dropped_periods']} dropped periods), "
+              f"scheduler missed periods {mixed['scheduler_missed_periods']}")
+    # summary rows for scripts/summarize_results.py
+    result["results"] = {f"{m} {k}": {"p50_ms": v[k]["p50"], "p99_ms": v[k]["p99"]}
+                         for m, v in result["modes"].items() for k in ("act_only_step_ms", "observe_act_step_ms")}
+    for m, v in result["modes"].items():
+        result["results"][f"{m} mixed 10s"] = {"deadline_misses": v["mixed"]["deadline_misses"],
+                                               "gpu_ms_per_tick_mean": v["mixed"]["gpu_ms_per_tick"]["mean"],
+                                               "step_ms_p99": v["mixed"]["step_ms_per_tick"]["p99"]}
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))

@@ -109,3 +109,23 @@ def test_slow_camera_wait_holds_act():
     assert acts[:7] == [0, 20, 40, 60, 80, 260, 280]
     held = [e for e in rep["events"] if e["stage"] == "act" and "skipped" in e]
     assert held[0]["t_ns"] == 100 * 10 ** 6 and "waiting for observe" in held[0]["skipped"]
+
+
+def test_deferred_observe_moves_behind_act_and_ages_grow_by_one_act_period():
+    """10/50 Hz with a fresh frame every tick: observe runs at the same ticks but after act, so act's age at an
+    observe tick is a whole observe period (100 ms) instead of 0; the first tick still runs observe first."""
+    plain = simulate(pi05(10, 50), 1.0)
+    rep = simulate(load_contract(CONFIG).with_overrides(
+        rates={"observe": 10, "act": 50}, limits={"max_observation_age_ms": None}, deferred={"observe": True}), 1.0)
+    assert runs(rep, "observe") == runs(plain, "observe") == grid(10, NS)
+    assert runs(rep, "act") == runs(plain, "act") == grid(50, NS)
+    order = [(e["t_ns"], e["stage"]) for e in rep["events"] if "skipped" not in e]
+    assert order[:3] == [(0, "prompt"), (0, "observe"), (0, "act")]
+    for t in grid(10, NS)[1:]:
+        assert order.index((t, "act")) < order.index((t, "observe"))
+    ages = {e["t_ns"]: e["age_ms"] for e in rep["events"] if e["stage"] == "act" and "skipped" not in e}
+    for t, age in ages.items():
+        expect = 0.0 if t == 0 else (t - (t - 1) // (100 * 10 ** 6) * 100 * 10 ** 6) / 1e6
+        assert age == pytest.approx(expect), t
+    assert rep["stages"]["act"]["age_ms"]["max"] == pytest.approx(100.0)
+    assert plain["stages"]["act"]["age_ms"]["max"] == pytest.approx(80.0)

@@ -46,6 +46,8 @@ DELETE = object()
 
 # (case id, dotted path edited, new value, text the message must contain)
 CASES = [
+    ("deferred-output", "stages.act.deferred", True, "stages.act.deferred: the stage writing the output"),
+    ("deferred-not-bool", "stages.observe.deferred", "yes", "stages.observe.deferred: must be true or false"),
     ("rate-zero", "stages.act.trigger.rate_hz", 0, "stages.act.trigger.rate_hz: must be a positive number"),
     ("rate-negative", "stages.observe.trigger.rate_hz", -5, "stages.observe.trigger.rate_hz"),
     ("rate-string", "stages.act.trigger.rate_hz", "fast", "stages.act.trigger.rate_hz"),

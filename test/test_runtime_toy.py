@@ -106,7 +106,7 @@ class ToyBinding(ModelBinding):
         return list(self.w.items())
 
 
-def toy_contract(observe_hz=10, act_hz=50, late="reuse", max_age=None, graphs="stage"):
+def toy_contract(observe_hz=10, act_hz=50, late="reuse", max_age=None, graphs="stage", deferred=False):
     return {
         "model": {"name": "test_runtime_toy:ToyBinding"},
         "limits": {"max_observation_age_ms": max_age, "late_observe": late},
@@ -126,7 +126,7 @@ def toy_contract(observe_hz=10, act_hz=50, late="reuse", max_age=None, graphs="s
         "stages": {
             "prompt": {"reads": ["prompt"], "writes": ["task"], "trigger": {"on_change": "prompt"}},
             "observe": {"reads": ["task", "images", "image_mask", "state"], "writes": ["prefix"],
-                        "trigger": {"rate_hz": observe_hz, "on_change": "task"}},
+                        "trigger": {"rate_hz": observe_hz, "on_change": "task"}, "deferred": deferred},
             "act": {"reads": ["prefix"], "writes": ["noise", "actions"], "trigger": {"rate_hz": act_hz}},
             "energy": {"reads": ["actions"], "writes": ["action_energy"], "trigger": {"after": "act"}},
         },
@@ -242,3 +242,54 @@ def test_late_observation_wait_holds_act_until_fresh_inputs():
     r = rt.step(200 * MS)  # observe due again with nothing new: waits again, so act is held
     assert r.ran == [] and r.skipped["observe"].startswith("late") and r.observation_age_ms == pytest.approx(75.0)
     assert rt.buffers.ledger.misses["observe"] == 0 and rt.buffers.ledger.runs["observe"] == 2
+
+
+@pytest.mark.parametrize("graphs", ["stage", "plan"])
+def test_deferred_observe_runs_after_act_and_counts_from_the_next_tick(graphs):
+    """observe deferred: at an observe tick act uses the previous prefix (and reports its age), observe runs
+    after it, and the next tick's act uses the new prefix: exactly the reference on each observation."""
+    rt = make_runtime(deferred=True, graphs=graphs)
+    rng = np.random.default_rng(5)
+    noise_gen = torch.Generator().manual_seed(0)
+    rt.set_prompt("pour the water")
+    imgs, state = observation(rng)
+    rt.set_observation(images=imgs, state=state, stamp_ns=0)
+    r = rt.step(0)  # the prefix was never produced: observe runs in order, so the first tick decides
+    assert r.ran == ["prompt", "observe", "act", "energy"] and r.deferred == [] and r.decision_id == 1
+    np.testing.assert_allclose(r.actions, reference_actions(imgs, state, "pour the water",
+                                                            torch.randn(5, 2, generator=noise_gen)), atol=0)
+    assert rt.step(20 * MS).ran == ["act", "energy"]
+    torch.randn(5, 2, generator=noise_gen)
+    imgs2, state2 = observation(rng)
+    rt.set_observation(images=imgs2, state=state2, stamp_ns=95 * MS)
+    r = rt.step(100 * MS)
+    assert r.ran == ["act", "energy", "observe"] and r.deferred == ["observe"]
+    assert r.observation_age_ms == pytest.approx(100.0) and r.observation_stamp_ns == 0
+    np.testing.assert_allclose(r.actions, reference_actions(imgs, state, "pour the water",
+                                                            torch.randn(5, 2, generator=noise_gen)), atol=0)
+    assert r.prefix_id == 2  # the ledger already counts the deferred write (its device work is queued)
+    assert set(r.deferred_latency_ms) == {"observe"} and r.deferred_latency_ms["observe"] > 0  # CPU: now
+    r = rt.step(120 * MS)
+    assert r.ran == ["act", "energy"] and r.observation_age_ms == pytest.approx(25.0)
+    np.testing.assert_allclose(r.actions, reference_actions(imgs2, state2, "pour the water",
+                                                            torch.randn(5, 2, generator=noise_gen)), atol=0)
+    led = rt.buffers.ledger
+    assert led.buffers["prefix"].stamp_ns == 95 * MS and led.seen["act"]["prefix"] == 2
+    # a new prompt: the prompt stage runs in order, observe re-encodes deferred, act keeps the old prefix once
+    rt.set_prompt("wipe the spill")
+    r = rt.step(140 * MS)
+    assert r.ran == ["prompt", "act", "energy", "observe"]
+    np.testing.assert_allclose(r.actions, reference_actions(imgs2, state2, "pour the water",
+                                                            torch.randn(5, 2, generator=noise_gen)), atol=0)
+    r = rt.step(160 * MS)
+    np.testing.assert_allclose(r.actions, reference_actions(imgs2, state2, "wipe the spill",
+                                                            torch.randn(5, 2, generator=noise_gen)), atol=0)
+    led = rt.buffers.ledger
+    assert led.misses["observe"] == 0 and led.runs["observe"] == 3 and led.buffers["prefix"].version == 3
+
+
+def test_deferred_override_and_summary():
+    contract = validate(toy_contract(), binding=ToyBinding).with_overrides(deferred={"observe": True},
+                                                                          binding=ToyBinding)
+    assert contract.stages["observe"].deferred and not contract.stages["act"].deferred
+    assert "observe: 10 Hz + on change of task (deferred)" in contract.summary()

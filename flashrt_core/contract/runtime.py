@@ -3,7 +3,9 @@
 `step(now_ns)` plans the due stages from host-side bookkeeping only (no device reads), runs their host
 parts (tokenize, stage inputs, draw noise), then their device parts as CUDA graphs (per stage or per plan)
 or eagerly on CPU, and returns the action chunk if the output stage ran. The only host sync of a decision
-is at its end, to hand the actions back.
+is at its end, to hand the actions back. Deferred stages (contract `deferred: true`, e.g. pi0.5's observe)
+are launched after that copy: the step returns without waiting for them, the next step's stages queue behind
+them on the same stream, and their outputs count from the next step (the scheduler plans them that way).
 """
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ class StepResult:
     now_ns: int = 0
     observation_stamp_ns: int | None = None  # stamp of the observation behind the (would-be) actions
     prefix_id: int | None = None  # version of the observation stage's outputs the actions were made from
+    deferred: list[str] = field(default_factory=list)  # stages launched after the actions (their outputs
+    # count from the next step); their stage_latency_ms is host time only. Their device time is reported in
+    # deferred_latency_ms: on CUDA by a later step (the first one that synchronizes), on CPU by this one.
+    deferred_latency_ms: dict[str, float] = field(default_factory=dict)
 
 
 class StageIO:
@@ -92,6 +98,7 @@ class Runtime:
         self._last_stamp: int | None = None
         self._weights_digest: str | None = None
         self._lock = threading.RLock()  # ROS callbacks may set inputs while a timer steps
+        self._deferred_events: list = []  # CUDA events of deferred stages not read yet
 
     @classmethod
     def from_config(cls, path, device="cpu", seed: int = 0, checkpoint=None, dtype=None, tokenizer=None, *,
@@ -160,46 +167,37 @@ class Runtime:
         plan = self.scheduler.plan(now_ns, ledger)
         cuda = self.device.type == "cuda"
         stage_ms: dict[str, float] = {}
-        for s in plan.runs:  # host parts first: they never read device results
-            t = time.perf_counter()
-            self.buffers.refresh_inputs(self.contract.stages[s].reads)
-            self.binding.host(s, self._io)
-            stage_ms[s] = (time.perf_counter() - t) * 1e3
+        self._host_parts([s for s in plan.runs if s not in plan.deferred], stage_ms)
         device_stages = [s for s in plan.runs if self._device_parts[s] is not None]
-        events = []
-        if device_stages:
-            bufs = self.buffers.tensors
-            groups = ([device_stages] if self.contract.graphs == "plan"
-                      else [[s] for s in device_stages])
-            for group in groups:
-                fns = [self._device_parts[s] for s in group]
-                start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
-                if cuda:
-                    start.record()
-                self.graphs.run(tuple(group), lambda fns=fns: [fn(bufs) for fn in fns])
-                if cuda:
-                    end = torch.cuda.Event(enable_timing=True)
-                    end.record()
-                    events.append(("+".join(group), start, end))
-                else:
-                    key = "+".join(group)
-                    stage_ms[key] = stage_ms.get(key, 0.0) + (time.perf_counter() - start) * 1e3
+        inline = [s for s in device_stages if s not in plan.deferred]
+        later = [s for s in device_stages if s in plan.deferred]
+        events = self._launch(inline, stage_ms)
         self.scheduler.commit(plan, ledger)
         out_stage = self.scheduler.output_stage
         actions = None
         if out_stage in plan.runs:
             actions = self.buffers.tensors[self.contract.output].to("cpu", copy=True).numpy()
-        elif cuda and device_stages:
+        elif cuda and inline:
             torch.cuda.current_stream().synchronize()  # so latency covers the work launched
-        for key, start, end in events:  # already complete: the copy or sync above waited for them
-            stage_ms[key] = stage_ms.get(key, 0.0) + start.elapsed_time(end)
-        reason = None
-        if actions is None:
-            reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
+        # Everything launched before the sync above is complete now, deferred stages of earlier steps too.
+        deferred_ms = self._collect(self._deferred_events) if (actions is not None or inline) else {}
+        self._deferred_events = [] if (actions is not None or inline) else self._deferred_events
+        for key, start, end in events:
+            stage_ms[key] = stage_ms.get(key, 0.0) + _elapsed_ms(start, end)
+        # Deferred stages go last: off the critical path, behind the actions' copy. On CUDA they run on the
+        # same stream, so the next step's stages wait for them without a host sync.
+        self._host_parts(plan.deferred, stage_ms)
+        later_ms: dict[str, float] = {}  # on CPU the deferred device parts finish here: report them now
+        self._deferred_events += self._launch(later, later_ms)
+        for key, ms in later_ms.items():
+            deferred_ms[key] = deferred_ms.get(key, 0.0) + ms
         if actions is not None and self.capsules is not None:
             from flashrt_core.capsule.runtime_verbs import record_decision
 
-            record_decision(self)  # the optional time-travel ring of recent decisions
+            record_decision(self)  # the optional time-travel ring of recent decisions (after deferred writes)
+        reason = None
+        if actions is None:
+            reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
         prefix_id = None
         if self._observation_stage is not None:
             prefix_id = ledger.buffers[self.contract.stages[self._observation_stage].writes[0]].version
@@ -208,14 +206,61 @@ class Runtime:
                           observation_age_ms=plan.age_ms(out_stage),
                           latency_ms=(time.perf_counter() - t_start) * 1e3, reason=reason,
                           stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns,
-                          observation_stamp_ns=plan.stamps.get(out_stage), prefix_id=prefix_id)
+                          observation_stamp_ns=plan.stamps.get(out_stage), prefix_id=prefix_id,
+                          deferred=list(plan.deferred), deferred_latency_ms=deferred_ms)
+
+    def _host_parts(self, stages: list[str], stage_ms: dict[str, float]) -> None:
+        """Stage inputs and run the host parts (they never read device results) of `stages`, in order."""
+        for s in stages:
+            t = time.perf_counter()
+            self.buffers.refresh_inputs(self.contract.stages[s].reads)
+            self.binding.host(s, self._io)
+            stage_ms[s] = (time.perf_counter() - t) * 1e3
+
+    def _launch(self, stages: list[str], stage_ms: dict[str, float]) -> list:
+        """Run the device parts of `stages` (grouped per stage or per plan, as CUDA graphs where enabled).
+        On CUDA returns (key, start, end) events still to be read; on CPU adds wall ms to stage_ms."""
+        if not stages:
+            return []
+        cuda = self.device.type == "cuda"
+        bufs = self.buffers.tensors
+        groups = [stages] if self.contract.graphs == "plan" else [[s] for s in stages]
+        events = []
+        for group in groups:
+            fns = [self._device_parts[s] for s in group]
+            key = "+".join(group)
+            start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
+            if cuda:
+                start.record()
+            self.graphs.run(tuple(group), lambda fns=fns: [fn(bufs) for fn in fns])
+            if cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                events.append((key, start, end))
+            else:
+                stage_ms[key] = stage_ms.get(key, 0.0) + (time.perf_counter() - start) * 1e3
+        return events
+
+    @staticmethod
+    def _collect(events) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for key, start, end in events:
+            out[key] = out.get(key, 0.0) + _elapsed_ms(start, end)
+        return out
 
     def warmup(self) -> None:
         """Capture the graphs of the usual plans now (configure time) rather than at their first tick."""
         stages = [s for s in self.contract.stages if self._device_parts[s] is not None]
         bufs = self.buffers.tensors
-        plans = [[s] for s in stages] if self.contract.graphs != "plan" else \
-            [stages, [self.scheduler.output_stage]]
+        if self.contract.graphs != "plan":
+            plans = [[s] for s in stages]
+        else:  # every stage (first tick), the output alone, and with deferred stages: those around them
+            inline = [s for s in stages if not self.contract.stages[s].deferred]
+            later = [s for s in stages if self.contract.stages[s].deferred]
+            plans = []
+            for group in (stages, [self.scheduler.output_stage], inline, later):
+                if group and group not in plans:
+                    plans.append(group)
         with self._lock, torch.no_grad():
             for group in plans:
                 fns = [self._device_parts[s] for s in group]
@@ -427,6 +472,10 @@ class Runtime:
     @property
     def prompt(self) -> str | None:
         return self._prompt
+
+
+def _elapsed_ms(start, end) -> float:
+    return start.elapsed_time(end)
 
 
 def weights_digest(named_tensors) -> str:

@@ -7,6 +7,10 @@ Rules, applied to stages in DAG order at each tick `now_ns`:
 - `on_change: b`: due when buffer `b`'s version differs from the one the stage saw on its last run (planned
   versions, so a stage earlier in the same tick counts). Combined with `rate_hz`, it also fires early.
 - `after: s`: due when stage `s` runs in this tick.
+A `deferred` stage (and any stage `after` it) runs after the tick's other stages, off the output's critical
+path: its writes count from the next tick on, so a stage that reads them in the same tick uses the previous
+outputs (and their older stamps). While a deferred stage's outputs were never produced it runs in order, so
+the first tick can already decide.
 A due stage is then held back (with a reason) when a buffer it reads was never produced; when it reads
 inputs but none of its reads changed since its last run (a late observation: `late_observe: reuse` skips
 this period and later stages use the last outputs; `wait` keeps it pending and holds every stage that
@@ -101,6 +105,7 @@ class Plan:
     consume: set[str] = field(default_factory=set)  # rate stages whose due grid point is used up
     late: set[str] = field(default_factory=set)
     versions: dict[str, int] = field(default_factory=dict)  # planned versions after this tick
+    deferred: list[str] = field(default_factory=list)  # the runs that go after the others (a suffix of runs)
 
     def age_ms(self, stage: str) -> float | None:
         s = self.stamps.get(stage)
@@ -133,12 +138,14 @@ class Scheduler:
         ver = {b: m.version for b, m in ledger.buffers.items()}
         stamp = {b: m.stamp_ns for b, m in ledger.buffers.items()}
         waiting: set[str] = set()
+        deferred: list[tuple[str, int | None]] = []  # (stage, stamp): writes applied after the loop
         for name, s in c.stages.items():
             t = s.trigger
             changed = t.on_change is not None and ver[t.on_change] != ledger.seen[name][t.on_change]
             clock_due = name in self.clocks and (name in self.pending or
                                                  now_ns + self.slack_ns >= self.clocks[name].next_due())
-            due = changed or clock_due or (t.after is not None and t.after in plan.runs)
+            parent_ran = t.after is not None and (t.after in plan.runs or any(d == t.after for d, _ in deferred))
+            due = changed or clock_due or parent_ran
             if not due:
                 continue
             if clock_due:
@@ -171,8 +178,18 @@ class Scheduler:
                 plan.skipped[name] = (f"observation age {(now_ns - src) / 1e6:.1f} ms exceeds "
                                       f"limits.max_observation_age_ms = {limit:g}")
                 continue
+            after_deferred = t.after is not None and any(d == t.after for d, _ in deferred)
+            if after_deferred or (s.deferred and all(ver[b] > 0 for b in s.writes)):
+                deferred.append((name, src))
+                continue
             plan.runs.append(name)
             for b in s.writes:
+                ver[b] += 1
+                stamp[b] = src
+        for name, src in deferred:
+            plan.runs.append(name)
+            plan.deferred.append(name)
+            for b in c.stages[name].writes:
                 ver[b] += 1
                 stamp[b] = src
         plan.versions = ver

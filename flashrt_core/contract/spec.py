@@ -27,7 +27,7 @@ _TOP_KEYS = {"version", "model", "limits", "buffers", "stages", "output", "graph
 _MODEL_KEYS = {"name", "checkpoint", "dtype", "options"}
 _LIMIT_KEYS = {"max_observation_age_ms", "late_observe"}
 _BUFFER_KEYS = {"shape", "dtype", "lifetime", "place", "doc"}
-_STAGE_KEYS = {"reads", "writes", "trigger", "doc"}
+_STAGE_KEYS = {"reads", "writes", "trigger", "deferred", "doc"}
 _TRIGGER_KEYS = {"rate_hz", "on_change", "after"}
 
 
@@ -86,6 +86,9 @@ class StageSpec:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     trigger: Trigger
+    # Run after the tick's other stages, off its critical path: stages that read its outputs use them from
+    # the next tick on (a slow stage pipelined behind the fast output stage).
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,8 +137,9 @@ class Contract:
 
     def with_overrides(self, *, checkpoint: Any = ..., dtype: Any = ..., rates: Mapping | None = None,
                        limits: Mapping | None = None, options: Mapping | None = None,
-                       binding=None) -> "Contract":
-        """A re-validated copy with the model, rates or limits changed (e.g. from ROS parameters)."""
+                       deferred: Mapping[str, bool] | None = None, binding=None) -> "Contract":
+        """A re-validated copy with the model, rates, limits or deferred stages changed (e.g. from ROS
+        parameters)."""
         data = _deep_copy(self.raw)
         model = data.setdefault("model", {})
         if checkpoint is not ...:
@@ -149,6 +153,11 @@ class Contract:
                 raise ContractError(f"stages.{stage}: unknown stage in rate override "
                                     f"(stages: {', '.join(data.get('stages', {}))})")
             data["stages"][stage].setdefault("trigger", {})["rate_hz"] = rate
+        for stage, flag in (deferred or {}).items():
+            if stage not in data.get("stages", {}):
+                raise ContractError(f"stages.{stage}: unknown stage in deferred override "
+                                    f"(stages: {', '.join(data.get('stages', {}))})")
+            data["stages"][stage]["deferred"] = flag
         if limits:
             data.setdefault("limits", {}).update(limits)
         return validate(data, binding=binding, source=self.source)
@@ -158,7 +167,8 @@ class Contract:
         lines = [f"model {self.model.name} ({weights}, {self.model.dtype}); "
                  f"output {self.output}; graphs {self.graphs}"]
         for s in self.stages.values():
-            lines.append(f"  stage {s.name}: {s.trigger.describe()}; reads {', '.join(s.reads) or '-'}; "
+            when = s.trigger.describe() + (" (deferred)" if s.deferred else "")
+            lines.append(f"  stage {s.name}: {when}; reads {', '.join(s.reads) or '-'}; "
                          f"writes {', '.join(s.writes)}")
         for b in self.buffers.values():
             lines.append(f"  buffer {b.name}: {list(b.shape)} {b.dtype} {b.lifetime}"
@@ -209,6 +219,10 @@ def validate(data: Any, binding=None, source: str | None = None) -> Contract:
         raise ContractError(f"output: unknown buffer {output!r}")
     if not any(output in s.writes for s in stages.values()):
         raise ContractError(f"output: buffer {output!r} is not written by any stage")
+    out_stage = next(s for s in stages.values() if output in s.writes)
+    if out_stage.deferred:
+        raise ContractError(f"stages.{out_stage.name}.deferred: the stage writing the output ({output}) cannot be "
+                            "deferred (deferral takes a stage off the output's critical path)")
     _check_signatures(binding, stages, buffers, dims, model)
     ordered = {name: stages[name] for name in order}
     return Contract(model=model, limits=limits, buffers=buffers, stages=ordered, output=output, graphs=graphs,
@@ -300,7 +314,11 @@ def _stages(raw: Mapping, buffers: Mapping[str, BufferSpec]) -> dict[str, StageS
         if both:
             raise ContractError(f"{path}.writes: {sorted(both)[0]!r} is also in reads (a stage may not read "
                                 "what it writes; keep the previous value in a separate persistent buffer)")
-        out[name] = StageSpec(name, reads, writes, _trigger(s.get("trigger"), f"{path}.trigger", reads, raw))
+        deferred = s.get("deferred", False)
+        if not isinstance(deferred, bool):
+            raise ContractError(f"{path}.deferred: must be true or false, got {deferred!r}")
+        out[name] = StageSpec(name, reads, writes, _trigger(s.get("trigger"), f"{path}.trigger", reads, raw),
+                              deferred=deferred)
     return out
 
 
