@@ -6,7 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from flashrt_core.adopt import AdoptError, AdoptReport, Plan, Replacement, accelerate, detach
+from flashrt_core.adopt import (
+    AdoptError, AdoptReport, DefaultTimer, GraphTimer, Plan, Replacement, TimedCall, accelerate, detach,
+)
+from flashrt_core.adopt import api, gates
 from test_adopt_models import (
     BATCH, TOKENS, GemmaNorm, cond, expert_like, gemma_like, siglip_like, tokens,
 )
@@ -232,6 +235,40 @@ def test_report_json_round_trips_and_prints_a_table():
     table = str(report)
     assert "layers.0.mlp" in table and "refused: latency" in table and "end to end (forward" in table
     assert report.end_to_end.capture == "not captured: no CUDA"
+    # An injected timer times everything eagerly, as given, capture or not; the report says so.
+    e = report.end_to_end
+    assert report.timing == "injected" and e.timing == "injected" and not report.timing_note
+    assert all(t["timing"] == "injected" for t in e.trials if "gain" in t)
+    assert all(u.timing == "injected" for u in report.units if u.gain is not None)
+    data = json.loads(text)
+    assert data["timing"] == "injected" and data["end_to_end"]["timing"] == "injected"
+    assert "timing: units injected, end to end injected" in table
+
+
+def test_report_from_json_without_timing_fields():
+    model, x = gemma_like(), tokens()
+    _, report = accelerate(model, (x,), timer=fused_is_faster, kinds=["rms_norm"])
+    data = report.to_dict()
+    for row in [data, data["end_to_end"]] + data["units"]:
+        for key in ("timing", "timing_note"):
+            row.pop(key, None)
+    old = AdoptReport.from_json(json.dumps(data))
+    assert old.timing == "" and old.end_to_end.timing == "" and old.kept and "timing: units -" in str(old)
+
+
+def test_timer_selection_graph_only_when_capturing_on_cuda(monkeypatch):
+    cuda = torch.device("cuda")
+    assert api._timers(fused_is_faster, "forward", cuda) == (fused_is_faster, fused_is_faster, False)
+    unit, e2e, graph = api._timers(None, "forward", torch.device("cpu"))
+    assert isinstance(unit, DefaultTimer) and unit is e2e and not graph
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # GraphTimer() itself touches no device
+    unit, e2e, graph = api._timers(None, "forward", cuda)
+    assert isinstance(unit, GraphTimer) and isinstance(e2e, DefaultTimer) and unit.fallback is e2e and graph
+    assert gates.timer_mode(unit) == "graph" and gates.timer_mode(e2e) == "eager"
+    unit, e2e, graph = api._timers(None, None, cuda)  # nothing to capture: eager, as the model will run
+    assert isinstance(unit, DefaultTimer) and unit is e2e and not graph
+    with pytest.raises(ValueError, match="CUDA"):
+        GraphTimer(torch.device("cpu"))
 
 
 def test_unknown_kind_and_missing_method_are_refused():
@@ -246,8 +283,10 @@ def test_default_timer_runs_on_cpu_without_injection():
     # Real numbers decide here; only check that every unit was judged and the model still matches.
     model, x = gemma_like(), tokens()
     ref = model(x)
-    model, report = accelerate(model, (x,), rounds=1)
+    model, report = accelerate(model, (x,), rounds=1, capture="forward")
     assert report.units and all(u.reason for u in report.units)
+    assert report.timing == "eager" and report.end_to_end.timing == "eager"  # no graph timing without CUDA
+    assert all(u.timing == "eager" for u in report.units if u.gain is not None)
     assert all(u.latency_before_s > 0 for u in report.units if u.latency_before_s is not None)
     with torch.no_grad():
         assert_close_e2e(model(x), ref)
@@ -257,9 +296,55 @@ def test_default_timer_runs_on_cpu_without_injection():
 def test_cuda_graph_capture_of_forward():
     model, x = gemma_like().cuda(), tokens().cuda()
     ref = model(x)
-    model, report = accelerate(model, (x,), capture="forward", timer=fused_is_faster)
+    def graph_is_fastest(fn):  # the captured method must also beat the adopted eager one to be kept
+        fn()
+        return {"original": 1.0, "eager": 1.0, "graph": 0.25}.get(fn.variant, 0.5)
+    model, report = accelerate(model, (x,), capture="forward", timer=graph_is_fastest)
     assert report.end_to_end.capture.startswith("captured forward"), report.end_to_end.capture
+    assert report.end_to_end.latency_graph_s == 0.25 and report.timing == "injected"
     with torch.no_grad():
         assert_close_e2e(model(x), ref)
     detach(model)
     assert "forward" not in vars(model)
+
+
+@pytest.mark.gpu
+def test_graph_timer_falls_back_to_eager_when_capture_raises():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(257, 129, generator=gen, device="cuda") + 0.5
+    caller = torch.cuda.current_stream()
+    timer = GraphTimer(x.device)
+    syncs = TimedCall(lambda: float((x * 2).sum()), "fused", "syncs")  # a host sync: cannot be captured
+    assert timer(syncs) > 0
+    assert timer.mode_of("syncs") == "eager" and "syncs" in timer.eager_only and timer.captures == 0
+    assert torch.cuda.current_stream() == caller and not torch.cuda.is_current_stream_capturing()
+    plain = TimedCall(lambda: torch.nn.functional.gelu(x), "original", "plain")
+    assert timer(plain) > 0 and timer.captures == 1 and timer.mode_of("plain") == "graph"
+    torch.testing.assert_close((x * 2).sum(), x.double().sum().float() * 2, rtol=1e-4, atol=1e-3)
+    # A unit whose fused side cannot be captured is timed eagerly on both sides, every round.
+    calls = {"original": 0, "fused": 0}
+
+    def counted(variant, fn):
+        def run():
+            calls[variant] += 1
+            return fn()
+        return TimedCall(run, variant, "mixed")
+    timing = gates.paired_timing(timer, counted("original", lambda: torch.nn.functional.gelu(x)),
+                                 counted("fused", lambda: float(x.sum())), rounds=3)
+    assert timer.mode_of("mixed") == "eager" and timing.before_s > 0 and timing.after_s > 0
+    assert calls["fused"] > 6  # the first rounds were redone once the capture had failed
+
+
+@pytest.mark.gpu
+def test_graph_timing_when_capturing_without_an_injected_timer():
+    model, x = gemma_like().cuda(), tokens().cuda()
+    with torch.no_grad():
+        ref = model(x)
+    model, report = accelerate(model, (x,), capture="forward", rounds=1)
+    assert report.timing == "graph" and report.end_to_end.timing == "graph", (report.timing_note,
+                                                                                report.end_to_end.timing_note)
+    assert all(u.timing == "graph" for u in report.units if u.gain is not None)
+    assert all(t["timing"] == "graph" for t in report.end_to_end.trials if "gain" in t)
+    with torch.no_grad():
+        assert_close_e2e(model(x), ref)
+    detach(model)

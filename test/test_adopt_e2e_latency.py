@@ -5,7 +5,8 @@ always faster alone, and the whole model's cost is computed from the swaps actua
 import pytest
 import torch
 
-from flashrt_core.adopt import AdoptError, accelerate
+from flashrt_core.adopt import AdoptError, accelerate, api, e2e
+from flashrt_core.adopt.graph import CaptureError
 from flashrt_core.adopt.wrappers import AdoptedModule
 from test_adopt_models import GemmaLike, gemma_like, randomized, tokens
 
@@ -220,3 +221,103 @@ def test_refused_units_leave_no_wrapper_behind():
     for name, module in model.named_modules():
         if name not in kept_modules and not any(name.startswith(k + ".") for k in kept_modules):
             assert module is originals[name], name
+
+
+class FakeGraphs:
+    """Stands in for graph.GraphedMethod on the CPU: a capture freezes which swaps are installed (or raises
+    where `fails(swaps)`); a replay records that configuration, for the timer to price, and runs the method."""
+
+    def __init__(self, fails=lambda swaps: False):
+        self.fails, self.attempts, self.captured, self.replayed = fails, [], [], None
+
+    def __call__(self, owner, name, args, kwargs):  # the GraphedMethod constructor
+        swaps = swapped(owner)
+        self.attempts.append(swaps)
+        if self.fails(swaps):
+            raise CaptureError("host sync during capture (fake)")
+        self.captured.append(swaps)
+        method = getattr(owner, name)
+
+        def replay(*a, **k):
+            self.replayed = swaps
+            return method(*a, **k)
+        return replay
+
+
+def graph_mode(monkeypatch, fake):
+    """accelerate() as where a method is captured on CUDA: end-to-end trials compare captured methods."""
+    monkeypatch.setattr(e2e, "GraphedMethod", fake)
+    monkeypatch.setattr(api, "_timers", lambda timer, capture, device: (timer, timer, True))
+
+
+def replay_timer(model, fake, per_swap, modes):
+    """Units as whole_model_timer; a whole-model call is priced by the configuration it ran: the captured
+    one for a replay (the model itself may be configured otherwise by then), else the installed swaps."""
+    def timer(fn):
+        fake.replayed = None
+        fn()
+        if fn.unit != "model":
+            return 1.0 if fn.variant == "original" else 0.5
+        swaps = fake.replayed if fake.replayed is not None else swapped(model)
+        modes.append("graph" if fake.replayed is not None else "eager")
+        if fn.variant == "eager":
+            assert not swaps, "the original side of an end-to-end timing ran with swaps"
+        return 1.0 + sum(per_swap.get(k, 0.0) for _, k in swaps)
+    return timer
+
+
+# Whole model: norms save 0.01 each, gated MLPs cost 0.05 each: all kept is slower, norms alone are faster.
+GRAPH_COSTS = {"rms_norm": -0.01, "gated_mlp": 0.05}
+
+
+def test_graph_mode_trials_time_captured_methods(monkeypatch):
+    model, x = gemma_like(), tokens()
+    with torch.no_grad():
+        ref = model(x)
+    fake, modes = FakeGraphs(), []
+    graph_mode(monkeypatch, fake)
+    model, report = accelerate(model, (x,), timer=replay_timer(model, fake, GRAPH_COSTS, modes), rounds=ROUNDS,
+                               capture="forward")
+    e = report.end_to_end
+    assert e.decided_by.startswith("kind rms_norm alone") and {u.kind for u in report.kept} == {"rms_norm"}
+    assert e.latency_adopted_s == pytest.approx(0.95) and e.latency_eager_s == 1.0
+    assert e.timing == "graph" and not e.timing_note and all(t["timing"] == "graph" for t in e.trials)
+    assert set(modes) == {"graph"}
+    # The original is captured once, first; then one capture per trial, each of the trial's configuration.
+    assert fake.captured[0] == [] and len(fake.captured) == 1 + len(e.trials)
+    for swaps, t in zip(fake.captured[1:], e.trials):
+        every = {"rms_norm", "gated_mlp", "linear_merge"}
+        assert {k for _, k in swaps} == (every if t["step"] == "all kept" else {t["step"].split()[1]}), t["step"]
+    assert "timing: units injected, end to end graph" in str(report)
+    with torch.no_grad():
+        assert_close_e2e(model(x), ref)
+
+
+def test_graph_mode_trial_that_cannot_be_captured_is_timed_eagerly(monkeypatch):
+    model, x = gemma_like(), tokens()
+    fake, modes = FakeGraphs(fails=lambda swaps: any(k == "gated_mlp" for _, k in swaps)), []
+    graph_mode(monkeypatch, fake)
+    model, report = accelerate(model, (x,), timer=replay_timer(model, fake, GRAPH_COSTS, modes), rounds=ROUNDS)
+    e = report.end_to_end
+    rows = {t["step"]: t["timing"] for t in e.trials}
+    assert rows["all kept"].startswith("eager (graph capture failed: CaptureError: host sync")
+    assert rows["kind gated_mlp alone"].startswith("eager (graph capture failed")
+    assert rows["kind rms_norm alone"] == "graph"
+    assert e.timing == "mixed" and e.timing_note.startswith(f"{sum(r != 'graph' for r in rows.values())} of "
+                                                            f"{len(rows)} end-to-end trial(s) timed eagerly")
+    assert "(first: all kept: eager (graph capture failed: CaptureError: host sync" in e.timing_note
+    assert e.timing_note in str(report)
+    assert {u.kind for u in report.kept} == {"rms_norm"} and modes.count("eager") == 4 * ROUNDS
+
+
+def test_graph_mode_original_that_cannot_be_captured_times_every_trial_eagerly(monkeypatch):
+    model, x = gemma_like(), tokens()
+    fake, modes = FakeGraphs(fails=lambda swaps: not swaps), []
+    graph_mode(monkeypatch, fake)
+    model, report = accelerate(model, (x,), timer=replay_timer(model, fake, GRAPH_COSTS, modes), rounds=ROUNDS)
+    e = report.end_to_end
+    assert len(fake.attempts) == 1 and not fake.captured  # tried once, not once per trial
+    assert e.timing == "eager" and set(modes) == {"eager"} and len(e.trials) > 1
+    assert e.timing_note.startswith(f"{len(e.trials)} of {len(e.trials)} end-to-end trial(s) timed eagerly")
+    assert "CaptureError: host sync during capture (fake)" in e.timing_note
+    assert e.decided_by.startswith("kind rms_norm alone")

@@ -11,11 +11,11 @@ otherwise), and kept only if they pass parity and a paired A/B timing, both per 
 set whose whole model is not faster is cut to the best-measured subset that is, or reverted).
 """
 from flashrt_core.adopt.api import AdoptError, accelerate, detach
-from flashrt_core.adopt.gates import DefaultTimer, TimedCall
+from flashrt_core.adopt.gates import DefaultTimer, GraphTimer, TimedCall
 from flashrt_core.adopt.kinds import KINDS, NotRecognised, Plan, Replacement
 from flashrt_core.adopt.report import AdoptReport, EndToEnd, UnitReport
 
 __all__ = [
     "accelerate", "detach", "AdoptError", "AdoptReport", "UnitReport", "EndToEnd", "Replacement", "Plan",
-    "NotRecognised", "KINDS", "DefaultTimer", "TimedCall",
+    "NotRecognised", "KINDS", "DefaultTimer", "GraphTimer", "TimedCall",
 ]

@@ -7,6 +7,10 @@ whole model is checked end to end against the reference (a failing set is bisect
 then the whole model (or method) with the kept swaps is timed against the original, and if it does not gain,
 the best-measured subset that does is kept, or none (e2e.py); finally, if asked, a method is captured as a
 CUDA graph.
+
+Timing follows the execution mode the model will run in: when a method is to be captured on CUDA (and no timer
+is injected), units are timed as CUDA graph replays (gates.GraphTimer) and the end-to-end trials compare
+captured methods (e2e.py), since a graph removes the host launch cost that dominates eager timings.
 """
 from __future__ import annotations
 
@@ -58,10 +62,15 @@ def _device_of(model: nn.Module, args, kwargs) -> torch.device:
 
 
 class _Session:
-    def __init__(self, model, entry, args, kwargs, device, timer, rounds, min_gain, cos_min, max_rel_err):
+    """timer: per-unit timings; e2e_timer: whole-method calls (eager ones, or replays of captured ones when
+    graph_e2e: a graph cannot be captured around another graph's replay)."""
+
+    def __init__(self, model, entry, args, kwargs, device, timer, rounds, min_gain, cos_min, max_rel_err,
+                 e2e_timer=None, graph_e2e: bool = False):
         self.model, self.entry, self.args, self.kwargs, self.device = model, entry, args, kwargs, device
         self.timer, self.rounds, self.min_gain, self.cos_min = timer, rounds, min_gain, cos_min
         self.max_rel_err = max_rel_err
+        self.e2e_timer, self.graph_e2e = e2e_timer or timer, graph_e2e
         self.kept: list[Candidate] = []
 
     # -- running the model
@@ -125,6 +134,7 @@ class _Session:
         timing = gates.paired_timing(self.timer, gates.TimedCall(replay(cand.originals), "original", unit.name),
                                      gates.TimedCall(replay(cand.wrappers), "fused", unit.name), self.rounds)
         unit.latency_before_s, unit.latency_after_s, unit.gain = timing.before_s, timing.after_s, timing.gain
+        unit.timing = gates.timer_mode(self.timer, unit.name)
         if not timing.passes(self.min_gain):
             unit.reason = f"latency: gain {timing.gain:+.1%} < {self.min_gain:.0%}"
             return False
@@ -178,6 +188,17 @@ def _trial_order(kinds, extra) -> list[tuple[str, Replacement | None]]:
     return [(k, r) for k, r in order if kinds is None or k in kinds]
 
 
+def _timers(timer, capture: str | None, device: torch.device):
+    """(unit timer, end-to-end timer, whether end-to-end trials compare captured methods). Graph timing where
+    the method will be captured on CUDA; an injected timer is used for everything, as given."""
+    if timer is not None:
+        return timer, timer, False
+    eager = gates.DefaultTimer(device)
+    if capture is not None and device.type == "cuda" and torch.cuda.is_available():
+        return gates.GraphTimer(device, fallback=eager), eager, True
+    return eager, eager, False
+
+
 def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float = 0.02,
                rounds: int = DEFAULT_ROUNDS, capture: str | None = None, cos_min: float = 0.999,
                max_rel_err: float | None = None, kinds=None, method: str | None = None,
@@ -186,8 +207,11 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
 
     example_inputs: a tuple of positional arguments, a dict of keyword arguments, or one tensor, for
         `model.<method>`; method defaults to `capture` when that names a method, else "forward".
-    timer: `timer(fn) -> seconds per call`; fn has `.variant` and `.unit` attributes. Default: CUDA events on
-        CUDA, perf_counter on CPU. min_gain: the median per-round speed-up a swap must show (0.02 = 2%).
+    timer: `timer(fn) -> seconds per call`; fn has `.variant` and `.unit` attributes. Default: with `capture`
+        on CUDA, CUDA graph replays per unit and captured methods end to end (the mode the model will run in);
+        otherwise eager calls under CUDA events on CUDA, perf_counter on CPU. An injected timer is used for
+        every timing (units, and eager calls of the whole method), as given.
+        min_gain: the median per-round speed-up a swap must show (0.02 = 2%).
     cos_min / max_rel_err: parity bounds per unit and end to end; max_rel_err defaults by precision
         (gates.MAX_REL_ERR: 1e-3 fp32, 2e-2 bf16). kinds: restrict to these kinds. extra: more Replacements,
         tried before the built-in ones. capture: "forward" or a method name to capture as a CUDA graph.
@@ -211,14 +235,15 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     args, kwargs = _split_inputs(example_inputs)
     device = _device_of(model, args, kwargs)
     order = _trial_order(kinds, list(extra))
-    session = _Session(model, entry, args, kwargs, device, timer or gates.DefaultTimer(device), rounds,
-                       min_gain, cos_min, max_rel_err)
+    unit_timer, e2e_timer, graph_e2e = _timers(timer, capture, device)
+    session = _Session(model, entry, args, kwargs, device, unit_timer, rounds, min_gain, cos_min, max_rel_err,
+                       e2e_timer=e2e_timer, graph_e2e=graph_e2e)
 
     structures = [r.structure for _, r in order if r is not None]
     interesting = lambda m: isinstance(m, nn.Linear) or any(s(m) for s in structures)  # noqa: E731
     session.reference, cap = run_with_capture(model, session.run_seeded, interesting)
     report = AdoptReport(device=str(device), dtype=str(gates.compute_dtype(model)).replace("torch.", ""),
-                         cos_min=cos_min, min_gain=min_gain, rounds=rounds)
+                         cos_min=cos_min, min_gain=min_gain, rounds=rounds, timing=gates.timer_mode(unit_timer))
 
     tried: list[Candidate] = []
     for kind, rep in order:
@@ -234,6 +259,11 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
             if session.gate_unit(cand):
                 passed.append(cand)
         session.settle(passed)
+    failed = getattr(unit_timer, "eager_only", {})
+    if failed:
+        first = next(iter(failed.items()))
+        report.timing_note = (f"{len(failed)} unit(s) timed eagerly: their calls could not be captured as a CUDA "
+                              f"graph (first: {first[0]}: {first[1]})")
 
     report.end_to_end = _end_to_end(session, method, e2e_trials)
     _drop_refused(session, tried)
@@ -305,7 +335,7 @@ def _capture(session: _Session, e: EndToEnd, name: str) -> None:
     graph_call = gates.TimedCall(run, "graph", name)
     # session.entry is the class's bound method, so eager_call runs the adopted model without the graph.
     with torch.no_grad():
-        timing = gates.paired_timing(session.timer, eager_call, graph_call, session.rounds)
+        timing = gates.paired_timing(session.e2e_timer, eager_call, graph_call, session.rounds)
     e.latency_graph_s = timing.after_s
     if not timing.passes(session.min_gain):
         delattr(model, name)

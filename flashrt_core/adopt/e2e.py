@@ -13,13 +13,21 @@ end-to-end timing, at most `max_trials` in all:
 The subset with the best measured gain among those that passed is kept; if none passed, every swap is
 reverted and the model is exactly the original. Each subset is checked for end-to-end parity before it is
 timed (a subset of a set that passed need not pass itself).
+
+Where the method will run as a CUDA graph (session.graph_e2e), each trial times replays of captured methods
+(graph.GraphedMethod, host uploads hoisted): one graph of the original, captured once, against one graph of
+the trial's configuration, freed after the trial. A configuration that cannot be captured is timed eagerly,
+and the trial row and EndToEnd.timing_note say so.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
+import torch
+
 from flashrt_core.adopt import gates
+from flashrt_core.adopt.graph import GraphedMethod
 from flashrt_core.adopt.report import EndToEnd
 from flashrt_core.adopt.wrappers import AdoptedModule
 
@@ -32,6 +40,7 @@ class Trial:
     cands: list  # the Candidates swapped in
     timing: gates.Timing | None = None
     parity_failed: str = ""
+    mode: str = ""  # "graph", "eager", "injected"; "eager (...)" when a graph was asked for and failed
 
     def passes(self, min_gain: float) -> bool:
         return self.timing is not None and self.timing.passes(min_gain)
@@ -41,7 +50,8 @@ class Trial:
         if self.timing is None:
             row["parity_failed"] = self.parity_failed
         else:
-            row.update(before_s=self.timing.before_s, after_s=self.timing.after_s, gain=self.timing.gain)
+            row.update(before_s=self.timing.before_s, after_s=self.timing.after_s, gain=self.timing.gain,
+                       timing=self.mode)
         return row
 
 
@@ -57,11 +67,13 @@ def _saving(cand) -> float:
 
 
 class _Search:
-    def __init__(self, session, max_trials: int):
-        self.session, self.max_trials = session, max_trials
+    def __init__(self, session, method: str, max_trials: int):
+        self.session, self.method, self.max_trials = session, method, max_trials
         self.all = list(session.kept)
         self.trials: list[Trial] = []
         self.timed = 0
+        self.original_graph: GraphedMethod | None = None
+        self.original_graph_error = ""
 
     def configure(self, subset) -> None:
         chosen = {id(c) for c in subset}
@@ -91,9 +103,45 @@ class _Search:
                 t.parity_failed = err or f"cos {par.cosine:.6f}, rel err {par.max_rel_err:.2e} (max {bound:.0e})"
                 return t
         self.timed += 1
-        t.timing = paired_with_setup(s, ("eager", self.as_original),
-                                     ("adopted", lambda: self.configure(t.cands)), "model")
+        t.timing, t.mode = self.time_configs(t.cands)
         return t
+
+    def time_configs(self, cands) -> tuple[gates.Timing, str]:
+        """The original against `cands` swapped in, as captured methods where graph timing is asked for."""
+        s = self.session
+
+        def eager():
+            return paired_with_setup(s, ("eager", self.as_original), ("adopted", lambda: self.configure(cands)),
+                                     "model")
+        if not s.graph_e2e:
+            return eager(), gates.timer_mode(s.e2e_timer)
+        adopted, why = None, self.original_graph_error
+        if not why:
+            try:
+                if self.original_graph is None:
+                    self.as_original()
+                    self.original_graph = self.capture()
+                self.configure(cands)
+                adopted = self.capture() if cands else self.original_graph
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+                if self.original_graph is None:
+                    self.original_graph_error = why
+        if adopted is None:
+            return eager(), f"eager (graph capture failed: {why})"
+        # This configuration's graph (and its memory pool) is freed on return; the original's is kept.
+        return paired_graphs(s, self.original_graph, adopted), "graph"
+
+    def capture(self) -> GraphedMethod:
+        s = self.session
+        caller = torch.cuda.current_stream(s.device) if s.device.type == "cuda" else None
+        try:
+            return GraphedMethod(s.model, self.method, s.args, s.kwargs)
+        except Exception:
+            if caller is not None:  # a failing capture_end can skip the stream context's own exit
+                torch.cuda.set_stream(caller)
+                torch.cuda.synchronize(s.device)
+            raise
 
     def run(self, min_gain: float) -> Trial | None:
         first = self.trial("all kept", self.all)
@@ -135,11 +183,15 @@ class _Search:
 def latency_gate(session, method: str, max_trials: int = DEFAULT_MAX_TRIALS) -> EndToEnd:
     """Time the kept set end to end; keep the best subset that gains (possibly none). Updates session.kept,
     the unit reports of dropped units and leaves the model configured with the chosen subset."""
-    search = _Search(session, max_trials)
-    chosen = search.run(session.min_gain)
+    search = _Search(session, method, max_trials)
+    try:
+        chosen = search.run(session.min_gain)
+    finally:
+        search.original_graph = None
     first = search.trials[0]
     e = EndToEnd(method=method, rel_err_bound=session.bound(session.model),
                  trials=[t.row() for t in search.trials])
+    e.timing, e.timing_note = _timing_summary(search.trials)
     keep = chosen.cands if chosen is not None else []
     search.configure(keep)
     if chosen is not None:
@@ -167,6 +219,27 @@ def latency_gate(session, method: str, max_trials: int = DEFAULT_MAX_TRIALS) -> 
     return e
 
 
+def _timing_summary(trials) -> tuple[str, str]:
+    modes = [t.mode for t in trials if t.timing is not None]
+    kinds = {m.split(" ", 1)[0] for m in modes}
+    mode = "mixed" if len(kinds) > 1 else (kinds.pop() if kinds else "")
+    failed = [(t.step, t.mode) for t in trials if t.timing is not None and t.mode.startswith("eager (")]
+    if not failed:
+        return mode, ""
+    return mode, (f"{len(failed)} of {len(modes)} end-to-end trial(s) timed eagerly, not as CUDA graphs "
+                  f"(first: {failed[0][0]}: {failed[0][1]})")
+
+
+def paired_graphs(session, original: GraphedMethod, adopted: GraphedMethod) -> gates.Timing:
+    """Paired timing of two captured methods: each call copies the inputs in, replays, clones the outputs."""
+    args, kwargs = session.args, session.kwargs
+    with torch.no_grad():
+        return gates.paired_timing(session.e2e_timer,
+                                   gates.TimedCall(lambda: original(*args, **kwargs), "eager", "model"),
+                                   gates.TimedCall(lambda: adopted(*args, **kwargs), "adopted", "model"),
+                                   session.rounds)
+
+
 def paired_with_setup(session, a, b, unit: str) -> gates.Timing:
     """Paired timing of the whole model in two configurations; setup runs outside the timed call."""
     (name_a, setup_a), (name_b, setup_b) = a, b
@@ -175,7 +248,7 @@ def paired_with_setup(session, a, b, unit: str) -> gates.Timing:
         times = {}
         for name, setup in ((name_a, setup_a), (name_b, setup_b))[:: 1 if r % 2 == 0 else -1]:
             setup()
-            times[name] = session.timer(gates.TimedCall(session.run_plain, name, unit))
+            times[name] = session.e2e_timer(gates.TimedCall(session.run_plain, name, unit))
         before.append(times[name_a])
         after.append(times[name_b])
         ratios.append(times[name_a] / times[name_b] if times[name_b] > 0 else float("inf"))

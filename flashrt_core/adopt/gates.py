@@ -4,6 +4,9 @@ Parity compares every floating tensor of two outputs. Relative error is max |new
 tensor (normalising by the largest reference value keeps it meaningful where the reference crosses zero).
 Timing alternates original and fused rounds (ABBA order, so drift and warm caches hit both alike) and keeps
 the median of the per-round ratios; the timer is injectable: `timer(fn) -> seconds per call of fn`.
+Two built-in timers: `DefaultTimer` times eager calls; `GraphTimer` times replays of a CUDA graph of the calls,
+which is what a unit costs inside a captured method, where a kernel's host launch cost (tens of us for a
+Triton launch) is gone.
 """
 from __future__ import annotations
 
@@ -87,6 +90,8 @@ class TimedCall:
 class DefaultTimer:
     """CUDA events on CUDA, perf_counter on CPU; repeats fn until about `target_s` per measurement."""
 
+    mode = "eager"
+
     def __init__(self, device: torch.device, target_s: float = 0.004, max_reps: int = 200):
         self.cuda = device.type == "cuda"
         self.target_s, self.max_reps = target_s, max_reps
@@ -111,6 +116,91 @@ class DefaultTimer:
         return self._once(fn, reps)
 
 
+class GraphTimer:
+    """Seconds per call of fn inside a CUDA graph: fn is warmed up once on a side stream, then `reps` calls
+    (default: about `target_s` of eager work, which bounds the capture's own cost too) are captured in one graph,
+    replayed `replays` times under CUDA events, and the median replay divided by `reps` is returned; the graph
+    is freed before returning.
+
+    Where fn cannot be captured (a host sync, an upload from the host, ...) the call is timed by the eager
+    `fallback` timer instead, and the unit (`fn.unit`) is remembered: its later calls are timed eagerly too,
+    so both sides of a paired timing are measured the same way (`paired_timing` redoes a unit's rounds when
+    its mode changed part-way). `eager_only` maps such units to the capture error.
+    """
+
+    mode = "graph"
+
+    def __init__(self, device: torch.device, reps: int | None = None, target_s: float = 0.001,
+                 max_reps: int = 256, replays: int = 3, fallback=None):
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"GraphTimer needs a CUDA device, got {device}")
+        self.device = torch.device(device)
+        self.reps, self.target_s, self.max_reps, self.replays = reps, target_s, max_reps, max(1, replays)
+        self.fallback = fallback or DefaultTimer(self.device)
+        self.eager_only: dict[str, str] = {}
+        self.captures = 0  # graphs captured and timed (a test can read it)
+
+    def mode_of(self, unit: str | None) -> str:
+        return "eager" if unit in self.eager_only else "graph"
+
+    def __call__(self, fn) -> float:
+        unit = getattr(fn, "unit", None)
+        if unit is not None and unit in self.eager_only:
+            return self.fallback(fn)
+        caller = torch.cuda.current_stream(self.device)
+        try:
+            seconds = self._graph_seconds(fn, caller)
+        except Exception as exc:  # caught outside torch.cuda.graph, whose exit has ended the capture
+            torch.cuda.set_stream(caller)  # a failing capture_end can skip the stream context's own exit
+            torch.cuda.synchronize(self.device)
+            if unit is not None:
+                self.eager_only[unit] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return self.fallback(fn)
+        self.captures += 1
+        return seconds
+
+    def _count(self, fn, stream) -> int:
+        if self.reps:
+            return self.reps
+        t0 = time.perf_counter()
+        fn()
+        stream.synchronize()
+        return max(1, min(self.max_reps, int(self.target_s / max(time.perf_counter() - t0, 1e-7))))
+
+    def _graph_seconds(self, fn, caller) -> float:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(caller)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(side):
+                fn()  # warm-up: Triton compiles, cuBLAS picks its algorithm, lazy state is built, outside capture
+                reps = self._count(fn, side)
+            with torch.cuda.graph(graph, stream=side):
+                for _ in range(reps):
+                    fn()
+            with torch.cuda.stream(side):
+                graph.replay()
+                times = []
+                for _ in range(self.replays):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record(side)
+                    graph.replay()
+                    end.record(side)
+                    end.synchronize()
+                    times.append(start.elapsed_time(end) / 1e3 / reps)
+        finally:
+            caller.wait_stream(side)
+            del graph
+        return statistics.median(times)
+
+
+def timer_mode(timer, unit: str | None = None) -> str:
+    """How `timer` measures (`unit`): "graph", "eager", or "injected" for a timer of the caller's own."""
+    if hasattr(timer, "mode_of"):
+        return timer.mode_of(unit)
+    return getattr(timer, "mode", "injected")
+
+
 @dataclass(frozen=True)
 class Timing:
     before_s: float  # median seconds of the original
@@ -122,6 +212,14 @@ class Timing:
 
 
 def paired_timing(timer, original: TimedCall, fused: TimedCall, rounds: int) -> Timing:
+    mode = timer_mode(timer, original.unit)
+    timing = _alternate(timer, original, fused, rounds)
+    if timer_mode(timer, original.unit) != mode:  # a capture failed part-way: some rounds mixed two modes
+        timing = _alternate(timer, original, fused, rounds)
+    return timing
+
+
+def _alternate(timer, original: TimedCall, fused: TimedCall, rounds: int) -> Timing:
     before, after, ratios = [], [], []
     for r in range(rounds):
         if r % 2 == 0:

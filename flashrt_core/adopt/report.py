@@ -25,6 +25,7 @@ class UnitReport:
     latency_after_s: float | None = None
     gain: float | None = None
     signatures: int = 0  # distinct call signatures adopted
+    timing: str = ""  # how the latency gate measured this unit: "graph" (CUDA graph replays), "eager", "injected"
     stats: UnitStats = field(default_factory=UnitStats)
 
     @property
@@ -57,6 +58,8 @@ class EndToEnd:
     capture: str = "not requested"  # "captured <method>", "not captured: <why>"
     latency_graph_s: float | None = None
     graph_cosine: float | None = None
+    timing: str = ""  # how the trials were timed: "graph" (captured methods), "eager", "injected", "mixed"
+    timing_note: str = ""  # why some trials were timed eagerly where graphs were asked for
 
 
 @dataclass
@@ -68,6 +71,8 @@ class AdoptReport:
     cos_min: float = 0.999
     min_gain: float = 0.02
     rounds: int = 0
+    timing: str = ""  # how units were timed: "graph" (CUDA graph replays), "eager", "injected"
+    timing_note: str = ""  # units timed eagerly because their calls could not be captured
 
     @property
     def kept(self) -> list[UnitReport]:
@@ -90,7 +95,7 @@ class AdoptReport:
         return {
             "units": [u.to_dict() for u in self.units], "end_to_end": asdict(self.end_to_end),
             "device": self.device, "dtype": self.dtype, "cos_min": self.cos_min, "min_gain": self.min_gain,
-            "rounds": self.rounds,
+            "rounds": self.rounds, "timing": self.timing, "timing_note": self.timing_note,
         }
 
     def to_json(self, **kwargs) -> str:
@@ -101,7 +106,8 @@ class AdoptReport:
         data = json.loads(text)
         return cls(units=[UnitReport.from_dict(u) for u in data["units"]],
                    end_to_end=EndToEnd(**data["end_to_end"]), device=data["device"], dtype=data["dtype"],
-                   cos_min=data["cos_min"], min_gain=data["min_gain"], rounds=data["rounds"])
+                   cos_min=data["cos_min"], min_gain=data["min_gain"], rounds=data["rounds"],
+                   timing=data.get("timing", ""), timing_note=data.get("timing_note", ""))
 
     def __str__(self) -> str:
         return format_table(self)
@@ -130,12 +136,15 @@ def format_table(report: AdoptReport) -> str:
     lines.append(
         f"end to end ({e.method}, {report.device}, {report.dtype}): {len(report.kept)}/{len(report.units)} units "
         f"kept; cos {_num(e.cosine, '.6f')}, rel err {_num(e.max_rel_err, '.1e')} "
-        f"(bound {_num(e.rel_err_bound, '.0e')}); eager {_us(e.latency_eager_s)} us -> adopted "
-        f"{_us(e.latency_adopted_s)} us ({_num(e.gain, '+.1%')}); {e.capture}"
+        f"(bound {_num(e.rel_err_bound, '.0e')}); {'graph of the original' if e.timing == 'graph' else 'eager'} "
+        f"{_us(e.latency_eager_s)} us -> adopted {_us(e.latency_adopted_s)} us ({_num(e.gain, '+.1%')}); {e.capture}"
         + (f", graph {_us(e.latency_graph_s)} us" if e.latency_graph_s is not None else ""))
     lines.append(f"end-to-end latency gate: {e.decided_by or '-'}")
+    lines.append(f"timing: units {report.timing or '-'}, end to end {e.timing or '-'}"
+                 + "".join(f"; {n}" for n in (report.timing_note, e.timing_note) if n))
     for t in e.trials:
         lines.append(f"  {t['step']}: {t['units']} units, " + (
             f"parity failed ({t['parity_failed']})" if "parity_failed" in t else
-            f"{_us(t['before_s'])} us -> {_us(t['after_s'])} us ({t['gain']:+.1%})"))
+            f"{_us(t['before_s'])} us -> {_us(t['after_s'])} us ({t['gain']:+.1%})"
+            + (f", {t['timing']}" if t.get("timing") else "")))
     return "\n".join(lines)
