@@ -405,3 +405,37 @@ def test_views_of_a_tensor_the_store_does_not_own_never_coalesce(tmp_path):
     st.restore(cid, live)
     assert_same(live, want)
     assert bool((base[gaps] == 99).all())
+
+
+def test_meta_check_runs_once_per_capsule_and_checker():
+    """A capsule's meta is private and never changes: once it passed a runtime's check, restoring it into the
+    same runtime again skips the check (host time between two ticks); another checker checks it again, and
+    a refused check is never remembered."""
+    class Checker:
+        def __init__(self, refuse=False):
+            self.calls, self.refuse = 0, refuse
+
+        def check(self, meta):
+            self.calls += 1
+            if self.refuse:
+                raise CapsuleError("meta field clocks: names differ")
+
+    s = store()
+    live = make_state(60)
+    want = clone(live)
+    cid = s.snapshot("a", "device", live, {"clocks": {"act": [0, 3]}})
+    first, second, bad = Checker(), Checker(), Checker(refuse=True)
+    for seed in (61, 62, 63):
+        dirty(live, seed)
+        s.restore(cid, live, check=first.check)
+        assert_same(live, want)
+    assert first.calls == 1
+    s.restore(cid, live, check=second.check)
+    assert second.calls == 1
+    for _ in range(2):
+        dirty(live, 64)
+        before = clone(live)
+        with pytest.raises(CapsuleError, match="clocks"):
+            s.restore(cid, live, check=bad.check)
+        assert_same(live, before)
+    assert bad.calls == 2

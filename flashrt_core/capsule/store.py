@@ -9,12 +9,13 @@ disk), and never drops a capsule on its own.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import pathlib
 import secrets
-import operator
 import shutil
 import threading
 import time
+import weakref
 from typing import Callable, Mapping
 
 import torch
@@ -42,6 +43,9 @@ class _Capsule:
     slab: Slab | None = None  # device / host tiers
     path: pathlib.Path | None = None  # disk tier
     ring: bool = False
+    # weak reference to the owner of the `check` this capsule's meta last passed (a runtime): the meta is
+    # private and never changes, so a restore into the same runtime need not check it again
+    checked_by: object = None
 
 
 def _own_meta(meta) -> dict:
@@ -121,7 +125,8 @@ class CapsuleStore:
             cap = self._get(capsule_id)
             live = self._check_buffers(into, what)
             loaded = self._load_disk(cap, what) if cap.tier == "disk" else None
-            if check is not None:
+            owner = getattr(check, "__self__", check)
+            if check is not None and not (cap.checked_by is not None and cap.checked_by() is owner):
                 try:
                     check(cap.meta)
                 except CapsuleError as exc:
@@ -129,6 +134,10 @@ class CapsuleStore:
                 except (KeyError, TypeError, ValueError, AttributeError) as exc:
                     raise CapsuleError(f"{what}: its meta does not fit this runtime: "
                                        f"{type(exc).__name__}: {exc}") from exc
+                try:
+                    cap.checked_by = weakref.ref(owner)
+                except TypeError:  # an owner without weak references: check every time
+                    cap.checked_by = None
             if loaded is not None:
                 self._copier.tensors_to_live(live, self._plan.names, loaded)
             else:
