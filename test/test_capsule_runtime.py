@@ -178,7 +178,7 @@ def _replayed(ticks):
     return rt
 
 
-def test_restore_returns_a_private_meta_and_repeats_exactly():
+def test_restore_reports_what_it_restored_and_repeats_exactly():
     rt = make_runtime("cpu")
     run_ticks(rt, range(2))
     cid = rt.snapshot("x", tier="device")
@@ -194,6 +194,10 @@ def test_restore_returns_a_private_meta_and_repeats_exactly():
         # one span copy for all of them plus one for the host-placed `task`.
         groups, singles, _ = rt.capsules._caps[cid].slab.planned[False][1]
         assert sum(len(d) for d, _ in groups) + len(singles) == 2
-        meta["ledger"]["runs"]["act"] = 999  # the caller's copy: neither the runtime nor the capsule change
-        meta["rng_state"].zero_()
+        assert meta == {"capsule_id": cid, "decisions": host["decisions"], "step": host["step"],
+                        "prompt": host["prompt"]}
+        # the runtime took no references into the capsule's meta: changing the live state leaves it intact
+        rt.generator.manual_seed(99)
+        rt.buffers.ledger.runs["act"] = 999
+        rt.restore(cid)
         assert same_meta(rt.runtime_meta(), host)

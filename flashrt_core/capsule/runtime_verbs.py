@@ -96,12 +96,16 @@ def restore(rt, capsule_id: str) -> dict:
     """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch.
 
     The runtime's `check_meta` (when it has one) vets the meta before any copy, so a meta that does not
-    fit this runtime is refused with the live buffers and host state untouched.
+    fit this runtime is refused with the live buffers and host state untouched. Returns what was restored
+    (capsule id, decisions, step, prompt): the meta itself stays private to the capsule, and not copying it
+    keeps the host's share of a restore small (it runs between two control ticks).
     """
     store = _checked_store(rt, f"restore of {capsule_id}")
-    meta = store.restore(capsule_id, rt.persistent_buffers(), check=getattr(rt, "check_meta", None))
-    rt.apply_meta(meta)  # takes no references into meta, so the same copy is handed back
-    return meta
+    meta = store.restore(capsule_id, rt.persistent_buffers(), check=getattr(rt, "check_meta", None),
+                         copy_meta=False)
+    rt.apply_meta(meta)  # takes no references into meta
+    return {"capsule_id": capsule_id, "decisions": meta.get("decisions"), "step": meta.get("step"),
+            "prompt": meta.get("prompt")}
 
 
 def fork(rt, capsule_id: str, name: str) -> str:

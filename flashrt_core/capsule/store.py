@@ -113,8 +113,9 @@ class CapsuleStore:
             return cap.id
 
     def restore(self, capsule_id: str, into: Mapping[str, torch.Tensor],
-                check: Callable[[dict], None] | None = None) -> dict:
-        """Copy a capsule into the live tensors in place; returns a copy of its meta.
+                check: Callable[[dict], None] | None = None, copy_meta: bool = True) -> dict:
+        """Copy a capsule into the live tensors in place; returns a copy of its meta (copy_meta=False: the
+        capsule's own meta, for a caller that only reads it before its next call into the store).
 
         Everything is validated before the first byte moves: the id, the live buffers against the layout,
         a disk capsule's checksums and fingerprint, and `check(meta)` (the runtime's own test that it can
@@ -142,7 +143,7 @@ class CapsuleStore:
                 self._copier.tensors_to_live(live, self._plan.names, loaded)
             else:
                 self._copier.slab_to_live(live, self._live_gen, cap.slab)
-            return clone_meta(cap.meta)
+            return clone_meta(cap.meta) if copy_meta else cap.meta
 
     def fork(self, capsule_id: str, name: str) -> str:
         """A new, independent capsule with the same buffers and meta, in the source's tier."""

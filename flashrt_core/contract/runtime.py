@@ -377,7 +377,7 @@ class Runtime:
             for name, (t0, n) in meta["clocks"].items():
                 self.scheduler.clocks[name].t0, self.scheduler.clocks[name].n = t0, n
             self.scheduler.pending = set(meta["pending"])
-            self.generator.set_state(meta["rng_state"].clone())
+            self.generator.set_state(meta["rng_state"])  # copies the bytes: no reference kept
             self._prompt = meta["prompt"]
             if "prompt_bytes" in meta and "prompt" in self.buffers.tensors:
                 self.buffers.host_view("prompt").copy_(meta["prompt_bytes"])
