@@ -1,7 +1,7 @@
 """Runtime benchmark: cost of an act-only tick and of observe+act, and a real-time mixed-rate run.
 
     python benchmarks/bench_runtime.py [--config config/pi05.yaml] [--device cuda] [--engine reference]
-        [--graphs stage] [--duration 10] [--modes inline,deferred] [--json benchmarks/results/runtime_pi05_w2.json]
+        [--graphs stage] [--duration 10] [--modes deferred,inline] [--json benchmarks/results/runtime_pi05_w2.json]
 
 Workload: config/pi05.yaml = full-size pi0.5 W2 (2 views 224x224, 48-token prompt, 10 flow steps, chunk 50,
 bf16, random weights). Tick costs are CUDA-event GPU time of the stages plus the host wall time of `step`
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--observe-hz", type=float, default=10.0)
     ap.add_argument("--act-hz", type=float, default=50.0)
-    ap.add_argument("--modes", default="inline,deferred", help="comma list of inline, deferred")
+    ap.add_argument("--modes", default="deferred,inline", help="comma list of inline, deferred")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
@@ -202,17 +202,21 @@ def main(argv=None) -> int:
               f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']} "
               f"({mixed['late_ticks']} late ticks + {mixed['dropped_periods']} dropped periods), "
               f"scheduler missed periods {mixed['scheduler_missed_periods']}")
-    # summary rows for scripts/summarize_results.py
+        write(result, args.json)  # after every mode: a run cut short still leaves the modes it finished
+    return 0
+
+
+def write(result: dict, path) -> None:
+    """Summary rows (for scripts/summarize_results.py) from the modes measured so far, then the JSON."""
     result["results"] = {f"{m} {k}": {"p50_ms": v[k]["p50"], "p99_ms": v[k]["p99"]}
                          for m, v in result["modes"].items() for k in ("act_only_step_ms", "observe_act_step_ms")}
     for m, v in result["modes"].items():
         result["results"][f"{m} mixed 10s"] = {"deadline_misses": v["mixed"]["deadline_misses"],
                                                "gpu_ms_per_tick_mean": v["mixed"]["gpu_ms_per_tick"]["mean"],
                                                "step_ms_p99": v["mixed"]["step_ms_per_tick"]["p99"]}
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
-    return 0
+    if path:
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(path).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
