@@ -21,7 +21,7 @@ import torch
 from flashrt_core.contract import inputs
 from flashrt_core.contract.buffers import TORCH_DTYPES, BufferSet
 from flashrt_core.contract.graphs import GraphCache
-from flashrt_core.contract.schedule import BufferMeta, Ledger, Scheduler
+from flashrt_core.contract.schedule import Scheduler
 from flashrt_core.contract.spec import Contract, load_contract
 from flashrt_core.errors import InputError
 
@@ -99,6 +99,9 @@ class Runtime:
         self._weights_digest: str | None = None
         self._lock = threading.RLock()  # ROS callbacks may set inputs while a timer steps
         self._deferred_events: list = []  # CUDA events of deferred stages not read yet
+        # restores keep the observation inputs live (not rewound) and re-stage every device input copy
+        self._live_inputs = frozenset(n for n, b in contract.buffers.items() if b.is_input and n != "prompt")
+        self._restage = dict.fromkeys(self.buffers.device_version, -1)
 
     @classmethod
     def from_config(cls, path, device="cpu", seed: int = 0, checkpoint=None, dtype=None, tokenizer=None, *,
@@ -366,14 +369,21 @@ class Runtime:
         `check_meta(meta)` first tells whether this can fail; capsule restores run it before any copy.
         """
         with self._lock:
-            restored = Ledger.from_dict(meta["ledger"])
-            live = self.buffers.ledger
-            for name, spec in self.contract.buffers.items():
-                if spec.is_input and name != "prompt":
-                    restored.buffers[name] = BufferMeta(**vars(live.buffers[name]))
-            self.buffers.ledger = restored
-            for name in self.buffers.device_version:
-                self.buffers.device_version[name] = -1  # re-stage device copies of inputs on next use
+            # In place, without new objects: a restore runs between two control ticks. check_meta has
+            # vetted that every name matches this contract, so updating is the same as replacing.
+            live, src = self.buffers.ledger, meta["ledger"]
+            keep = self._live_inputs
+            for name, (version, step, stamp) in src["buffers"].items():
+                if name not in keep:
+                    m = live.buffers[name]
+                    m.version, m.step, m.stamp_ns = version, step, stamp
+            for stage, seen in src["seen"].items():
+                live.seen[stage].update(seen)
+            live.runs.update(src["runs"])
+            live.misses.update(src["misses"])
+            live.lates.update(src["lates"])
+            live.step, live.decisions = src["step"], src["decisions"]
+            self.buffers.device_version.update(self._restage)  # re-stage device copies of inputs on next use
             for name, (t0, n) in meta["clocks"].items():
                 self.scheduler.clocks[name].t0, self.scheduler.clocks[name].n = t0, n
             self.scheduler.pending = set(meta["pending"])
