@@ -34,8 +34,8 @@ bench() {  # name, timeout seconds, arguments...
 }
 if [[ "$what" == bench || "$what" == all ]]; then
   bench bench_pi05 420 --out-dir "$OUT" --workloads "${FLASHRT_WORKLOADS:-w2}" --skip-compile
-  bench bench_runtime 120 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
-  bench bench_capsule 90 --json "$OUT/capsule_h200.json"
+  bench bench_runtime 260 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
+  bench bench_capsule 90 --fused-kv --runtime --json "$OUT/capsule_h200.json"
   bench bench_kernels 180 --json "$OUT/kernels_h200.json"
   bench bench_adopt 240 --compile-mode none --json "$OUT/adopt_pi05_w2.json"
   bench profile_pi05 200 --json "$OUT/profile_pi05_w2.json"
