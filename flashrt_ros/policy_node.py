@@ -269,7 +269,7 @@ class PolicyNode(LifecycleNode):
                 self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
                 return
         self.health.last_error = ""
-        for stage, latency in result.stage_latency_ms.items():
+        for stage, latency in result.completed_stage_ms().items():  # deferred stages: when they completed
             self.health.stages[stage].add(latency)
         if result.actions is None:
             if self.runtime.scheduler.output_stage in result.skipped:  # due, but refused (stale input)

@@ -269,6 +269,8 @@ def test_deferred_observe_runs_after_act_and_counts_from_the_next_tick(graphs):
                                                             torch.randn(5, 2, generator=noise_gen)), atol=0)
     assert r.prefix_id == 2  # the ledger already counts the deferred write (its device work is queued)
     assert set(r.deferred_latency_ms) == {"observe"} and r.deferred_latency_ms["observe"] > 0  # CPU: now
+    done = r.completed_stage_ms()  # for statistics: the deferred stage's device time, not its host part
+    assert done["observe"] == r.deferred_latency_ms["observe"] and {"act", "energy"} <= set(done)
     r = rt.step(120 * MS)
     assert r.ran == ["act", "energy"] and r.observation_age_ms == pytest.approx(25.0)
     np.testing.assert_allclose(r.actions, reference_actions(imgs2, state2, "pour the water",

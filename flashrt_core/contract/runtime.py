@@ -44,6 +44,16 @@ class StepResult:
     # deferred_latency_ms: on CUDA by a later step (the first one that synchronizes), on CPU by this one.
     deferred_latency_ms: dict[str, float] = field(default_factory=dict)
 
+    def completed_stage_ms(self) -> dict[str, float]:
+        """Latency of every stage (or graph group) that completed by the end of this step: those it ran in
+        order, and deferred ones whose device time it read back. A stage this step deferred is left out
+        (its entry here is its host part only); a later step reports it. For latency statistics."""
+        deferred = set(self.deferred)
+        out = {k: v for k, v in self.stage_latency_ms.items() if deferred.isdisjoint(k.split("+"))}
+        for k, v in self.deferred_latency_ms.items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
 
 class StageIO:
     """What a binding's host part may touch: host buffers, input host copies, device staging, the RNG."""
