@@ -259,7 +259,8 @@ def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None
         ticks += 1
         for name in plan.runs:
             age = plan.age_ms(name)
-            events.append({"t_ns": now, "stage": name, "age_ms": age})
+            events.append({"t_ns": now, "stage": name, "age_ms": age, **({"deferred": True}
+                                                                          if name in plan.deferred else {})})
             if age is not None:
                 ages[name].append(age)
         for name, why in plan.skipped.items():
@@ -274,7 +275,8 @@ def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None
     for name in contract.stages:
         a = ages[name]
         held = sum(1 for e in events if e["stage"] == name and "skipped" in e)
-        stages[name] = {"trigger": contract.stages[name].trigger.describe(), "runs": ledger.runs[name],
+        stages[name] = {"trigger": contract.stages[name].trigger.describe()
+                        + (" (deferred)" if contract.stages[name].deferred else ""), "runs": ledger.runs[name],
                         "misses": ledger.misses[name], "lates": ledger.lates[name], "skipped": held,
                         "age_ms": {"min": min(a), "mean": sum(a) / len(a), "max": max(a)} if a else None}
     return {"contract": contract.source, "duration_s": duration_s, "tick_hz": tick_hz,
@@ -290,18 +292,20 @@ def _is_prompt(contract: Contract, name: str) -> bool:
 
 def format_report(report: dict, max_events: int = 40) -> str:
     lines = [f"simulated {report['duration_s']} s: {report['ticks']} ticks, {report['decisions']} decisions"]
-    lines.append(f"{'stage':<12}{'trigger':<28}{'runs':>6}{'misses':>8}{'lates':>7}{'skipped':>9}"
+    w = max([28] + [len(s["trigger"]) + 2 for s in report["stages"].values()])
+    lines.append(f"{'stage':<12}{'trigger':<{w}}{'runs':>6}{'misses':>8}{'lates':>7}{'skipped':>9}"
                  "   age ms min/mean/max")
     for name, s in report["stages"].items():
         a = s["age_ms"]
         age = f"{a['min']:.1f}/{a['mean']:.1f}/{a['max']:.1f}" if a else "-"
-        lines.append(f"{name:<12}{s['trigger']:<28}{s['runs']:>6}{s['misses']:>8}{s['lates']:>7}"
+        lines.append(f"{name:<12}{s['trigger']:<{w}}{s['runs']:>6}{s['misses']:>8}{s['lates']:>7}"
                      f"{s['skipped']:>9}   {age}")
     ev = report["events"]
     lines.append(f"first {min(max_events, len(ev))} of {len(ev)} events:")
     for e in ev[:max_events]:
         what = f"skipped: {e['skipped']}" if "skipped" in e else (
-            f"age {e['age_ms']:.1f} ms" if e["age_ms"] is not None else "")
+            f"age {e['age_ms']:.1f} ms" if e["age_ms"] is not None else "") + (
+            " (deferred: its outputs count from the next tick)" if e.get("deferred") else "")
         lines.append(f"  {e['t_ns'] / 1e6:10.3f} ms  {e['stage']:<10} {what}")
     return "\n".join(lines)
 
