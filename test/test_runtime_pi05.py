@@ -44,6 +44,18 @@ def whole_decision(policy, imgs, state, prompt, noise):
     return policy.sample_actions(images, masks, tokens, mask, noise=noise[None])[0, :, :7].numpy()
 
 
+def drive(rt, seed, ticks):
+    """Steps every 20 ms with a fresh observation every 5th tick; returns the StepResults."""
+    rng = np.random.default_rng(seed)
+    rt.set_prompt(PROMPT)
+    out = []
+    for k in range(ticks):
+        if k % 5 == 0:
+            rt.set_observation(images=frames(rng), state=state_vec(rng), stamp_ns=k * 20 * MS)
+        out.append(rt.step(k * 20 * MS))
+    return out
+
+
 def noises(seed=0, n=8):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(50, 32, generator=g) for _ in range(n)]
@@ -180,14 +192,7 @@ def test_cuda_graphs_match_eager_and_never_move(graphs):
         contract = base.with_overrides(dtype="float32")
         contract = type(contract)(**{**vars(contract), "graphs": mode})
         rt = Runtime(contract, device="cuda", seed=0, debug_graphs=True)
-        rng = np.random.default_rng(5)
-        rt.set_prompt(PROMPT)
-        out = []
-        for k in range(12):
-            if k % 5 == 0:
-                rt.set_observation(images=frames(rng), state=state_vec(rng), stamp_ns=k * 20 * MS)
-            r = rt.step(k * 20 * MS)
-            out.append((r.ran, r.actions))
+        out = [(r.ran, r.actions) for r in drive(rt, seed=5, ticks=12)]
         runs[mode] = (out, rt.graphs.captures, rt.graphs.keys())
     (g_out, captures, keys), (e_out, _, _) = runs[graphs], runs["off"]
     for (ran_g, a_g), (ran_e, a_e) in zip(g_out, e_out):
@@ -223,15 +228,7 @@ def test_deferred_observe_on_cuda_matches_inline_from_the_next_tick():
         contract = load_contract(CONFIG).with_overrides(
             dtype="float32", rates={"observe": 10, "act": 50}, limits={"max_observation_age_ms": None},
             options={"engine": "fused"}, deferred={"observe": deferred})
-        rt = Runtime(contract, device="cuda", seed=0)
-        rng = np.random.default_rng(6)
-        rt.set_prompt(PROMPT)
-        res = []
-        for k in range(16):
-            if k % 5 == 0:
-                rt.set_observation(images=frames(rng), state=state_vec(rng), stamp_ns=k * 20 * MS)
-            res.append(rt.step(k * 20 * MS))
-        out[deferred] = res
+        out[deferred] = drive(Runtime(contract, device="cuda", seed=0), seed=6, ticks=16)
     for k, (a, d) in enumerate(zip(out[False], out[True])):
         if k % 5 == 0 and k > 0:
             assert a.ran == ["observe", "act"] and d.ran == ["act", "observe"] and d.deferred == ["observe"]
