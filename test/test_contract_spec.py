@@ -171,3 +171,12 @@ def test_overrides_revalidate(base):
         c.with_overrides(rates={"act": 0})
     with pytest.raises(ContractError, match="stages.plan: unknown stage in rate override"):
         c.with_overrides(rates={"plan": 3})
+
+
+def test_output_stage_after_a_deferred_stage_is_refused(base):
+    data = copy.deepcopy(base)
+    data["stages"]["observe"]["deferred"] = True
+    data["stages"]["act"]["trigger"] = {"after": "observe"}
+    with pytest.raises(ContractError, match=r"^stages.act.trigger.after: the stage writing the output \(actions\) "
+                                            r"cannot run after the deferred stage observe"):
+        validate(data)

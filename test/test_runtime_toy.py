@@ -2,13 +2,14 @@
 bookkeeping (versions, stamps, ages, late observations, limits, input validation) with a model small enough
 to recompute by hand in plain torch."""
 import copy
+import pathlib
 
 import numpy as np
 import pytest
 import torch
 
 from flashrt_core.contract.runtime import Runtime
-from flashrt_core.contract.spec import StageSignature, validate
+from flashrt_core.contract.spec import StageSignature, load_contract, validate
 from flashrt_core.contract.bindings import ModelBinding
 from flashrt_core.errors import InputError
 
@@ -224,8 +225,11 @@ def test_late_observation_reuse_then_age_limit():
     assert rt.buffers.ledger.lates["observe"] == 1
 
 
-def test_late_observation_wait_holds_act_until_fresh_inputs():
-    rt = make_runtime(late="wait")
+@pytest.mark.parametrize("deferred", [False, True], ids=["inline", "deferred"])
+def test_late_observation_wait_holds_act_until_fresh_inputs(deferred):
+    """Also with observe deferred: the observe that waited runs before act once fresh frames come (deferring
+    it would hand act the very prefix it was held back from)."""
+    rt = make_runtime(late="wait", deferred=deferred)
     rng = np.random.default_rng(4)
     rt.set_prompt("fold the towel")
     rt.set_observation(*observation(rng), stamp_ns=0)
@@ -237,6 +241,7 @@ def test_late_observation_wait_holds_act_until_fresh_inputs():
     assert r.actions is None and "waiting for observe" in r.reason
     rt.set_observation(*observation(rng), stamp_ns=125 * MS)
     r = rt.step(140 * MS)  # observe was pending since 100 ms: it runs now, act with it
+    assert r.deferred == [] and r.prefix_id == 2
     assert r.ran == ["observe", "act", "energy"] and r.observation_age_ms == pytest.approx(15.0)
     assert rt.step(160 * MS).ran == ["act", "energy"]
     r = rt.step(200 * MS)  # observe due again with nothing new: waits again, so act is held
@@ -267,7 +272,8 @@ def test_deferred_observe_runs_after_act_and_counts_from_the_next_tick(graphs):
     assert r.observation_age_ms == pytest.approx(100.0) and r.observation_stamp_ns == 0
     np.testing.assert_allclose(r.actions, reference_actions(imgs, state, "pour the water",
                                                             torch.randn(5, 2, generator=noise_gen)), atol=0)
-    assert r.prefix_id == 2  # the ledger already counts the deferred write (its device work is queued)
+    assert r.prefix_id == 1  # the prefix these actions came from (the deferred refresh will be 2)
+    assert rt.buffers.ledger.buffers["prefix"].version == 2  # the ledger counts the queued refresh
     assert set(r.deferred_latency_ms) == {"observe"} and r.deferred_latency_ms["observe"] > 0  # CPU: now
     done = r.completed_stage_ms()  # for statistics: the deferred stage's device time, not its host part
     assert done["observe"] == r.deferred_latency_ms["observe"] and {"act", "energy"} <= set(done)
@@ -295,3 +301,61 @@ def test_deferred_override_and_summary():
                                                                           binding=ToyBinding)
     assert contract.stages["observe"].deferred and not contract.stages["act"].deferred
     assert "observe: 10 Hz + on change of task (deferred)" in contract.summary()
+    pi05 = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
+    assert not load_contract(pi05).stages["observe"].deferred
+    rt = Runtime.from_config(pi05, deferred={"observe": True})
+    assert rt.contract.stages["observe"].deferred
+
+
+def test_deferred_observe_runs_in_order_rather_than_cost_a_decision_for_age():
+    """With a fresh frame after an outage, deferring observe would leave act with a prefix past the age
+    limit: the refresh runs in order and act decides on it, as without deferral."""
+    rt = make_runtime(max_age=150, deferred=True)
+    rng = np.random.default_rng(3)
+    rt.set_prompt("wipe the table")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    rt.step(0)
+    assert rt.step(100 * MS).actions is not None  # late observe: reuse (age 100 ms)
+    r = rt.step(160 * MS)
+    assert r.actions is None and "exceeds limits.max_observation_age_ms = 150" in r.reason
+    rt.set_observation(*observation(rng), stamp_ns=195 * MS)
+    r = rt.step(200 * MS)
+    assert r.ran == ["observe", "act", "energy"] and r.deferred == [] and r.observation_age_ms == pytest.approx(5.0)
+
+
+class PostBinding(ToyBinding):
+    """The toy plus a stage `post` (prefix + state -> post_out) to hang `after` the deferred observe."""
+
+    @classmethod
+    def signatures(cls, dims, model):
+        sig = dict(super().signatures(dims, model))
+        sig["post"] = StageSignature(reads={"prefix": ((dims["feat"],), "float32"),
+                                            "state": ((dims["state_dim"],), "float32")},
+                                     writes={"post_out": ((dims["feat"],), "float32")})
+        return sig
+
+    def device_part(self, stage):
+        if stage == "post":
+            return lambda b: b["post_out"].copy_(b["prefix"] * 2.0 + b["state"].sum())
+        return super().device_part(stage)
+
+
+def test_after_child_of_a_deferred_stage_runs_behind_it_on_its_new_outputs():
+    raw = toy_contract(deferred=True)
+    raw["buffers"]["post_out"] = {"shape": ["feat"], "dtype": "float32", "lifetime": "persistent"}
+    raw["stages"]["post"] = {"reads": ["prefix", "state"], "writes": ["post_out"], "trigger": {"after": "observe"}}
+    rt = Runtime(validate(raw, binding=PostBinding), PostBinding, device="cpu", seed=0)
+    rng = np.random.default_rng(7)
+    rt.set_prompt("pick")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    rt.step(0)
+    rt.set_prompt("place")  # observe re-encodes (deferred); post follows it although no input changed
+    r = rt.step(20 * MS)
+    assert r.ran == ["prompt", "act", "energy", "observe", "post"] and r.deferred == ["observe", "post"]
+    rt.set_observation(*observation(rng), stamp_ns=90 * MS)
+    r = rt.step(100 * MS)
+    assert r.ran == ["act", "energy", "observe", "post"]
+    led = rt.buffers.ledger.buffers
+    assert led["post_out"].stamp_ns == led["prefix"].stamp_ns == 90 * MS
+    b = rt.buffers.tensors
+    torch.testing.assert_close(b["post_out"], b["prefix"] * 2.0 + b["state"].sum(), rtol=0, atol=0)

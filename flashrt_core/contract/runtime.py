@@ -117,11 +117,13 @@ class Runtime:
     def from_config(cls, path, device="cpu", seed: int = 0, checkpoint=None, dtype=None, tokenizer=None, *,
                     rates: Mapping[str, float] | None = None, max_observation_age_ms: float | None = None,
                     num_cameras: int | None = None, limits: Mapping[str, Any] | None = None,
-                    options: Mapping[str, Any] | None = None, binding=None, debug_graphs: bool = False):
+                    options: Mapping[str, Any] | None = None, deferred: Mapping[str, bool] | None = None,
+                    binding=None, debug_graphs: bool = False):
         """Load and validate a contract, apply overrides (e.g. ROS parameters), build the model and buffers.
 
         `rates` {stage: hz}, `max_observation_age_ms`, `limits` and `options` (model options; `num_cameras`
-        is options["views"]) override the file; the result is validated again as a whole."""
+        is options["views"]) and `deferred` {stage: bool} override the file; the result is validated again
+        as a whole."""
         contract = load_contract(path, binding=binding)
         limits = dict(limits or {})
         if max_observation_age_ms is not None:
@@ -129,10 +131,10 @@ class Runtime:
         options = dict(options or {})
         if num_cameras is not None:
             options["views"] = num_cameras
-        if checkpoint is not None or dtype is not None or rates or limits or options:
+        if checkpoint is not None or dtype is not None or rates or limits or options or deferred:
             contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
                                                dtype=_dtype_name(dtype), rates=rates, limits=limits,
-                                               options=options, binding=binding)
+                                               options=options, deferred=deferred, binding=binding)
         return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs)
 
     # ---- inputs ------------------------------------------------------------------------------------------
@@ -187,14 +189,15 @@ class Runtime:
         events = self._launch(inline, stage_ms)
         self.scheduler.commit(plan, ledger)
         out_stage = self.scheduler.output_stage
+        if out_stage in plan.deferred:  # the contract validation makes this impossible; never copy stale actions
+            raise RuntimeError(f"stage {out_stage} writes the output but was planned as deferred")
         actions = None
         if out_stage in plan.runs:
             actions = self.buffers.tensors[self.contract.output].to("cpu", copy=True).numpy()
         elif cuda and inline:
             torch.cuda.current_stream().synchronize()  # so latency covers the work launched
         # Everything launched before the sync above is complete now, deferred stages of earlier steps too.
-        deferred_ms = self._collect(self._deferred_events) if (actions is not None or inline) else {}
-        self._deferred_events = [] if (actions is not None or inline) else self._deferred_events
+        deferred_ms = self._collect_done()
         for key, start, end in events:
             stage_ms[key] = stage_ms.get(key, 0.0) + _elapsed_ms(start, end)
         # Deferred stages go last: off the critical path, behind the actions' copy. On CUDA they run on the
@@ -212,8 +215,10 @@ class Runtime:
         if actions is None:
             reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
         prefix_id = None
-        if self._observation_stage is not None:
-            prefix_id = ledger.buffers[self.contract.stages[self._observation_stage].writes[0]].version
+        if self._observation_stage is not None:  # the version the actions were made from (not a deferred one)
+            name = self.contract.stages[self._observation_stage].writes[0]
+            planned = plan.output_versions if actions is not None else None
+            prefix_id = planned[name] if planned is not None else ledger.buffers[name].version
         return StepResult(actions=actions, ran=list(plan.runs),
                           decision_id=ledger.decisions if actions is not None else None,
                           observation_age_ms=plan.age_ms(out_stage),
@@ -254,11 +259,16 @@ class Runtime:
                 stage_ms[key] = stage_ms.get(key, 0.0) + (time.perf_counter() - start) * 1e3
         return events
 
-    @staticmethod
-    def _collect(events) -> dict[str, float]:
+    def _collect_done(self) -> dict[str, float]:
+        """GPU ms of the deferred stages of earlier steps that have completed (the rest stay pending)."""
         out: dict[str, float] = {}
-        for key, start, end in events:
-            out[key] = out.get(key, 0.0) + _elapsed_ms(start, end)
+        pending = []
+        for key, start, end in self._deferred_events:
+            if end.query():
+                out[key] = out.get(key, 0.0) + _elapsed_ms(start, end)
+            else:
+                pending.append((key, start, end))
+        self._deferred_events = pending
         return out
 
     def warmup(self) -> None:

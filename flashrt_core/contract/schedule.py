@@ -9,8 +9,10 @@ Rules, applied to stages in DAG order at each tick `now_ns`:
 - `after: s`: due when stage `s` runs in this tick.
 A `deferred` stage (and any stage `after` it) runs after the tick's other stages, off the output's critical
 path: its writes count from the next tick on, so a stage that reads them in the same tick uses the previous
-outputs (and their older stamps). While a deferred stage's outputs were never produced it runs in order, so
-the first tick can already decide.
+outputs (and their older stamps); its `after` children are planned against its new outputs. It runs in
+order instead when its outputs were never produced (so the first tick decides), when it had been waiting
+for fresh inputs (`late_observe: wait`: what the output was held for is used at once), and when deferring
+it would have the output stage refuse for age.
 A due stage is then held back (with a reason) when a buffer it reads was never produced; when it reads
 inputs but none of its reads changed since its last run (a late observation: `late_observe: reuse` skips
 this period and later stages use the last outputs; `wait` keeps it pending and holds every stage that
@@ -106,6 +108,8 @@ class Plan:
     late: set[str] = field(default_factory=set)
     versions: dict[str, int] = field(default_factory=dict)  # planned versions after this tick
     deferred: list[str] = field(default_factory=list)  # the runs that go after the others (a suffix of runs)
+    output_versions: dict[str, int] | None = None  # buffer versions the output stage was planned against
+    refused_for_age: bool = False  # the output stage was due but its data was too old
 
     def age_ms(self, stage: str) -> float | None:
         s = self.stamps.get(stage)
@@ -130,6 +134,14 @@ class Scheduler:
         return min(due) if due else None
 
     def plan(self, now_ns: int, ledger: Ledger) -> Plan:
+        plan = self._plan(now_ns, ledger, inline=frozenset())
+        if plan.refused_for_age and set(plan.deferred) & self.contract.upstream(self.output_stage):
+            # Deferring the refresh would cost a decision: run it in order this tick instead.
+            plan = self._plan(now_ns, ledger, inline=frozenset(plan.deferred))
+        return plan
+
+    def _plan(self, now_ns: int, ledger: Ledger, inline: frozenset) -> Plan:
+        """Plan a tick; stages in `inline` are not deferred. Pure but for anchoring unset clocks."""
         c = self.contract
         for clock in self.clocks.values():
             if clock.t0 is None:
@@ -138,62 +150,83 @@ class Scheduler:
         ver = {b: m.version for b, m in ledger.buffers.items()}
         stamp = {b: m.stamp_ns for b, m in ledger.buffers.items()}
         waiting: set[str] = set()
-        deferred: list[tuple[str, int | None]] = []  # (stage, stamp): writes applied after the loop
+        deferred: list[tuple[str, int | None]] = []  # (stage, stamp): writes applied after the first pass
+        later: set[str] = set()  # deferred stages and their `after` children
+        children: list[str] = []  # `after` children of deferred stages: planned in the second pass
         for name, s in c.stages.items():
-            t = s.trigger
-            changed = t.on_change is not None and ver[t.on_change] != ledger.seen[name][t.on_change]
-            clock_due = name in self.clocks and (name in self.pending or
-                                                 now_ns + self.slack_ns >= self.clocks[name].next_due())
-            parent_ran = t.after is not None and (t.after in plan.runs or any(d == t.after for d, _ in deferred))
-            due = changed or clock_due or parent_ran
-            if not due:
+            if s.trigger.after is not None and s.trigger.after in later:
+                children.append(name)
+                later.add(name)
                 continue
-            if clock_due:
-                plan.consume.add(name)
-            stamps = [stamp[b] for b in s.reads if stamp[b] is not None]
-            src = min(stamps) if stamps else None
-            plan.stamps[name] = src  # also for a held stage: how old its data would be
-            never = [b for b in s.reads if ver[b] == 0]
-            if never:
-                plan.skipped[name] = f"{never[0]} has not been produced yet"
+            src = self._consider(name, s, plan, ledger, ver, stamp, waiting)
+            if src is False:
                 continue
-            held = sorted(c.upstream(name) & waiting)
-            if held:
-                plan.skipped[name] = f"waiting for {held[0]} (late_observe: wait)"
-                waiting.add(name)
-                continue
-            reads_inputs = any(c.buffers[b].is_input for b in s.reads)
-            if reads_inputs and not changed and all(ver[b] == ledger.seen[name][b] for b in s.reads):
-                plan.late.add(name)
-                if c.limits.late_observe == "wait":
-                    plan.consume.discard(name)
-                    waiting.add(name)
-                    plan.skipped[name] = "late: no new inputs since its last run; waiting (late_observe: wait)"
-                else:
-                    plan.skipped[name] = "late: no new inputs since its last run; reusing its last outputs"
-                continue
-            limit = c.limits.max_observation_age_ms
-            if name == self.output_stage and limit is not None and src is not None \
-                    and (now_ns - src) / 1e6 > limit:
-                plan.skipped[name] = (f"observation age {(now_ns - src) / 1e6:.1f} ms exceeds "
-                                      f"limits.max_observation_age_ms = {limit:g}")
-                continue
-            after_deferred = t.after is not None and any(d == t.after for d, _ in deferred)
-            if after_deferred or (s.deferred and all(ver[b] > 0 for b in s.writes)):
+            if (s.deferred and name not in inline and name not in self.pending  # a stage that waited runs now
+                    and all(ver[b] > 0 for b in s.writes)):  # and so does a first refresh: the output needs it
                 deferred.append((name, src))
+                later.add(name)
                 continue
-            plan.runs.append(name)
-            for b in s.writes:
-                ver[b] += 1
-                stamp[b] = src
+            if name == self.output_stage:
+                plan.output_versions = dict(ver)
+            self._run(name, src, plan, ver, stamp)
         for name, src in deferred:
-            plan.runs.append(name)
-            plan.deferred.append(name)
-            for b in c.stages[name].writes:
-                ver[b] += 1
-                stamp[b] = src
+            self._run(name, src, plan, ver, stamp, deferred=True)
+        for name in children:  # see their parents' new outputs, as stages after their parent in a tick do
+            src = self._consider(name, c.stages[name], plan, ledger, ver, stamp, waiting)
+            if src is not False:
+                self._run(name, src, plan, ver, stamp, deferred=True)
         plan.versions = ver
         return plan
+
+    def _consider(self, name, s, plan: Plan, ledger: Ledger, ver: dict, stamp: dict, waiting: set):
+        """Whether stage `name` runs at this tick: the stamp of its data, or False (with the reason in
+        plan.skipped when it was due but held back)."""
+        c, now_ns, t = self.contract, plan.now_ns, s.trigger
+        changed = t.on_change is not None and ver[t.on_change] != ledger.seen[name][t.on_change]
+        clock_due = name in self.clocks and (name in self.pending or
+                                             now_ns + self.slack_ns >= self.clocks[name].next_due())
+        due = changed or clock_due or (t.after is not None and t.after in plan.runs)
+        if not due:
+            return False
+        if clock_due:
+            plan.consume.add(name)
+        stamps = [stamp[b] for b in s.reads if stamp[b] is not None]
+        src = min(stamps) if stamps else None
+        plan.stamps[name] = src  # also for a held stage: how old its data would be
+        never = [b for b in s.reads if ver[b] == 0]
+        if never:
+            plan.skipped[name] = f"{never[0]} has not been produced yet"
+            return False
+        held = sorted(c.upstream(name) & waiting)
+        if held:
+            plan.skipped[name] = f"waiting for {held[0]} (late_observe: wait)"
+            waiting.add(name)
+            return False
+        reads_inputs = any(c.buffers[b].is_input for b in s.reads)
+        if reads_inputs and not changed and all(ver[b] == ledger.seen[name][b] for b in s.reads):
+            plan.late.add(name)
+            if c.limits.late_observe == "wait":
+                plan.consume.discard(name)
+                waiting.add(name)
+                plan.skipped[name] = "late: no new inputs since its last run; waiting (late_observe: wait)"
+            else:
+                plan.skipped[name] = "late: no new inputs since its last run; reusing its last outputs"
+            return False
+        limit = c.limits.max_observation_age_ms
+        if name == self.output_stage and limit is not None and src is not None and (now_ns - src) / 1e6 > limit:
+            plan.skipped[name] = (f"observation age {(now_ns - src) / 1e6:.1f} ms exceeds "
+                                  f"limits.max_observation_age_ms = {limit:g}")
+            plan.refused_for_age = True
+            return False
+        return src
+
+    def _run(self, name, src, plan: Plan, ver: dict, stamp: dict, deferred: bool = False) -> None:
+        plan.runs.append(name)
+        if deferred:
+            plan.deferred.append(name)
+        for b in self.contract.stages[name].writes:
+            ver[b] += 1
+            stamp[b] = src
 
     def commit(self, plan: Plan, ledger: Ledger) -> None:
         """Record a plan as executed: versions, stamps, seen versions, counters, clocks."""

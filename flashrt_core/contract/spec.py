@@ -223,6 +223,13 @@ def validate(data: Any, binding=None, source: str | None = None) -> Contract:
     if out_stage.deferred:
         raise ContractError(f"stages.{out_stage.name}.deferred: the stage writing the output ({output}) cannot be "
                             "deferred (deferral takes a stage off the output's critical path)")
+    parent, seen = out_stage.trigger.after, set()
+    while parent is not None and parent in stages and parent not in seen:  # an `after` chain runs with its head
+        seen.add(parent)
+        if stages[parent].deferred:
+            raise ContractError(f"stages.{out_stage.name}.trigger.after: the stage writing the output ({output}) "
+                                f"cannot run after the deferred stage {parent} (it would be deferred too)")
+        parent = stages[parent].trigger.after
     _check_signatures(binding, stages, buffers, dims, model)
     ordered = {name: stages[name] for name in order}
     return Contract(model=model, limits=limits, buffers=buffers, stages=ordered, output=output, graphs=graphs,
