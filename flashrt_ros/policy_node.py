@@ -268,7 +268,10 @@ class PolicyNode(LifecycleNode):
                 self.health.last_error = f"step failed: {exc}"
                 self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
                 return
-        self.health.last_error = ""
+        failed = [f"{stage} {why}" for stage, why in result.skipped.items() if why.startswith("failed")]
+        self.health.last_error = "; ".join(failed)  # e.g. a deferred observe whose host part failed
+        if failed:
+            self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
         for stage, latency in result.completed_stage_ms().items():  # deferred stages: when they completed
             self.health.stages[stage].add(latency)
         if result.actions is None:

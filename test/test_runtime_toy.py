@@ -359,3 +359,35 @@ def test_after_child_of_a_deferred_stage_runs_behind_it_on_its_new_outputs():
     assert led["post_out"].stamp_ns == led["prefix"].stamp_ns == 90 * MS
     b = rt.buffers.tensors
     torch.testing.assert_close(b["post_out"], b["prefix"] * 2.0 + b["state"].sum(), rtol=0, atol=0)
+
+
+class FlakyObserveBinding(ToyBinding):
+    """The toy whose observe host part fails while `fail` is set (e.g. a prompt the tokenizer refuses)."""
+
+    fail = False
+
+    def host(self, stage, io):
+        if stage == "observe" and self.fail:
+            raise ValueError("tokenizer refused the prompt")
+        super().host(stage, io)
+
+
+def test_a_failing_deferred_host_part_leaves_the_ledger_true_and_the_actions_out():
+    raw = toy_contract(deferred=True)
+    rt = Runtime(validate(raw, binding=FlakyObserveBinding), FlakyObserveBinding, device="cpu", seed=0)
+    rng = np.random.default_rng(8)
+    rt.set_prompt("stack")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    rt.step(0)
+    rt.set_observation(*observation(rng), stamp_ns=95 * MS)
+    rt.binding.fail = True
+    r = rt.step(100 * MS)
+    assert r.actions is not None and r.ran == ["act", "energy"] and r.deferred == []
+    assert r.skipped["observe"] == "failed in its host part: ValueError: tokenizer refused the prompt"
+    led = rt.buffers.ledger
+    assert led.buffers["prefix"].version == 1 and led.runs["observe"] == 1 and r.prefix_id == 1
+    rt.binding.fail = False
+    r = rt.step(120 * MS)  # still due (its grid point was not used up): it runs now, deferred
+    assert r.ran == ["act", "energy", "observe"] and r.observation_age_ms == pytest.approx(120.0)
+    assert led.buffers["prefix"].version == 2 and led.buffers["prefix"].stamp_ns == 95 * MS
+    assert led.misses["observe"] == 0

@@ -187,7 +187,6 @@ class Runtime:
         inline = [s for s in device_stages if s not in plan.deferred]
         later = [s for s in device_stages if s in plan.deferred]
         events = self._launch(inline, stage_ms)
-        self.scheduler.commit(plan, ledger)
         out_stage = self.scheduler.output_stage
         if out_stage in plan.deferred:  # the contract validation makes this impossible; never copy stale actions
             raise RuntimeError(f"stage {out_stage} writes the output but was planned as deferred")
@@ -201,8 +200,17 @@ class Runtime:
         for key, start, end in events:
             stage_ms[key] = stage_ms.get(key, 0.0) + _elapsed_ms(start, end)
         # Deferred stages go last: off the critical path, behind the actions' copy. On CUDA they run on the
-        # same stream, so the next step's stages wait for them without a host sync.
-        self._host_parts(plan.deferred, stage_ms)
+        # same stream, so the next step's stages wait for them without a host sync. A deferred host part that
+        # fails takes its stage out of the plan before the commit (it did not run; it stays due), and the
+        # step still returns the actions it made.
+        for s in list(plan.deferred):
+            if s in plan.deferred:
+                try:
+                    self._host_parts([s], stage_ms)
+                except Exception as exc:  # noqa: BLE001 (any failure: the stage did not run; say why)
+                    self.scheduler.drop(plan, s, f"failed in its host part: {type(exc).__name__}: {exc}")
+        self.scheduler.commit(plan, ledger)
+        later = [s for s in later if s in plan.deferred]
         later_ms: dict[str, float] = {}  # on CPU the deferred device parts finish here: report them now
         self._deferred_events += self._launch(later, later_ms)
         for key, ms in later_ms.items():

@@ -228,6 +228,19 @@ class Scheduler:
             ver[b] += 1
             stamp[b] = src
 
+    def drop(self, plan: Plan, stage: str, why: str) -> None:
+        """Take a planned deferred stage (and the deferred stages `after` it) back out of a plan that has
+        not been committed, e.g. because its host part failed: it did not run, and its clock stays due."""
+        gone = {stage}
+        for name in list(plan.deferred):
+            after = self.contract.stages[name].trigger.after
+            if name in gone or after in gone:
+                gone.add(name)
+                plan.deferred.remove(name)
+                plan.runs.remove(name)
+                plan.consume.discard(name)
+                plan.skipped[name] = why if name == stage else f"{stage} did not run: {why}"
+
     def commit(self, plan: Plan, ledger: Ledger) -> None:
         """Record a plan as executed: versions, stamps, seen versions, counters, clocks."""
         c = self.contract
