@@ -262,8 +262,8 @@ class PolicyNode(LifecycleNode):
             if not self.runtime.has_observation():
                 self.health.stale_reason = "waiting for a first complete observation (all cameras and joints)"
                 return
-            try:
-                result = self.runtime.step(now_ns)
+            try:  # publish as soon as the actions exist, before the deferred stages are launched
+                result = self.runtime.step(now_ns, on_actions=self._publish)
             except Exception as exc:
                 self.health.last_error = f"step failed: {exc}"
                 self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
@@ -278,11 +278,9 @@ class PolicyNode(LifecycleNode):
             if self.runtime.scheduler.output_stage in result.skipped:  # due, but refused (stale input)
                 self.health.stale_reason = result.reason
                 self.get_logger().warning(f"no actions: {result.reason}", throttle_duration_sec=2.0)
-            return
-        self.health.stale_reason = ""
-        self._publish(result)
 
     def _publish(self, result):
+        self.health.stale_reason = ""
         actions = np.asarray(result.actions, dtype=np.float32)
         width = self.p.action_dim or len(self.p.joint_names) or actions.shape[1]
         actions = actions[:, :width]

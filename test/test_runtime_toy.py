@@ -391,3 +391,35 @@ def test_a_failing_deferred_host_part_leaves_the_ledger_true_and_the_actions_out
     assert r.ran == ["act", "energy", "observe"] and r.observation_age_ms == pytest.approx(120.0)
     assert led.buffers["prefix"].version == 2 and led.buffers["prefix"].stamp_ns == 95 * MS
     assert led.misses["observe"] == 0
+
+
+def test_on_actions_hands_the_actions_over_before_the_deferred_work():
+    rt = make_runtime(deferred=True)
+    rng = np.random.default_rng(9)
+    rt.set_prompt("push")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    rt.step(0)
+    rt.set_observation(*observation(rng), stamp_ns=95 * MS)
+    seen = []
+
+    def on_actions(res):  # the deferred observe is neither committed nor launched yet
+        seen.append((res.decision_id, res.prefix_id, rt.buffers.ledger.buffers["prefix"].version,
+                     rt.buffers.ledger.runs["observe"], res.actions.copy(), res.latency_ms))
+
+    r = rt.step(100 * MS, on_actions=on_actions)
+    assert len(seen) == 1
+    decision, prefix, version, observes, actions, latency = seen[0]
+    assert decision == r.decision_id == 2 and prefix == r.prefix_id == 1 and (version, observes) == (1, 1)
+    np.testing.assert_array_equal(actions, r.actions)
+    assert latency == r.actions_ms <= r.latency_ms
+    assert rt.buffers.ledger.buffers["prefix"].version == 2 and r.ran == ["act", "energy", "observe"]
+    assert rt.step(110 * MS, on_actions=on_actions).actions is None and len(seen) == 1  # no actions: no call
+
+    def broken(res):
+        raise RuntimeError("publisher gone")
+
+    rt.set_observation(*observation(rng), stamp_ns=195 * MS)
+    with pytest.raises(RuntimeError, match="publisher gone"):
+        rt.step(200 * MS, on_actions=broken)
+    led = rt.buffers.ledger  # the step finished its work before raising: observe committed and launched
+    assert led.runs["observe"] == 3 and led.buffers["prefix"].stamp_ns == 195 * MS and led.decisions == 3

@@ -32,7 +32,7 @@ class StepResult:
     ran: list[str]
     decision_id: int | None  # 1-based count of decisions, when this step made one
     observation_age_ms: float | None  # now - stamp of the observation behind the (would-be) actions
-    latency_ms: float  # host wall time of the step, including the final sync
+    latency_ms: float  # host wall time of the step, including the final sync (and deferred launches)
     reason: str | None = None
     stage_latency_ms: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
@@ -43,6 +43,7 @@ class StepResult:
     # count from the next step); their stage_latency_ms is host time only. Their device time is reported in
     # deferred_latency_ms: on CUDA by a later step (the first one that synchronizes), on CPU by this one.
     deferred_latency_ms: dict[str, float] = field(default_factory=dict)
+    actions_ms: float | None = None  # host wall time until the actions were on the host (the critical path)
 
     def completed_stage_ms(self) -> dict[str, float]:
         """Latency of every stage (or graph group) that completed by the end of this step: those it ran in
@@ -172,11 +173,17 @@ class Runtime:
             self._last_stamp = stamp
 
     # ---- stepping ----------------------------------------------------------------------------------------
-    def step(self, now_ns: int) -> StepResult:
+    def step(self, now_ns: int, on_actions=None) -> StepResult:
+        """Run the stages due at `now_ns` (see the module doc). `on_actions(result)`, when given, is called as
+        soon as the actions are on the host, before the deferred stages' work is launched (publish there:
+        an observe tick then hands its actions over after about one act). In that call the actions,
+        decision id, ages, stamps and prefix id are final; `latency_ms` is the time to the actions, and the
+        fields about deferred stages may still change (the returned result is the same object, completed).
+        An exception from on_actions is raised after the step has finished its work."""
         with self._lock, torch.no_grad():
-            return self._step(int(now_ns))
+            return self._step(int(now_ns), on_actions)
 
-    def _step(self, now_ns: int) -> StepResult:
+    def _step(self, now_ns: int, on_actions) -> StepResult:
         t_start = time.perf_counter()
         ledger = self.buffers.ledger
         plan = self.scheduler.plan(now_ns, ledger)
@@ -199,6 +206,27 @@ class Runtime:
         deferred_ms = self._collect_done()
         for key, start, end in events:
             stage_ms[key] = stage_ms.get(key, 0.0) + _elapsed_ms(start, end)
+        reason = None
+        if actions is None:
+            reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
+        prefix_id = None
+        observed = self.contract.stages[self._observation_stage].writes[0] if self._observation_stage else None
+        if observed is not None and actions is not None:  # the prefix the actions were made from
+            prefix_id = plan.output_versions[observed]
+        to_actions_ms = (time.perf_counter() - t_start) * 1e3
+        result = StepResult(actions=actions, ran=list(plan.runs),
+                            decision_id=ledger.decisions + 1 if actions is not None else None,  # once committed
+                            observation_age_ms=plan.age_ms(out_stage), latency_ms=to_actions_ms, reason=reason,
+                            stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns,
+                            observation_stamp_ns=plan.stamps.get(out_stage), prefix_id=prefix_id,
+                            deferred=list(plan.deferred), deferred_latency_ms=deferred_ms,
+                            actions_ms=to_actions_ms if actions is not None else None)
+        callback_error = None
+        if on_actions is not None and actions is not None:
+            try:
+                on_actions(result)
+            except Exception as exc:  # noqa: BLE001 (raised again once the step is consistent)
+                callback_error = exc
         # Deferred stages go last: off the critical path, behind the actions' copy. On CUDA they run on the
         # same stream, so the next step's stages wait for them without a host sync. A deferred host part that
         # fails takes its stage out of the plan before the commit (it did not run; it stays due), and the
@@ -219,21 +247,13 @@ class Runtime:
             from flashrt_core.capsule.runtime_verbs import record_decision
 
             record_decision(self)  # the optional time-travel ring of recent decisions (after deferred writes)
-        reason = None
-        if actions is None:
-            reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
-        prefix_id = None
-        if self._observation_stage is not None:  # the version the actions were made from (not a deferred one)
-            name = self.contract.stages[self._observation_stage].writes[0]
-            planned = plan.output_versions if actions is not None else None
-            prefix_id = planned[name] if planned is not None else ledger.buffers[name].version
-        return StepResult(actions=actions, ran=list(plan.runs),
-                          decision_id=ledger.decisions if actions is not None else None,
-                          observation_age_ms=plan.age_ms(out_stage),
-                          latency_ms=(time.perf_counter() - t_start) * 1e3, reason=reason,
-                          stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns,
-                          observation_stamp_ns=plan.stamps.get(out_stage), prefix_id=prefix_id,
-                          deferred=list(plan.deferred), deferred_latency_ms=deferred_ms)
+        if observed is not None and actions is None:
+            result.prefix_id = ledger.buffers[observed].version
+        result.ran, result.deferred, result.skipped = list(plan.runs), list(plan.deferred), dict(plan.skipped)
+        result.latency_ms = (time.perf_counter() - t_start) * 1e3
+        if callback_error is not None:
+            raise callback_error
+        return result
 
     def _host_parts(self, stages: list[str], stage_ms: dict[str, float]) -> None:
         """Stage inputs and run the host parts (they never read device results) of `stages`, in order."""
