@@ -102,6 +102,7 @@ def mixed_run(rt, rng, duration_s, act_hz):
     misses_before = dict(rt.buffers.ledger.misses)
     start = time.perf_counter_ns()
     ticks, late_ticks, dropped, gpu, wall, ran_observe, no_actions = 0, 0, 0, [], [], 0, 0
+    to_actions = []  # host ms until the actions were on the host (what a publisher waits for)
     next_tick = start
     while True:
         now = time.perf_counter_ns()
@@ -119,6 +120,8 @@ def mixed_run(rt, rng, duration_s, act_hz):
             gpu[-1] += deferred_gpu_ms(r)
         gpu.append(gpu_ms(r))
         wall.append(r.latency_ms)
+        if r.actions_ms is not None:
+            to_actions.append(r.actions_ms)
         ran_observe += "observe" in r.ran
         no_actions += r.actions is None
         if done > next_tick + period:  # finished after the next tick was due
@@ -131,6 +134,7 @@ def mixed_run(rt, rng, duration_s, act_hz):
     skipped = {k: rt.buffers.ledger.misses[k] - misses_before[k] for k in misses_before}
     return {"duration_s": duration_s, "act_hz": act_hz, "ticks": ticks, "observe_runs": ran_observe,
             "gpu_ms_per_tick": summary(gpu), "step_ms_per_tick": summary(wall),
+            "actions_ms_per_tick": summary(to_actions),
             "deadline_misses": late_ticks + dropped, "late_ticks": late_ticks, "dropped_periods": dropped,
             "scheduler_missed_periods": skipped, "ticks_without_actions": no_actions}
 
@@ -195,7 +199,7 @@ def main(argv=None) -> int:
         for key in ("act_only_gpu_ms", "act_only_step_ms", "observe_act_gpu_ms", "observe_act_step_ms"):
             st = costs[key]
             print(f"{key:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
-        for key in ("gpu_ms_per_tick", "step_ms_per_tick"):
+        for key in ("gpu_ms_per_tick", "step_ms_per_tick", "actions_ms_per_tick"):
             st = mixed[key]
             print(f"{'mixed ' + key:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
         print(f"mixed run: {mixed['ticks']} ticks in {mixed['duration_s']} s at {mixed['act_hz']} Hz, "
