@@ -189,8 +189,12 @@ def main(argv=None) -> int:
         mixed = mixed_run(rt, rng, args.duration, args.act_hz)
         graphs = (rt.contract.graphs if rt.graphs.enabled else f"{rt.contract.graphs} (engine-owned graphs)"
                   if getattr(rt.binding, "owns_graphs", False) else "off")
+        engine = getattr(getattr(rt.binding, "policy", None), "engine", None)
         result["modes"][mode] = {"graphs": graphs, "build_s": build_s, "capture_s": capture_s,
-                                 "graph_captures": rt.graphs.captures, **costs, "mixed": mixed}
+                                 "graph_captures": rt.graphs.captures, **costs, "mixed": mixed,
+                                 # stage hooks (contract copies) that could not join the engine's graphs
+                                 "engine_hook_capture_errors": {"/".join(k): v for k, v in
+                                                                getattr(engine, "hook_capture_errors", {}).items()}}
         rt.close()
         del rt
         print(f"pi0.5 runtime  {result['config']}  engine={args.engine}  graphs={graphs}  mode={mode}  "

@@ -34,6 +34,9 @@ TOL = {
     # relative L2: the graphed engine (GEMMs picked per shape: Triton skinny GEMM or cuBLAS) vs the eager one
     # with cuBLAS only; bf16 outputs of two accumulation orders (measured 1.02e-3 on an H200, 2026-12-02)
     "graph_vs_eager": 3e-3,
+    # absolute, fp32: a stage run with hooks vs the staged API: the same kernels on the same data (the
+    # attention picker may time its candidates again for the new graph)
+    "hooks_vs_staged": 1e-5,
 }
 CASES = PI05_CASES
 
@@ -187,6 +190,38 @@ def test_triton_engine_matches_reference(kdev, dtype):
         assert (got - want).abs().max() < TOL["fp32_vs_reference"]
     else:
         assert cosine(got, want) >= TOL["bf16_cosine"] and rel_l2(got, want) <= TOL["bf16_rel_l2"]
+
+
+@pytest.mark.interpret
+def test_run_stage_hooks_give_the_staged_results(kdev):
+    """run_stage records pre / post with the stage (one CUDA graph on a GPU, eager on the CPU) and gives the
+    staged API's results, at capture and at replay. On a GPU a hook that cannot be captured (it reads a
+    value on the host) runs eagerly around the stage's own graph instead, and the reason is kept."""
+    config, state = pi05.build_tiny(4, micro_config())
+    weights = pi05.convert(config, state)
+    images, masks, tokens, lang_mask, noise = (t.to(kdev) for t in micro_inputs(config))
+    engine = Pi05Engine(weights, device=kdev, backend="triton", gemm="triton")
+    with torch.no_grad():
+        want = engine.sample_actions(images, masks, tokens, lang_mask, noise).clone()
+    src, out = noise.clone(), torch.zeros_like(want)
+    engine.buffers.actions.zero_()
+    for _ in range(2):  # the first call captures, the second replays
+        engine.run_stage("observe", pre=lambda: engine.set_observation(images, masks, tokens, lang_mask))
+        engine.run_stage("act", pre=lambda: engine.buffers.noise.copy_(src),
+                         post=lambda: out.copy_(engine.buffers.actions))
+        torch.testing.assert_close(out, want, rtol=0, atol=TOL["hooks_vs_staged"])
+    assert engine.hook_capture_errors == {}
+    if kdev != "cuda":
+        return
+    got = torch.zeros_like(want)
+
+    def host_read():  # .item() waits for the device: not capturable
+        got.copy_(engine.buffers.actions * (1.0 if engine.buffers.noise.abs().max().item() >= 0 else 0.0))
+
+    for _ in range(2):
+        engine.run_stage("act", pre=lambda: engine.buffers.noise.copy_(src), post=host_read, key="host-read")
+        torch.testing.assert_close(got, want, rtol=0, atol=TOL["hooks_vs_staged"])
+    assert set(engine.hook_capture_errors) == {("act", "host-read")}
 
 
 @pytest.mark.interpret

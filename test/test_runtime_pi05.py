@@ -17,6 +17,8 @@ TOL = {
     # two fused runtimes time their GEMM candidates separately and may pick cuBLAS in one and Triton in the
     # other for a shape: fp32 rounding-level differences in actions of magnitude ~1
     "deferred_vs_inline": 1e-4,
+    # fused engine (kernel references or the Triton interpreter) vs the eager reference engine, fp32 CPU
+    "fused_vs_reference_cpu": 1e-4,
 }
 
 CONFIG = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
@@ -228,7 +230,10 @@ def test_deferred_observe_on_cuda_matches_inline_from_the_next_tick():
         contract = load_contract(CONFIG).with_overrides(
             dtype="float32", rates={"observe": 10, "act": 50}, limits={"max_observation_age_ms": None},
             options={"engine": "fused"}, deferred={"observe": deferred})
-        out[deferred] = drive(Runtime(contract, device="cuda", seed=0), seed=6, ticks=16)
+        rt = Runtime(contract, device="cuda", seed=0)
+        out[deferred] = drive(rt, seed=6, ticks=16)
+        engine = rt.binding.policy.engine  # each stage and its contract copies captured as one graph
+        assert engine.hook_capture_errors == {} and {("observe", "contract"), ("act", "contract")} <= set(engine._graphs)
     for k, (a, d) in enumerate(zip(out[False], out[True])):
         if k % 5 == 0 and k > 0:
             assert a.ran == ["observe", "act"] and d.ran == ["act", "observe"] and d.deferred == ["observe"]
@@ -240,3 +245,18 @@ def test_deferred_observe_on_cuda_matches_inline_from_the_next_tick():
         np.testing.assert_allclose(d.actions, a.actions, atol=TOL["deferred_vs_inline"], rtol=0)
         if k % 5 == 1 and k > 1:  # the tick after a deferred observe reads its GPU time back
             assert d.deferred_latency_ms.get("observe", 0.0) > 0.0
+
+
+def test_fused_engine_runtime_matches_the_reference_engine():
+    """With the fused engine each stage runs with its contract copies in one engine graph on CUDA (on the
+    CPU the same code runs eagerly): the actions match the reference engine's on the same inputs and noise."""
+    out = {}
+    for engine in ("reference", "fused"):
+        rt = Runtime.from_config(CONFIG, seed=0, options={"engine": engine},
+                                 rates={"observe": 10, "act": 50}, max_observation_age_ms=1000.0)
+        out[engine] = drive(rt, seed=11, ticks=7)
+    assert [r.ran for r in out["fused"]] == [r.ran for r in out["reference"]]
+    assert sum(r.actions is not None for r in out["fused"]) == 7
+    for ref, fused in zip(out["reference"], out["fused"]):
+        np.testing.assert_allclose(fused.actions, ref.actions, atol=TOL["fused_vs_reference_cpu"], rtol=0)
+        assert fused.prefix_id == ref.prefix_id and fused.observation_age_ms == ref.observation_age_ms

@@ -167,7 +167,43 @@ class Pi05Binding(ModelBinding):
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
 
     def device_part(self, stage):
+        if hasattr(self.policy.engine, "run_stage"):  # the fused engine: a stage and its copies in one graph
+            return {"observe": self._observe_in_engine, "act": self._act_in_engine}.get(stage)
         return {"observe": self._observe, "act": self._act}.get(stage)
+
+    def _observe_in_engine(self, b) -> None:
+        """The `observe` device part inside the engine's CUDA graph: frames -> SigLIP input, prompt tokens ->
+        engine buffers, the stage, then the prefix out into the contract's buffers (one graph launch)."""
+        engine, c = self.policy.engine, self.config
+
+        def pre():
+            images, masks = device_images(b["images"], b["image_mask"], c.num_image_slots, c.vision.image_size)
+            engine.set_observation(images[None], masks[None], b["lang_tokens"][None], b["lang_mask"][None])
+
+        def post():
+            buf = engine.buffers
+            b["prefix_k"].copy_(buf.prefix_k[:, 0])
+            b["prefix_v"].copy_(buf.prefix_v[:, 0])
+            b["prefix_mask"].copy_(buf.pad_mask[0])
+            b["prefix_valid"].copy_(buf.n_valid)
+
+        engine.run_stage("observe", pre, post, key="contract")
+
+    def _act_in_engine(self, b) -> None:
+        """The `act` device part inside the engine's CUDA graph: prefix and noise in, flow steps, the chunk out
+        (model space into prev_chunk, robot units into actions)."""
+        engine = self.policy.engine
+
+        def pre():
+            engine.set_prefix(prefix_cache(b))
+            engine.buffers.noise.copy_(b["noise"][None])
+
+        def post():
+            chunk = engine.buffers.actions[0]
+            b["prev_chunk"].copy_(chunk)
+            b["actions"].copy_(self._action_norm.unnormalize_actions(chunk[:, :self.dims["action_dim"]]))
+
+        engine.run_stage("act", pre, post, key="contract")
 
     def _observe(self, b) -> None:
         images, masks = device_images(b["images"], b["image_mask"], self.config.num_image_slots,

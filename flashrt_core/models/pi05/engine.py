@@ -112,6 +112,7 @@ class Pi05Engine:
         self._tickets = {stage: K.new_semaphore_workspace(device) for stage in ("observe", "act")}
         self._pool = None
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
+        self.hook_capture_errors: dict[tuple, str] = {}  # run_stage hooks that could not be captured, and why
 
     @property
     def batch(self) -> int:
@@ -206,17 +207,44 @@ class Pi05Engine:
         stack.enter_context(K.pdl_scope(self.pdl))
         return stack
 
-    def _run(self, stage: str, body) -> None:
+    def _run(self, stage: str, body, name=None) -> None:
         if not self.use_graphs:
             with self._launch_context(stage):
                 body()
             return
-        graph = self._graphs.get(stage)
+        graph = self._graphs.get(name or stage)
         if graph is None:
-            graph = self._capture(stage, body)
+            graph = self._capture(stage, body, name)
         graph.replay()
 
-    def _capture(self, stage: str, body) -> torch.cuda.CUDAGraph:
+    def run_stage(self, stage: str, pre=None, post=None, key: str = "hooks") -> None:
+        """Run `observe` or `act` with `pre` (fill the engine's buffers from a caller's static buffers) and
+        `post` (copy the results out) recorded in the same CUDA graph as the stage: one launch for all of
+        it. pre / post may only launch device work on tensors that keep their addresses, never read values
+        on the host, and must do the same thing at every call for a given `key` (captured on first use).
+        Where their capture fails they run eagerly around the stage's own graph from then on
+        (`hook_capture_errors` says why); errors raised by pre / post themselves propagate."""
+        body = {"observe": self._observe_body, "act": self._act_body}[stage]
+        name = (stage, key)
+        if self.use_graphs and name not in self.hook_capture_errors:
+            def whole():
+                if pre is not None:
+                    pre()
+                body()
+                if post is not None:
+                    post()
+
+            if name in self._graphs or self._capture(stage, whole, name, tolerate=True) is not None:
+                self._graphs[name].replay()
+                return
+        with torch.no_grad():
+            if pre is not None:
+                pre()
+            self._run(stage, body)
+            if post is not None:
+                post()
+
+    def _capture(self, stage: str, body, name=None, tolerate: bool = False) -> torch.cuda.CUDAGraph | None:
         # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
         # times its candidates outside the capture (none of that may happen inside it).
         side = torch.cuda.Stream(self.device)
@@ -228,13 +256,21 @@ class Pi05Engine:
             finally:
                 self.linear.tuning = self.attend.tuning = False
             body()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        caller = torch.cuda.current_stream(self.device)
+        caller.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with self._launch_context(stage), torch.cuda.graph(graph, pool=self._pool):
-            body()
-        self._graphs[stage] = graph
+        try:
+            with self._launch_context(stage), torch.cuda.graph(graph, pool=self._pool):
+                body()
+        except Exception as exc:
+            if not tolerate:
+                raise
+            torch.cuda.set_stream(caller)  # a capture_end that raises skips the capture stream's own exit
+            self.hook_capture_errors[name] = f"{type(exc).__name__}: {exc}"
+            return None
+        self._graphs[name or stage] = graph
         self.captures += 1
         return graph
 
