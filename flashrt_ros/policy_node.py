@@ -41,6 +41,7 @@ class PolicyNode(LifecycleNode):
         self.runtime = None
         self.runtime_lock = threading.Lock()
         self.health = NodeHealth()
+        self._publish_error = ""  # set by _publish_safely (inside a step), reported by _tick
         # Inference runs in a thread of its own, woken by the stage timers. (rclpy's multi-threaded executor
         # was tried: it busy-polls ready callbacks of busy groups and starves the decision of the GIL.)
         self._wake = threading.Condition()
@@ -263,12 +264,15 @@ class PolicyNode(LifecycleNode):
                 self.health.stale_reason = "waiting for a first complete observation (all cameras and joints)"
                 return
             try:  # publish as soon as the actions exist, before the deferred stages are launched
-                result = self.runtime.step(now_ns, on_actions=self._publish)
+                result = self.runtime.step(now_ns, on_actions=self._publish_safely)
             except Exception as exc:
                 self.health.last_error = f"step failed: {exc}"
                 self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
                 return
         failed = [f"{stage} {why}" for stage, why in result.skipped.items() if why.startswith("failed")]
+        if self._publish_error:
+            failed.append(self._publish_error)
+            self._publish_error = ""
         self.health.last_error = "; ".join(failed)  # e.g. a deferred observe whose host part failed
         if failed:
             self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
@@ -278,6 +282,13 @@ class PolicyNode(LifecycleNode):
             if self.runtime.scheduler.output_stage in result.skipped:  # due, but refused (stale input)
                 self.health.stale_reason = result.reason
                 self.get_logger().warning(f"no actions: {result.reason}", throttle_duration_sec=2.0)
+
+    def _publish_safely(self, result):
+        """on_actions: publish; a failure is reported as such (the step itself went on and committed)."""
+        try:
+            self._publish(result)
+        except Exception as exc:  # noqa: BLE001 (reported in diagnostics and the log by _tick)
+            self._publish_error = f"publishing the chunk failed: {type(exc).__name__}: {exc}"
 
     def _publish(self, result):
         self.health.stale_reason = ""
@@ -295,7 +306,7 @@ class PolicyNode(LifecycleNode):
         msg.observation_stamp = conversions.ns_to_stamp(result.observation_stamp_ns, Time)
         msg.observation_age_ms = float(result.observation_age_ms)
         msg.latency_ms = float(result.latency_ms)
-        msg.stages_ran = list(result.ran)
+        msg.stages_ran = [s for s in result.ran if s not in result.deferred]  # the stages behind this chunk
         self._chunk_pub.publish(msg)
         self.health.chunks_published += 1
         if self._traj_pub is not None and self.p.joint_names:

@@ -222,6 +222,19 @@ def test_run_stage_hooks_give_the_staged_results(kdev):
         engine.run_stage("act", pre=lambda: engine.buffers.noise.copy_(src), post=host_read, key="host-read")
         torch.testing.assert_close(got, want, rtol=0, atol=TOL["hooks_vs_staged"])
     assert set(engine.hook_capture_errors) == {("act", "host-read")}
+    assert engine.hook_capture_errors[("act", "host-read")].startswith("waits for the device")
+    # A fresh engine (no plain stage graphs yet): the refused hook never reaches a capture, the fallback
+    # captures the plain stage graph, and later captures in the same pool still work.
+    fresh = Pi05Engine(weights, device=kdev, backend="triton", gemm="triton")
+    fresh.run_stage("observe", pre=lambda: fresh.set_observation(images, masks, tokens, lang_mask))
+    got.zero_()
+    fresh.run_stage("act", pre=lambda: fresh.buffers.noise.copy_(src), post=lambda: got.copy_(
+        fresh.buffers.actions * (1.0 if fresh.buffers.noise.abs().max().item() >= 0 else 0.0)), key="host-read")
+    torch.testing.assert_close(got, want, rtol=0, atol=TOL["hooks_vs_staged"])
+    assert set(fresh.hook_capture_errors) == {("act", "host-read")} and "act" in fresh._graphs
+    fresh.run_stage("act", pre=lambda: fresh.buffers.noise.copy_(src), post=lambda: out.copy_(fresh.buffers.actions))
+    torch.testing.assert_close(out, want, rtol=0, atol=TOL["hooks_vs_staged"])
+    assert ("act", "hooks") in fresh._graphs
 
 
 @pytest.mark.interpret

@@ -67,6 +67,34 @@ def test_round_trip_and_passthrough_columns(mode):
     assert not torch.allclose(out[:, :7], a[:, :7])
 
 
+class _NoHostValues(torch.overrides.TorchFunctionMode):
+    """Records every tensor made from Python values (on a GPU: a blocking host-to-device copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.tensor, torch.as_tensor, torch.full, torch.scalar_tensor):
+            self.made.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", ["MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10"])
+def test_normalization_makes_no_tensors_from_host_values(mode):
+    """The actions are un-normalized inside the act stage's CUDA graph: a tensor made from a Python value
+    there would be a host-to-device copy that breaks the capture. Zero-width stats take the eps path."""
+    lo = torch.tensor([-1.0, 0.0, 2.0])
+    hi = torch.tensor([1.0, 0.0, 3.0])  # the middle column has hi == lo
+    norm = Normalizer(state=FeatureNorm(mode, lo, hi), action=FeatureNorm(mode, lo, hi))
+    a = torch.randn(4, 5, generator=torch.Generator().manual_seed(5))
+    with _NoHostValues() as seen:
+        out = norm.unnormalize_actions(a)
+        norm.normalize_state(out[:, :3])
+    assert seen.made == []
+    assert torch.isfinite(out).all()
+
+
 def test_identity_returns_inputs_untouched():
     n = Normalizer.identity()
     x = torch.randn(3, 8)

@@ -423,3 +423,21 @@ def test_on_actions_hands_the_actions_over_before_the_deferred_work():
         rt.step(200 * MS, on_actions=broken)
     led = rt.buffers.ledger  # the step finished its work before raising: observe committed and launched
     assert led.runs["observe"] == 3 and led.buffers["prefix"].stamp_ns == 195 * MS and led.decisions == 3
+
+
+def test_on_actions_may_not_step_feed_or_rewind_the_runtime():
+    rt = make_runtime()
+    rng = np.random.default_rng(10)
+    rt.set_prompt("sort")
+    rt.set_observation(*observation(rng), stamp_ns=0)
+    calls = {"step": lambda: rt.step(40 * MS), "set_prompt": lambda: rt.set_prompt("other"),
+             "set_observation": lambda: rt.set_observation(*observation(rng), stamp_ns=30 * MS),
+             "snapshot": lambda: rt.snapshot("inside"), "restore": lambda: rt.restore("c-none")}
+    t = 0
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=f"Runtime.{name} cannot be called from inside an on_actions"):
+            rt.step(t * MS, on_actions=lambda res, call=call: call())
+        t += 20
+    led = rt.buffers.ledger  # every step finished its work and counted its decision once
+    assert led.decisions == len(calls) and led.runs["act"] == len(calls)
+    assert rt.prompt == "sort" and rt.list_capsules() == []

@@ -110,6 +110,7 @@ class Runtime:
         self._weights_digest: str | None = None
         self._lock = threading.RLock()  # ROS callbacks may set inputs while a timer steps
         self._deferred_events: list = []  # CUDA events of deferred stages not read yet
+        self._in_on_actions: int | None = None  # the thread inside an on_actions callback, if any
         # restores keep the observation inputs live (not rewound) and re-stage every device input copy
         self._live_inputs = frozenset(n for n, b in contract.buffers.items() if b.is_input and n != "prompt")
         self._restage = dict.fromkeys(self.buffers.device_version, -1)
@@ -139,7 +140,14 @@ class Runtime:
         return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs)
 
     # ---- inputs ------------------------------------------------------------------------------------------
+    def _not_in_on_actions(self, what: str) -> None:
+        """The step that called on_actions has not committed yet: re-entering would corrupt its ledger."""
+        if self._in_on_actions == threading.get_ident():
+            raise RuntimeError(f"Runtime.{what} cannot be called from inside an on_actions callback "
+                               "(the step is not finished: call it after step returns)")
+
     def set_prompt(self, text: str) -> None:
+        self._not_in_on_actions("set_prompt")
         spec = self.contract.buffers.get("prompt")
         if spec is None:
             raise InputError("prompt: this contract has no prompt input")
@@ -152,6 +160,7 @@ class Runtime:
             self._prompt = text
 
     def set_observation(self, images=None, state=None, stamp_ns: int = 0) -> None:
+        self._not_in_on_actions("set_observation")
         b = self.contract.buffers
         writes: dict[str, np.ndarray] = {}
         for name, given in (("images", images), ("state", state)):
@@ -179,7 +188,9 @@ class Runtime:
         an observe tick then hands its actions over after about one act). In that call the actions,
         decision id, ages, stamps and prefix id are final; `latency_ms` is the time to the actions, and the
         fields about deferred stages may still change (the returned result is the same object, completed).
-        An exception from on_actions is raised after the step has finished its work."""
+        An exception from on_actions is raised after the step has finished its work. Inside on_actions the
+        runtime may not be stepped, fed or rewound (RuntimeError)."""
+        self._not_in_on_actions("step")
         with self._lock, torch.no_grad():
             return self._step(int(now_ns), on_actions)
 
@@ -223,10 +234,13 @@ class Runtime:
                             actions_ms=to_actions_ms if actions is not None else None)
         callback_error = None
         if on_actions is not None and actions is not None:
+            self._in_on_actions = threading.get_ident()
             try:
                 on_actions(result)
             except Exception as exc:  # noqa: BLE001 (raised again once the step is consistent)
                 callback_error = exc
+            finally:
+                self._in_on_actions = None
         # Deferred stages go last: off the critical path, behind the actions' copy. On CUDA they run on the
         # same stream, so the next step's stages wait for them without a host sync. A deferred host part that
         # fails takes its stage out of the plan before the commit (it did not run; it stays due), and the
@@ -483,12 +497,14 @@ class Runtime:
 
     # ---- capsule verbs (implemented in flashrt_core.capsule.runtime_verbs) -------------------------------
     def snapshot(self, name: str, tier: str = "device") -> str:
+        self._not_in_on_actions("snapshot")
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:
             return runtime_verbs.snapshot(self, name, tier)
 
     def restore(self, capsule_id: str) -> dict:
+        self._not_in_on_actions("restore")
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:

@@ -222,8 +222,9 @@ class Pi05Engine:
         `post` (copy the results out) recorded in the same CUDA graph as the stage: one launch for all of
         it. pre / post may only launch device work on tensors that keep their addresses, never read values
         on the host, and must do the same thing at every call for a given `key` (captured on first use).
-        Where their capture fails they run eagerly around the stage's own graph from then on
-        (`hook_capture_errors` says why); errors raised by pre / post themselves propagate."""
+        Hooks that wait for the device (found by a warm-up under CUDA's sync debug mode) or whose capture
+        fails run eagerly around the stage's own graph from then on (`hook_capture_errors` says why); other
+        errors raised by pre / post in their first, eager run propagate."""
         body = {"observe": self._observe_body, "act": self._act_body}[stage]
         name = (stage, key)
         if self.use_graphs and name not in self.hook_capture_errors:
@@ -255,9 +256,24 @@ class Pi05Engine:
                 body()
             finally:
                 self.linear.tuning = self.attend.tuning = False
-            body()
+            refused = None
+            if tolerate:  # hooks that wait for the device (.item(), a blocking copy) cannot be captured:
+                # find out here, not by a failed capture (which can leave the allocator's pool capturing)
+                mode = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    body()
+                except RuntimeError as exc:
+                    refused = f"waits for the device: {exc}"
+                finally:
+                    torch.cuda.set_sync_debug_mode(mode)
+            else:
+                body()
         caller = torch.cuda.current_stream(self.device)
         caller.wait_stream(side)
+        if refused is not None:
+            self.hook_capture_errors[name] = refused
+            return None
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -268,6 +284,10 @@ class Pi05Engine:
             if not tolerate:
                 raise
             torch.cuda.set_stream(caller)  # a capture_end that raises skips the capture stream's own exit
+            try:  # ... and the allocator's end of recording into the pool: end it, or later captures fail
+                torch._C._cuda_endAllocateToPool(self.device.index or torch.cuda.current_device(), self._pool)
+            except Exception:  # noqa: BLE001 (already ended, or a torch without this hook)
+                pass
             self.hook_capture_errors[name] = f"{type(exc).__name__}: {exc}"
             return None
         self._graphs[name or stage] = graph

@@ -45,8 +45,10 @@ class FeatureNorm:
         return None if self.lo is None else self.lo.shape[0]
 
     def _denom(self) -> torch.Tensor:
+        # No tensor from a Python value here: on a GPU that is a blocking host-to-device copy, which would
+        # break the CUDA graph the un-normalization is captured in.
         d = self.hi - self.lo
-        return torch.where(d == 0, torch.tensor(self.eps, dtype=d.dtype, device=d.device), d)
+        return d.masked_fill(d == 0, self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "IDENTITY":
