@@ -231,8 +231,13 @@ def test_deferred_observe_on_cuda_matches_inline_from_the_next_tick():
             dtype="float32", rates={"observe": 10, "act": 50}, limits={"max_observation_age_ms": None},
             options={"engine": "fused"}, deferred={"observe": deferred})
         rt = Runtime(contract, device="cuda", seed=0)
-        out[deferred] = drive(rt, seed=6, ticks=16)
         engine = rt.binding.policy.engine  # each stage and its contract copies captured as one graph
+        if deferred:  # captured at configure time (warmup), not at the first tick; the buffers are put back
+            before = {n: t.clone() for n, t in rt.buffers.tensors.items()}
+            rt.warmup()
+            assert {("observe", "contract"), ("act", "contract")} <= set(engine._graphs)
+            assert all(torch.equal(t, before[n]) for n, t in rt.buffers.tensors.items())
+        out[deferred] = drive(rt, seed=6, ticks=16)
         assert engine.hook_capture_errors == {} and {("observe", "contract"), ("act", "contract")} <= set(engine._graphs)
     for k, (a, d) in enumerate(zip(out[False], out[True])):
         if k % 5 == 0 and k > 0:

@@ -111,6 +111,7 @@ class Runtime:
         self._lock = threading.RLock()  # ROS callbacks may set inputs while a timer steps
         self._deferred_events: list = []  # CUDA events of deferred stages not read yet
         self._in_on_actions: int | None = None  # the thread inside an on_actions callback, if any
+        self._warmed = False  # an engine that owns its graphs has captured them (warmup)
         # restores keep the observation inputs live (not rewound) and re-stage every device input copy
         self._live_inputs = frozenset(n for n, b in contract.buffers.items() if b.is_input and n != "prompt")
         self._restage = dict.fromkeys(self.buffers.device_version, -1)
@@ -333,6 +334,14 @@ class Runtime:
                     saved = self.buffers.clone_all()
                     self.graphs.run(tuple(group), lambda fns=fns: [fn(bufs) for fn in fns])
                     self.buffers.load_all(saved)  # the capture's replay ran on zeros; undo it
+            if getattr(self.binding, "owns_graphs", False) and not self._warmed:
+                # An engine that captures its own graphs does so (and tunes its kernels) at a stage's first
+                # run: run every stage once now, on the buffers as they are, and put them back.
+                saved = self.buffers.clone_all()
+                for s in stages:
+                    self._device_parts[s](bufs)
+                self.buffers.load_all(saved)
+                self._warmed = True
 
     # ---- state for capsules ----------------------------------------------------------------------------
     def persistent_buffers(self) -> dict[str, torch.Tensor]:
