@@ -23,6 +23,7 @@ from flashrt_core.models.pi05 import reference as R  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
 from flashrt_core.models.pi05.engine_gemm import LinearPicker, skinny_linear  # noqa: E402
+from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 
 TOL = {
     "fp32_vs_lerobot": 1e-4,  # absolute: fp32 engine (torch path) vs LeRobot golden actions
@@ -156,15 +157,6 @@ def micro_config() -> Pi05Config:
         vocab_size=300, chunk_size=6, action_dim=7, num_steps=3, tokenizer_max_length=9, num_image_slots=2)
 
 
-@pytest.fixture(scope="module")
-def kdev():
-    if interpreting():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    pytest.skip("Triton kernels need TRITON_INTERPRET=1 or CUDA")
-
-
 def micro_inputs(config, seed=0):
     g = torch.Generator().manual_seed(seed)
     size, slots, n = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
@@ -178,14 +170,14 @@ def micro_inputs(config, seed=0):
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_triton_engine_matches_reference(kdev, dtype):
+def test_triton_engine_matches_reference(dev, dtype):
     config, state = pi05.build_tiny(3, micro_config())
     weights = pi05.convert(config, state)
     images, masks, tokens, lang_mask, noise = micro_inputs(config)
     with torch.no_grad():
         want = R.sample_actions(weights, images, masks, tokens, lang_mask, noise)
-    engine = Pi05Engine(weights, device=kdev, dtype=dtype, backend="triton", gemm="triton", graphs=False)
-    got = engine.sample_actions(*(t.to(kdev) for t in (images, masks, tokens, lang_mask, noise))).cpu()
+    engine = Pi05Engine(weights, device=dev, dtype=dtype, backend="triton", gemm="triton", graphs=False)
+    got = engine.sample_actions(*(t.to(dev) for t in (images, masks, tokens, lang_mask, noise))).cpu()
     if dtype == torch.float32:
         assert (got - want).abs().max() < TOL["fp32_vs_reference"]
     else:
@@ -193,14 +185,14 @@ def test_triton_engine_matches_reference(kdev, dtype):
 
 
 @pytest.mark.interpret
-def test_run_stage_hooks_give_the_staged_results(kdev):
+def test_run_stage_hooks_give_the_staged_results(dev):
     """run_stage records pre / post with the stage (one CUDA graph on a GPU, eager on the CPU) and gives the
     staged API's results, at capture and at replay. On a GPU a hook that cannot be captured (it reads a
     value on the host) runs eagerly around the stage's own graph instead, and the reason is kept."""
     config, state = pi05.build_tiny(4, micro_config())
     weights = pi05.convert(config, state)
-    images, masks, tokens, lang_mask, noise = (t.to(kdev) for t in micro_inputs(config))
-    engine = Pi05Engine(weights, device=kdev, backend="triton", gemm="triton")
+    images, masks, tokens, lang_mask, noise = (t.to(dev) for t in micro_inputs(config))
+    engine = Pi05Engine(weights, device=dev, backend="triton", gemm="triton")
     with torch.no_grad():
         want = engine.sample_actions(images, masks, tokens, lang_mask, noise).clone()
     src, out = noise.clone(), torch.zeros_like(want)
@@ -211,7 +203,7 @@ def test_run_stage_hooks_give_the_staged_results(kdev):
                          post=lambda: out.copy_(engine.buffers.actions))
         torch.testing.assert_close(out, want, rtol=0, atol=TOL["hooks_vs_staged"])
     assert engine.hook_capture_errors == {}
-    if kdev != "cuda":
+    if dev != "cuda":
         return
     got = torch.zeros_like(want)
 
@@ -225,7 +217,7 @@ def test_run_stage_hooks_give_the_staged_results(kdev):
     assert engine.hook_capture_errors[("act", "host-read")].startswith("waits for the device")
     # A fresh engine (no plain stage graphs yet): the refused hook never reaches a capture, the fallback
     # captures the plain stage graph, and later captures in the same pool still work.
-    fresh = Pi05Engine(weights, device=kdev, backend="triton", gemm="triton")
+    fresh = Pi05Engine(weights, device=dev, backend="triton", gemm="triton")
     fresh.run_stage("observe", pre=lambda: fresh.set_observation(images, masks, tokens, lang_mask))
     got.zero_()
     fresh.run_stage("act", pre=lambda: fresh.buffers.noise.copy_(src), post=lambda: got.copy_(
@@ -243,11 +235,11 @@ def test_run_stage_hooks_give_the_staged_results(kdev):
     (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1), (130, 24, 100, True, False, 4),
     (13, 2 * 20, 70, False, True, 2), (50, 24, 96, True, False, 0), (9, 2 * 16, 64, False, True, 0)],
     ids=lambda v: str(v))
-def test_skinny_linear_matches_f_linear(kdev, m, n, k, bias, geglu, split):
+def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
     g = torch.Generator().manual_seed(m * n + k)
-    x = torch.randn(m, k, generator=g).to(kdev)
-    w = torch.randn(n, k, generator=g).to(kdev)
-    b = torch.randn(n, generator=g).to(kdev) if bias else None
+    x = torch.randn(m, k, generator=g).to(dev)
+    w = torch.randn(n, k, generator=g).to(dev)
+    b = torch.randn(n, generator=g).to(dev) if bias else None
     got = skinny_linear(x[None], w, b, geglu=geglu, block_n=16, block_k=32, split_k=split)
     want = F.linear(x, w, b)
     if geglu:
@@ -258,14 +250,14 @@ def test_skinny_linear_matches_f_linear(kdev, m, n, k, bias, geglu, split):
 
 
 @pytest.mark.interpret
-def test_split_k_tickets_are_reset_so_a_workspace_serves_call_after_call(kdev):
+def test_split_k_tickets_are_reset_so_a_workspace_serves_call_after_call(dev):
     """The last program of each tile reduces the split partials and resets its ticket: a shared workspace
     is all zero again after every call, and repeated calls give bit-identical results."""
     from flashrt_core.kernels._common import new_semaphore_workspace, semaphore_workspace
 
     g = torch.Generator().manual_seed(7)
-    x, w, b = (torch.randn(*s, generator=g).to(kdev) for s in ((37, 96), (40, 96), (40,)))
-    tickets = new_semaphore_workspace(kdev, 64)
+    x, w, b = (torch.randn(*s, generator=g).to(dev) for s in ((37, 96), (40, 96), (40,)))
+    tickets = new_semaphore_workspace(dev, 64)
     with semaphore_workspace(tickets):
         first = skinny_linear(x, w, b, block_n=16, block_k=16, split_k=3)
         assert int(tickets.abs().sum()) == 0

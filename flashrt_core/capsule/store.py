@@ -9,7 +9,6 @@ disk), and never drops a capsule on its own.
 from __future__ import annotations
 
 import dataclasses
-import operator
 import pathlib
 import secrets
 import shutil
@@ -273,15 +272,14 @@ class CapsuleStore:
         Fast path: the same tensor objects at the same addresses with the same shapes and dtypes as the
         last ones checked (the store holds those objects, so their ids cannot be reused meanwhile); any
         change - another object, set_/resize_, a retype through .data - runs the full check again and
-        bumps the generation the Copier's cached copy lists depend on. The signature is built with `map`
-        over C getters: a restore runs between two control ticks and this is most of its host time.
+        bumps the generation the Copier's cached copy lists depend on.
         """
         names = self._plan.names
         if len(tensors) == len(names) and self._live_sig is not None:
             try:
                 live = [tensors[n] for n in names]
                 sig = _signature(live)
-            except (KeyError, TypeError, AttributeError):  # a missing name or a non-tensor: the full check
+            except (KeyError, AttributeError):  # a missing name or a non-tensor: the full check names it
                 sig = None
             if sig == self._live_sig:
                 return live
@@ -395,10 +393,6 @@ class CapsuleStore:
         return deeper + [(c, nxt) for c in victims]
 
 
-_SHAPE, _DTYPE = operator.attrgetter("shape"), operator.attrgetter("dtype")
-
-
-def _signature(live: list) -> tuple:
-    """(ids, data addresses, shapes, dtypes) of the live tensors."""
-    return (list(map(id, live)), list(map(torch.Tensor.data_ptr, live)), list(map(_SHAPE, live)),
-            list(map(_DTYPE, live)))
+def _signature(live: list) -> list:
+    """(id, data address, shape, dtype) of each live tensor."""
+    return [(id(t), t.data_ptr(), t.shape, t.dtype) for t in live]

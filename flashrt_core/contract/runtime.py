@@ -204,7 +204,6 @@ class Runtime:
         self._host_parts([s for s in plan.runs if s not in plan.deferred], stage_ms)
         device_stages = [s for s in plan.runs if self._device_parts[s] is not None]
         inline = [s for s in device_stages if s not in plan.deferred]
-        later = [s for s in device_stages if s in plan.deferred]
         events = self._launch(inline, stage_ms)
         out_stage = self.scheduler.output_stage
         if out_stage in plan.deferred:  # the contract validation makes this impossible; never copy stale actions
@@ -217,7 +216,7 @@ class Runtime:
         # Everything launched before the sync above is complete now, deferred stages of earlier steps too.
         deferred_ms = self._collect_done()
         for key, start, end in events:
-            stage_ms[key] = stage_ms.get(key, 0.0) + _elapsed_ms(start, end)
+            stage_ms[key] = stage_ms.get(key, 0.0) + start.elapsed_time(end)
         reason = None
         if actions is None:
             reason = plan.skipped.get(out_stage) or f"{out_stage} is not due at this tick"
@@ -253,7 +252,7 @@ class Runtime:
                 except Exception as exc:  # noqa: BLE001 (any failure: the stage did not run; say why)
                     self.scheduler.drop(plan, s, f"failed in its host part: {type(exc).__name__}: {exc}")
         self.scheduler.commit(plan, ledger)
-        later = [s for s in later if s in plan.deferred]
+        later = [s for s in plan.deferred if self._device_parts[s] is not None]  # those whose host part ran
         later_ms: dict[str, float] = {}  # on CPU the deferred device parts finish here: report them now
         self._deferred_events += self._launch(later, later_ms)
         for key, ms in later_ms.items():
@@ -308,7 +307,7 @@ class Runtime:
         pending = []
         for key, start, end in self._deferred_events:
             if end.query():
-                out[key] = out.get(key, 0.0) + _elapsed_ms(start, end)
+                out[key] = out.get(key, 0.0) + start.elapsed_time(end)
             else:
                 pending.append((key, start, end))
         self._deferred_events = pending
@@ -555,10 +554,6 @@ class Runtime:
     @property
     def prompt(self) -> str | None:
         return self._prompt
-
-
-def _elapsed_ms(start, end) -> float:
-    return start.elapsed_time(end)
 
 
 def weights_digest(named_tensors) -> str:

@@ -148,16 +148,16 @@ class Contract:
             model["dtype"] = dtype
         if options:
             model.setdefault("options", {}).update(options)
+        def stage_of(stage, what):
+            if stage not in data.get("stages", {}):
+                raise ContractError(f"stages.{stage}: unknown stage in {what} override "
+                                    f"(stages: {', '.join(data.get('stages', {}))})")
+            return data["stages"][stage]
+
         for stage, rate in (rates or {}).items():
-            if stage not in data.get("stages", {}):
-                raise ContractError(f"stages.{stage}: unknown stage in rate override "
-                                    f"(stages: {', '.join(data.get('stages', {}))})")
-            data["stages"][stage].setdefault("trigger", {})["rate_hz"] = rate
+            stage_of(stage, "rate").setdefault("trigger", {})["rate_hz"] = rate
         for stage, flag in (deferred or {}).items():
-            if stage not in data.get("stages", {}):
-                raise ContractError(f"stages.{stage}: unknown stage in deferred override "
-                                    f"(stages: {', '.join(data.get('stages', {}))})")
-            data["stages"][stage]["deferred"] = flag
+            stage_of(stage, "deferred")["deferred"] = flag
         if limits:
             data.setdefault("limits", {}).update(limits)
         return validate(data, binding=binding, source=self.source)

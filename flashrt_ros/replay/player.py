@@ -165,7 +165,7 @@ class BagClockPlayer:
         if stamp is None and r.observation_age_ms is not None:
             stamp = t_ns - int(round(r.observation_age_ms * 1e6))
         self.ticks.append(TickRecord(
-            t_ns=t_ns, ran=list(r.ran), latency_ms=float(r.latency_ms), stage_latency_ms=_stage_ms(r),
+            t_ns=t_ns, ran=list(r.ran), latency_ms=float(r.latency_ms), stage_latency_ms=r.completed_stage_ms(),
             decision_id=r.decision_id, actions=r.actions, observation_age_ms=r.observation_age_ms,
             observation_stamp_ns=stamp, reason=r.reason, prefix_id=getattr(r, "prefix_id", None),
             compare_actions=[o.actions for o in results[1:]], compare_latency_ms=[o.latency_ms for o in results[1:]]))
@@ -193,9 +193,3 @@ class BagClockPlayer:
         if self.prompt is None:
             out.append("a prompt")
         return out
-
-
-def _stage_ms(result) -> dict[str, float]:
-    """Per-stage latencies of a step; deferred stages are counted when their device work completed."""
-    done = getattr(result, "completed_stage_ms", None)
-    return done() if done is not None else dict(result.stage_latency_ms)

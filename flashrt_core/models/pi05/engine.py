@@ -207,14 +207,14 @@ class Pi05Engine:
         stack.enter_context(K.pdl_scope(self.pdl))
         return stack
 
-    def _run(self, stage: str, body, name=None) -> None:
+    def _run(self, stage: str, body) -> None:
         if not self.use_graphs:
             with self._launch_context(stage):
                 body()
             return
-        graph = self._graphs.get(name or stage)
+        graph = self._graphs.get(stage)
         if graph is None:
-            graph = self._capture(stage, body, name)
+            graph = self._capture(stage, body)
         graph.replay()
 
     def run_stage(self, stage: str, pre=None, post=None, key: str = "hooks") -> None:
