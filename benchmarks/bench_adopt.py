@@ -164,6 +164,11 @@ def main(argv=None) -> int:
     adopted_ms = cuda_samples(run, iters=args.iters)
     adopted_name = "adopted" + (" + graph" if args.capture else "")
     results[adopted_name] = row(adopted_ms, cosine(torch, adopted, ref))
+    graphed = vars(model).get("sample_actions")  # the captured method, when there is one
+    if args.capture and hasattr(graphed, "stats"):
+        # Every timed call must have replayed the graph; an eager fallback would time something else.
+        extra["graph_calls"] = {"replayed": graphed.stats.fused_calls, "eager": graphed.stats.fallback_calls}
+        print(f"captured sample_actions: {extra['graph_calls']}", flush=True)
     detach(model)
     extra["detach_bit_exact"] = bool(torch.equal(run(), ref))
     phase_done("adopted", f"p50 {p50(adopted_ms):.1f} ms, detach bit-exact {extra['detach_bit_exact']}")

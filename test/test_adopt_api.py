@@ -10,6 +10,7 @@ from flashrt_core.adopt import (
     AdoptError, AdoptReport, DefaultTimer, GraphTimer, Plan, Replacement, TimedCall, accelerate, detach,
 )
 from flashrt_core.adopt import api, gates
+from flashrt_core.adopt.graph import GraphedMethod
 from test_adopt_models import (
     BATCH, TOKENS, GemmaNorm, cond, expert_like, gemma_like, siglip_like, tokens,
 )
@@ -306,6 +307,29 @@ def test_cuda_graph_capture_of_forward():
         assert_close_e2e(model(x), ref)
     detach(model)
     assert "forward" not in vars(model)
+
+
+@pytest.mark.gpu
+def test_graphed_method_replays_however_the_arguments_are_passed():
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = gemma_like()
+
+        def sample_actions(self, tokens, noise=None, scale=1.0):
+            return self.net(tokens) * scale + (0 if noise is None else noise)
+    policy, x = Policy().cuda(), tokens().cuda()
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    with torch.no_grad():
+        noise = torch.randn(policy.sample_actions(x).shape, generator=gen, device="cuda")
+        ref = policy.sample_actions(x, noise)
+    graphed = GraphedMethod(policy, "sample_actions", (), {"tokens": x, "noise": noise})
+    with torch.no_grad():
+        for args, kwargs in [((x, noise), {}), ((x,), {"noise": noise, "scale": 1.0}), ((), {"tokens": x, "noise": noise})]:
+            torch.testing.assert_close(graphed(*args, **kwargs), ref, rtol=1e-5, atol=1e-5)
+        assert graphed.stats.fused_calls == 3 and graphed.stats.fallback_calls == 0
+        torch.testing.assert_close(graphed(x, noise, 2.0), policy.sample_actions(x, noise, 2.0), rtol=1e-5, atol=1e-5)
+    assert graphed.stats.fallback_calls == 1  # another plain value: the eager method
 
 
 @pytest.mark.gpu

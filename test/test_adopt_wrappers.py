@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from flashrt_core.adopt.signature import call_signature
+from flashrt_core.adopt.signature import call_signature, canonical_call, parameters_of
 from flashrt_core.adopt.wrappers import AdoptedModule, UnitStats
 
 # Tolerance table: which path ran is told by exact outputs (fused = original + OFFSET).
@@ -116,3 +116,20 @@ def test_fast_path_key_matches_the_general_signature(shape):
     orig.weight.requires_grad_(False)
     assert w.fused_allowed((x,), {}) and w.fused_allowed((torch.randn(*shape),), {})
     assert not w.fused_allowed((torch.randn(*shape[:-1], 14),), {})
+
+
+def test_canonical_call_is_the_same_for_positional_keyword_and_default_forms():
+    def method(images, masks, tokens=None, *, noise=None, steps=10):
+        return images, masks, tokens, noise, steps
+    params = parameters_of(method)
+    gen = torch.Generator().manual_seed(5)
+    a, b, n = (torch.randn(2, 3, generator=gen) + 0.5 for _ in range(3))
+    forms = [((a, b), {"noise": n}), ((), {"images": a, "masks": b, "noise": n}),
+             ((a,), {"masks": b, "tokens": None, "noise": n, "steps": 10})]
+    canon = [canonical_call(params, args, kwargs) for args, kwargs in forms]
+    assert all(call_signature(*c) == call_signature(*canon[0]) for c in canon)
+    assert canon[0] == ((a, b, None), {"noise": n, "steps": 10})
+    # Another value of a plain argument, a missing argument, or no known parameters: not the same call.
+    assert call_signature(*canonical_call(params, (a, b), {"steps": 5})) != call_signature(*canon[0])
+    assert canonical_call(params, (a,), {}) is None
+    assert canonical_call(None, (a,), {"x": b}) == ((a,), {"x": b})

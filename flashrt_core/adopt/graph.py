@@ -2,7 +2,9 @@
 
 The graphed method is set as an instance attribute of the module (so `detach` finds and removes it, and
 nothing else on the module changes). A call whose signature matches the captured one copies its tensors into
-the static inputs and replays; any other call runs the method eagerly and is counted.
+the static inputs and replays; any other call runs the method eagerly and is counted. Calls are compared in
+one canonical form (bound to the method's parameters, defaults applied), so passing an argument by position
+or by name, or leaving a default out, makes no difference.
 
 Policies often create small constant tensors from Python values inside the method
 (`torch.tensor([0, 0, 1], device=cuda)`); such host-to-device uploads cannot be captured. They are hoisted:
@@ -15,7 +17,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from flashrt_core.adopt.signature import call_signature
+from flashrt_core.adopt.signature import call_signature, canonical_call, parameters_of
 from flashrt_core.adopt.wrappers import UnitStats
 
 _UPLOADERS = {torch.tensor, torch.as_tensor, torch.Tensor.to, torch.Tensor.cuda}
@@ -93,6 +95,11 @@ class GraphedMethod:
         self.name = name
         self.eager = getattr(owner, name)
         self.stats = UnitStats()
+        self._parameters = parameters_of(self.eager)
+        canonical = canonical_call(self._parameters, args, kwargs)
+        if canonical is None:
+            raise CaptureError(f"the example arguments do not fit {name}{self._parameters}")
+        args, kwargs = canonical
         self.signature = call_signature(args, kwargs)
         self.static_args, self.static_kwargs = tree_map(
             lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (tuple(args), dict(kwargs)))
@@ -116,11 +123,12 @@ class GraphedMethod:
         return len(self._uploads)
 
     def __call__(self, *args, **kwargs):
-        if call_signature(args, kwargs) != self.signature:
+        canonical = canonical_call(self._parameters, args, kwargs)
+        if canonical is None or call_signature(*canonical) != self.signature:
             self.stats.fallback_calls += 1
             return self.eager(*args, **kwargs)
         self.stats.fused_calls += 1
-        for static, value in zip(self._static_leaves, tree_flatten((tuple(args), dict(kwargs)))[0]):
+        for static, value in zip(self._static_leaves, tree_flatten(canonical)[0]):
             if isinstance(static, torch.Tensor) and static is not value:
                 static.copy_(value)
         self.graph.replay()

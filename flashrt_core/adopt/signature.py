@@ -6,6 +6,8 @@ else by type) and the fused path runs only for a signature that was adopted.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
@@ -25,6 +27,27 @@ def describe(value):
 
 def call_signature(args: tuple, kwargs: dict) -> tuple:
     return (tuple(describe(a) for a in args), tuple(sorted((k, describe(v)) for k, v in kwargs.items())))
+
+
+def canonical_call(parameters: inspect.Signature | None, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """One form for every way of passing the same arguments (positionally or by name, defaults left out or
+    given): the call bound to `parameters` with defaults applied, as (args, kwargs). None when the call does
+    not bind (the method itself will say why); (args, kwargs) unchanged when the parameters are unknown."""
+    if parameters is None:
+        return tuple(args), dict(kwargs)
+    try:
+        bound = parameters.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return tuple(bound.args), dict(bound.kwargs)
+
+
+def parameters_of(fn) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and some C extensions have none
+        return None
 
 
 def tensors_in(value) -> list[torch.Tensor]:
