@@ -28,6 +28,7 @@ from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
 from flashrt_core.models.pi05.engine_gemm import LinearPicker
+from flashrt_core.models.pi05.engine_tuning import TuningCache
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
 
@@ -80,14 +81,18 @@ class Pi05Engine:
 
     def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
-                 graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True):
+                 graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
+                 tuning_cache="default"):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
         graphs: capture CUDA graphs (default: on CUDA). gemm: "auto" (time cuBLAS vs Triton per shape on
         CUDA), "torch" (cuBLAS only) or "triton". pdl: launch the Triton kernels with programmatic dependent
         launch where the GPU supports it (sm_90+), so each kernel's launch and weight loads overlap the one
-        before. tune_attention: time attention launch configurations per shape during warm-up."""
+        before. tune_attention: time attention launch configurations per shape during warm-up.
+        tuning_cache: directory where the tuned GEMM and attention choices are kept per GPU and software
+        ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in every process), or a
+        `TuningCache`."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -102,8 +107,12 @@ class Pi05Engine:
         # Gemma multiplies token embeddings by sqrt(width) rounded to the table's dtype (a Python float:
         # no host->device copy during capture).
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
-        self.linear = LinearPicker(device, mode=gemm)
-        self.attend = AttentionPicker(device, enabled=tune_attention)
+        if isinstance(tuning_cache, TuningCache) or tuning_cache is None:
+            self.tuning_cache = tuning_cache
+        else:
+            self.tuning_cache = TuningCache.for_device(device, tuning_cache)
+        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
+        self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache)
         self.pdl = bool(pdl)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -256,6 +265,8 @@ class Pi05Engine:
                 body()
             finally:
                 self.linear.tuning = self.attend.tuning = False
+                if self.tuning_cache is not None:
+                    self.tuning_cache.save()
             refused = None
             if tolerate:  # hooks that wait for the device (.item(), a blocking copy) cannot be captured:
                 # find out here, not by a failed capture (which can leave the allocator's pool capturing)

@@ -5,7 +5,8 @@ cached prefix + themselves) want very different tilings: the action expert has 8
 K/V head and only 50 tokens, so its 400 query rows must be split over keys to fill the SMs, and the best
 (BLOCK_M, BLOCK_N, splits, warps) differs between GPUs (H200, Thor). `AttentionPicker` times the kernel's
 own heuristic and a few alternatives once per shape during the engine's warm-up (CUDA-graph timing, as in
-a decision; never inside capture) and keeps the fastest whose output matches the heuristic's. On CPU it is
+a decision; never inside capture) and keeps the fastest whose output matches the heuristic's (remembered
+across processes by `engine_tuning.TuningCache`, and checked against the heuristic once when read). On CPU it is
 `kernels.attention` unchanged. Reference: `kernels.reference.attention_ref`.
 """
 from __future__ import annotations
@@ -25,8 +26,8 @@ class AttentionPicker:
     """`picker(q, k, v, key_mask, k2, v2, backend=...)` = `kernels.attention`, with the launch configuration
     per shape chosen by timing while `tuning` is True (CUDA only)."""
 
-    def __init__(self, device, enabled: bool = True):
-        self.device, self.enabled, self.tuning = torch.device(device), enabled, False
+    def __init__(self, device, enabled: bool = True, cache=None):
+        self.device, self.enabled, self.tuning, self.cache = torch.device(device), enabled, False, cache
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
@@ -39,20 +40,41 @@ class AttentionPicker:
         if key not in self.choices:
             if not self.tuning:
                 return attention(q, k, v, key_mask, k2, v2)
-            self.choices[key] = self._tune(key, q, k, v, key_mask, k2, v2)
+            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2)
         return attention(q, k, v, key_mask, k2, v2, config=self.choices[key])
+
+    def _cached(self, key, q, k, v, key_mask, k2, v2):
+        """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""
+        from flashrt_core.kernels.flash_attention import attention
+
+        found, config, ms = self.cache.get("attention", key) if self.cache is not None else (False, None, {})
+        if found:
+            try:
+                ok = config is None or (tuple(config) in map(tuple, CANDIDATES) and _matches(
+                    attention(q, k, v, key_mask, k2, v2, config=config), attention(q, k, v, key_mask, k2, v2)))
+            except Exception:  # noqa: BLE001 (a choice this build cannot launch: tune again)
+                if q.device.type == "cuda":
+                    torch.cuda.synchronize(q.device)
+                ok = False
+            if ok:
+                self.timings[key] = {**ms, "from_cache": True}
+                return config
+            self.cache.forget("attention", key)
+        config = self._tune(key, q, k, v, key_mask, k2, v2)
+        if self.cache is not None:
+            self.cache.put("attention", key, config, {n: t for n, t in self.timings[key].items() if isinstance(t, float)})
+        return config
 
     def _tune(self, key, q, k, v, key_mask, k2, v2):
         from flashrt_core.kernels.flash_attention import attention
 
-        want = attention(q, k, v, key_mask, k2, v2).float()
-        tol = 2e-2 * float(want.abs().max()) + 1e-3
+        want = attention(q, k, v, key_mask, k2, v2)
         times = {}
         for config in [None, *CANDIDATES]:
             name = "heuristic" if config is None else str(config)
             fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c))
             try:
-                if not torch.allclose(fn(None).float(), want, atol=tol, rtol=2e-2):
+                if not _matches(fn(None), want):
                     times[name] = "mismatch"
                     continue
                 times[name] = graph_ms(fn, [None] * TIMED_CALLS)
@@ -69,3 +91,9 @@ class AttentionPicker:
         return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3],
                  "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
                 for key, c in self.choices.items()]
+
+
+def _matches(got, want) -> bool:
+    """got == want to bf16 accuracy (relative to want's largest entry)."""
+    got, want = got.float(), want.float()
+    return bool(torch.allclose(got, want, atol=2e-2 * float(want.abs().max()) + 1e-3, rtol=2e-2))

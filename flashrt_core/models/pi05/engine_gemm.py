@@ -6,7 +6,8 @@ where cuBLAS reaches only 0.7-1.4 TB/s (shared/notes/gpu.md). The Triton kernel 
 with GEGLU=True it multiplies the gate and up halves of a merged [gate; up] weight side by side and
 writes gelu_tanh(gate) * up directly (the GeGLU kernel and its intermediate disappear).
 `LinearPicker` times cuBLAS and a few Triton configurations per shape during the engine's warm-up (never
-inside graph capture) and keeps the fastest; on CPU it is plain torch.
+inside graph capture) and keeps the fastest (remembered across processes by `engine_tuning.TuningCache`);
+on CPU it is plain torch.
 Reference: `F.linear` (and `kernels.geglu` after it).
 """
 from __future__ import annotations
@@ -176,10 +177,12 @@ class LinearPicker:
     the engine's warm-up). mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always the
     first skinny configuration where M is small: for tests)."""
 
-    def __init__(self, device, mode: str = "auto"):
+    def __init__(self, device, mode: str = "auto", cache=None):
+        """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
+        instead of timing the candidates again; new choices are put into it."""
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
-        self.device, self.mode, self.tuning = torch.device(device), mode, False
+        self.device, self.mode, self.tuning, self.cache = torch.device(device), mode, False, cache
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
@@ -200,11 +203,30 @@ class LinearPicker:
         if key not in self.choices:
             if not (self.tuning and x.device.type == "cuda"):
                 return _cublas(x, w, b, geglu, backend)
-            self.choices[key] = self._tune(key, x, w, b, geglu, backend)
+            self.choices[key] = self._cached(key, x, w, b, geglu, backend)
         config = self.choices[key]
         if config is None:
             return _cublas(x, w, b, geglu, backend)
         return skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu))
+
+    def _cached(self, key, x, w, b, geglu, backend):
+        """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
+        found, config, ms = self.cache.get("linear", key) if self.cache is not None else (False, None, {})
+        if found:
+            try:
+                ok = config is None or (tuple(config) in map(tuple, CONFIGS) and _agrees(
+                    skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu)), _cublas(x, w, b, geglu, backend)))
+            except Exception:  # noqa: BLE001 (a choice this build cannot launch: tune again)
+                torch.cuda.synchronize(x.device)
+                ok = False
+            if ok:
+                self.timings[key] = {**ms, "from_cache": True}
+                return config
+            self.cache.forget("linear", key)
+        config = self._tune(key, x, w, b, geglu, backend)
+        if self.cache is not None:
+            self.cache.put("linear", key, config, {k: v for k, v in self.timings[key].items() if isinstance(v, float)})
+        return config
 
     def _tune(self, key, x, w, b, geglu, backend):
         """Time each candidate and return the fastest. Runs during warm-up (outside capture). Each candidate
@@ -222,9 +244,8 @@ class LinearPicker:
             fn = (lambda wi: _cublas(x, wi, b, geglu, backend)) if config is None else \
                 (lambda wi, c=config: skinny_linear(x, wi, b, geglu=geglu, **_kwargs(c, geglu)))
             try:
-                got = fn(w).float()
                 # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
-                if not torch.allclose(got, want, atol=3e-2 * float(want.abs().max()) + 1e-3, rtol=3e-2):
+                if not _agrees(fn(w), want):
                     continue
                 times[name] = graph_ms(fn, ws)
             except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
@@ -244,6 +265,12 @@ class LinearPicker:
             out.append({"m": m, "weight": list(shape), "bias": bias, "geglu": geglu, "dtype": str(dtype),
                         "choice": "cublas" if config is None else str(config), "ms": self.timings.get(key)})
         return out
+
+
+def _agrees(got, want) -> bool:
+    """got == want to bf16 accuracy (relative to want's largest entry)."""
+    got, want = got.float(), want.float()
+    return bool(torch.allclose(got, want, atol=3e-2 * float(want.abs().max()) + 1e-3, rtol=3e-2))
 
 
 def _kwargs(config, geglu=False):

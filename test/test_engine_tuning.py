@@ -1,0 +1,163 @@
+"""The engine's tuning cache: choices survive a restart, a bad file or a stale choice costs a new tuning,
+never a wrong result. The pickers' cached path runs here in the Triton interpreter (their timing path needs
+CUDA and is replaced by a recording stub)."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+
+import json  # noqa: E402
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from flashrt_core.kernels.reference import attention_ref  # noqa: E402
+from flashrt_core.models.pi05 import engine_tuning as T  # noqa: E402
+from flashrt_core.models.pi05.engine_attention import CANDIDATES, AttentionPicker  # noqa: E402
+from flashrt_core.models.pi05.engine_gemm import CONFIGS, LinearPicker  # noqa: E402
+from kernel_testing import dev  # noqa: E402,F401
+
+TOL = {
+    "gemm_fp32": 1e-5,  # a cached skinny GEMM choice vs F.linear, fp32, relative to the output's max
+    "attention_fp32": 1e-4,  # a cached attention launch choice vs attention_ref, fp32, absolute
+}
+CONTEXT = {"gpu": "Test GPU", "capability": "9.0", "sms": 132, "torch": "t", "triton": "tr", "cuda": "c",
+           "kernels": "abc"}
+KEY = (50, (40, 72), True, False, torch.float32)
+
+
+def test_choices_survive_a_restart_and_are_tied_to_their_context(tmp_path):
+    path = tmp_path / "ctx.json"
+    cache = T.TuningCache(path, CONTEXT)
+    cache.put("linear", KEY, (32, 128, 2, 4, 4), {"cublas": 0.005, "(32, 128, 2, 4, 4)": 0.004})
+    cache.put("attention", ((1, 50, 8, 256),), None, {"heuristic": 0.013})
+    assert cache.save() and not cache.save()  # nothing changed since: no second write
+    again = T.TuningCache(path, CONTEXT)
+    assert again.loaded_from_disk == 2
+    assert again.get("linear", KEY) == (True, (32, 128, 2, 4, 4), {"cublas": 0.005, "(32, 128, 2, 4, 4)": 0.004})
+    assert again.get("attention", ((1, 50, 8, 256),)) == (True, None, {"heuristic": 0.013})
+    assert again.get("linear", (51, *KEY[1:]))[0] is False
+    other = T.TuningCache(path, {**CONTEXT, "triton": "other"})  # another Triton: nothing is reused
+    assert other.loaded_from_disk == 0 and other.get("linear", KEY)[0] is False
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99}), json.dumps([1, 2]),
+                                     json.dumps({"format": 1, "context": CONTEXT, "choices": {"linear": {"k": 3}}}),
+                                     json.dumps({"format": 1, "context": CONTEXT,
+                                                 "choices": {"linear": {"k": {"choice": [1, "x"]}}}})],
+                         ids=["truncated", "format", "not-a-mapping", "entry", "choice"])
+def test_a_bad_file_is_ignored_with_a_warning_and_rewritten(tmp_path, caplog, content):
+    path = tmp_path / "ctx.json"
+    path.write_text(content)
+    with caplog.at_level(logging.WARNING, logger=T.__name__):
+        cache = T.TuningCache(path, CONTEXT)
+    assert cache.loaded_from_disk == 0 and "ignored" in caplog.text
+    cache.put("linear", KEY, None)
+    assert cache.save()
+    assert T.TuningCache(path, CONTEXT).get("linear", KEY) == (True, None, {})
+
+
+def test_an_unwritable_directory_is_reported_not_raised(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cache = T.TuningCache(blocker / "sub" / "ctx.json", CONTEXT)  # its parent is a file
+    cache.put("linear", KEY, None)
+    with caplog.at_level(logging.WARNING, logger=T.__name__):
+        assert cache.save() is False
+    assert "cannot write" in caplog.text
+
+
+def test_default_directory_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(T.ENV, str(tmp_path / "t"))
+    assert T.default_directory() == tmp_path / "t"
+    monkeypatch.setenv(T.ENV, "off")
+    assert T.default_directory() is None
+    monkeypatch.delenv(T.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert T.default_directory() == tmp_path / "xdg" / "flashrt" / "tuning"
+    assert T.TuningCache.for_device("cpu") is None  # only CUDA engines tune
+
+
+def test_sources_hash_names_the_kernel_sources():
+    h = T.sources_hash()
+    assert len(h) == 16 and h == T.sources_hash()
+
+
+def _recording_tune(picker, chosen):
+    calls = []
+
+    def tune(key, *args):
+        calls.append(key)
+        picker.timings[key] = {"cublas": 0.01, str(chosen): 0.005}
+        return chosen
+    picker._tune = tune
+    return calls
+
+
+@pytest.mark.interpret
+def test_linear_picker_uses_a_checked_cached_choice_and_retunes_a_stale_one(dev, tmp_path):
+    g = torch.Generator().manual_seed(11)
+    x, w, b = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72), (40,)))
+    key = (50, (40, 72), True, False, x.dtype)
+    cache = T.TuningCache(tmp_path / "c.json", CONTEXT)
+    picker = LinearPicker(dev, cache=cache)
+    calls = _recording_tune(picker, CONFIGS[4])
+    assert picker._cached(key, x, w, b, False, None) == CONFIGS[4] and calls == [key]  # tuned, then kept
+    assert cache.save()
+    # A new process: the choice comes from the file, is checked against cuBLAS, and nothing is timed.
+    fresh = LinearPicker(dev, cache=T.TuningCache(tmp_path / "c.json", CONTEXT))
+    calls = _recording_tune(fresh, CONFIGS[0])
+    assert fresh._cached(key, x, w, b, False, None) == CONFIGS[4] and calls == []
+    assert fresh.timings[key]["from_cache"] is True
+    fresh.choices[key] = CONFIGS[4]  # what the engine's warm-up does with the result
+    want = F.linear(x, w, b)
+    got = fresh(x, w, b)  # the skinny GEMM with the cached launch choice
+    assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+    # A choice that is not a known configuration any more (the kernels changed) is tuned again.
+    stale = T.TuningCache(tmp_path / "c.json", CONTEXT)
+    stale.put("linear", key, (7, 7, 7, 7, 7))
+    third = LinearPicker(dev, cache=stale)
+    calls = _recording_tune(third, CONFIGS[1])
+    assert third._cached(key, x, w, b, False, None) == CONFIGS[1] and calls == [key]
+    assert stale.get("linear", key)[1] == CONFIGS[1]
+
+
+@pytest.mark.interpret
+def test_linear_picker_retunes_a_cached_choice_that_computes_wrong(dev, tmp_path, monkeypatch):
+    from flashrt_core.models.pi05 import engine_gemm
+
+    g = torch.Generator().manual_seed(12)
+    x, w = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72)))
+    key = (50, (40, 72), False, False, x.dtype)
+    cache = T.TuningCache(None, CONTEXT)
+    cache.put("linear", key, CONFIGS[2])
+    real = engine_gemm.skinny_linear
+    monkeypatch.setattr(engine_gemm, "skinny_linear", lambda *a, **k: real(*a, **k) * 1.5)  # a broken kernel
+    picker = LinearPicker(dev, cache=cache)
+    calls = _recording_tune(picker, None)
+    assert picker._cached(key, x, w, None, False, None) is None and calls == [key]
+    assert cache.get("linear", key)[:2] == (True, None)
+
+
+@pytest.mark.interpret
+def test_attention_picker_uses_a_checked_cached_choice(dev, tmp_path):
+    g = torch.Generator().manual_seed(13)
+    q = (torch.randn(1, 5, 4, 16, generator=g) + 0.1).to(dev)
+    k, v = ((torch.randn(1, 2, 21, 16, generator=g) + 0.1).to(dev) for _ in range(2))
+    mask = (torch.rand(1, 21, generator=g) > 0.3).to(dev)
+    mask[0, 0] = True
+    key = (tuple(q.shape), tuple(k.shape), True, None, q.dtype)
+    cache = T.TuningCache(tmp_path / "a.json", CONTEXT)
+    choice = CANDIDATES[0]
+    cache.put("attention", key, choice, {"heuristic": 0.02, str(choice): 0.01})
+    picker = AttentionPicker(dev, cache=cache)
+    calls = _recording_tune(picker, CANDIDATES[1])
+    assert picker._cached(key, q, k, v, mask, None, None) == choice and calls == []
+    from flashrt_core.kernels.flash_attention import attention
+    got = attention(q, k, v, mask, config=choice)
+    torch.testing.assert_close(got, attention_ref(q, k, v, mask), atol=TOL["attention_fp32"], rtol=0)
+    # An entry that no longer names a candidate is tuned again and replaced.
+    cache.put("attention", key, (1, 2, 3, 4))
+    calls = _recording_tune(picker, CANDIDATES[1])
+    assert picker._cached(key, q, k, v, mask, None, None) == CANDIDATES[1] and calls == [key]
