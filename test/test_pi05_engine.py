@@ -297,3 +297,19 @@ def test_cuda_graphs_match_eager_and_never_recapture(fixture_weights, cases):
                             c["lang_mask"][:, :n], c["noise"] * 0.5)
     assert graphed.captures == 2
     assert cosine(again, want) >= TOL["bf16_cosine"] and rel_l2(again, want) <= TOL["bf16_rel_l2"]
+
+
+@pytest.mark.gpu
+def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp_path):
+    if interpreting():
+        pytest.skip("tuning needs compiled kernels (run with TRITON_INTERPRET=0)")
+    c = {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    first = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path)
+    a = first.sample_actions(*_inputs(c), c["noise"])
+    assert first.linear.choices and first.attend.choices and list(tmp_path.glob("*.json"))
+    second = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path)
+    assert second.tuning_cache.loaded_from_disk == len(first.linear.choices) + len(first.attend.choices)
+    b = second.sample_actions(*_inputs(c), c["noise"])
+    assert second.linear.choices == first.linear.choices and second.attend.choices == first.attend.choices
+    assert all(t.get("from_cache") for t in [*second.linear.timings.values(), *second.attend.timings.values()])
+    torch.testing.assert_close(b, a, rtol=0, atol=0)  # the same kernels and launch choices: the same bits

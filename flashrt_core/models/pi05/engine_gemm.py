@@ -217,7 +217,8 @@ class LinearPicker:
                 ok = config is None or (tuple(config) in map(tuple, CONFIGS) and _agrees(
                     skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu)), _cublas(x, w, b, geglu, backend)))
             except Exception:  # noqa: BLE001 (a choice this build cannot launch: tune again)
-                torch.cuda.synchronize(x.device)
+                if x.device.type == "cuda":
+                    torch.cuda.synchronize(x.device)
                 ok = False
             if ok:
                 self.timings[key] = {**ms, "from_cache": True}
