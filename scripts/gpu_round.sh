@@ -17,6 +17,13 @@ LOG="$OUT/round.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Compiled kernels on the GPU (the kernel tests default to the interpreter otherwise).
 export TRITON_INTERPRET=0
+# Caches under the project's git-ignored .cache/ (add `/.cache/` to .git/info/exclude): the device keeps
+# ignored files between the calls of a warm machine, so a later call skips Triton compiles, the engine's
+# GEMM / attention tuning (~2 min per fresh process on an H200) and inductor's work for torch.compile.
+mkdir -p .cache
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.cache/triton}" \
+  FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-$PWD/.cache/tuning}" \
+  TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}"
 [ -d .fixtures/reference ] && export FLASHRT_SHARED="$PWD/.fixtures"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
