@@ -153,6 +153,7 @@ class Rig:
 
     def close(self):
         self.executor.shutdown()
+        self._spin.join(10)  # the spin thread may still be building a wait set with this node's entities
         self.node.destroy_node()
         if self.proc.poll() is None:
             self.proc.send_signal(2)
