@@ -316,19 +316,31 @@ def test_graphed_method_replays_however_the_arguments_are_passed():
             super().__init__()
             self.net = gemma_like()
 
-        def sample_actions(self, tokens, noise=None, scale=1.0):
-            return self.net(tokens) * scale + (0 if noise is None else noise)
-    policy, x = Policy().cuda(), tokens().cuda()
+        def sample_actions(self, tokens, noise=None, scale=1.0, **extra):
+            return self.net(tokens) * scale + (0 if noise is None else noise) + extra["bias"] - 2 * extra["shift"]
+    policy = Policy().cuda()
     gen = torch.Generator(device="cuda").manual_seed(11)
+
+    def inputs():
+        x = tokens().cuda() + torch.randn(tokens().shape, generator=gen, device="cuda")
+        shape = policy.sample_actions(x, bias=0.0, shift=0.0).shape
+        return x, *(torch.randn(shape, generator=gen, device="cuda") for _ in range(3))
     with torch.no_grad():
-        noise = torch.randn(policy.sample_actions(x).shape, generator=gen, device="cuda")
-        ref = policy.sample_actions(x, noise)
-    graphed = GraphedMethod(policy, "sample_actions", (), {"tokens": x, "noise": noise})
-    with torch.no_grad():
-        for args, kwargs in [((x, noise), {}), ((x,), {"noise": noise, "scale": 1.0}), ((), {"tokens": x, "noise": noise})]:
-            torch.testing.assert_close(graphed(*args, **kwargs), ref, rtol=1e-5, atol=1e-5)
+        x, noise, bias, shift = inputs()
+        graphed = GraphedMethod(policy, "sample_actions", (), {"tokens": x, "noise": noise, "bias": bias,
+                                                               "shift": shift})
+        # Fresh inputs each call (the static buffers must be refilled), passed in different forms.
+        calls = [lambda x, n, b, s: ((x, n), {"bias": b, "shift": s}),
+                 lambda x, n, b, s: ((x,), {"shift": s, "noise": n, "scale": 1.0, "bias": b}),
+                 lambda x, n, b, s: ((), {"tokens": x, "noise": n, "bias": b, "shift": s})]
+        for form in calls:
+            args, kwargs = form(*inputs())
+            torch.testing.assert_close(graphed(*args, **kwargs), policy.sample_actions(*args, **kwargs),
+                                       rtol=1e-5, atol=1e-5)
         assert graphed.stats.fused_calls == 3 and graphed.stats.fallback_calls == 0
-        torch.testing.assert_close(graphed(x, noise, 2.0), policy.sample_actions(x, noise, 2.0), rtol=1e-5, atol=1e-5)
+        x, noise, bias, shift = inputs()
+        torch.testing.assert_close(graphed(x, noise, 2.0, bias=bias, shift=shift),
+                                   policy.sample_actions(x, noise, 2.0, bias=bias, shift=shift), rtol=1e-5, atol=1e-5)
     assert graphed.stats.fallback_calls == 1  # another plain value: the eager method
 
 

@@ -133,3 +133,22 @@ def test_canonical_call_is_the_same_for_positional_keyword_and_default_forms():
     assert call_signature(*canonical_call(params, (a, b), {"steps": 5})) != call_signature(*canon[0])
     assert canonical_call(params, (a,), {}) is None
     assert canonical_call(None, (a,), {"x": b}) == ((a,), {"x": b})
+
+
+def test_canonical_call_orders_extra_keywords_and_dict_arguments_by_name():
+    from torch.utils._pytree import tree_flatten
+
+    def method(images, **extra):
+        return images, extra
+    params = parameters_of(method)
+    gen = torch.Generator().manual_seed(6)
+    a, n, st = torch.randn(2, 3, generator=gen) + 0.5, torch.randn(4, generator=gen), torch.randn(5, generator=gen)
+    one = canonical_call(params, (a,), {"noise": n, "state": st})
+    other = canonical_call(params, (a,), {"state": st, "noise": n})
+    assert call_signature(*one) == call_signature(*other)
+    leaves_one, spec_one = tree_flatten(one)
+    leaves_other, spec_other = tree_flatten(other)
+    assert spec_one == spec_other and all(x is y for x, y in zip(leaves_one, leaves_other, strict=True))
+    # A dict argument is described by key: the same entries in another order match, other shapes do not.
+    assert call_signature(({"n": n, "s": st},), {}) == call_signature(({"s": st, "n": n},), {})
+    assert call_signature(({"n": n, "s": st},), {}) != call_signature(({"n": st, "s": n},), {})

@@ -77,11 +77,35 @@ def test_default_directory_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert T.default_directory() == tmp_path / "xdg" / "flashrt" / "tuning"
     assert T.TuningCache.for_device("cpu") is None  # only CUDA engines tune
+    assert T.TuningCache.for_device("cuda", None) is None and T.TuningCache.for_device("cuda", False) is None
 
 
-def test_sources_hash_names_the_kernel_sources():
-    h = T.sources_hash()
-    assert len(h) == 16 and h == T.sources_hash()
+def test_sources_hash_changes_with_the_kernel_sources(tmp_path, monkeypatch):
+    assert len(T.sources_hash()) == 16 and T.sources_hash() == T.sources_hash()
+    monkeypatch.setattr(T, "__file__", str(tmp_path / "flashrt_core" / "models" / "pi05" / "engine_tuning.py"))
+    kernel = tmp_path / "k.py"
+    kernel.write_text("BLOCK = 16\n")
+    before = T.sources_hash(("k.py",))
+    kernel.write_text("BLOCK = 32\n")
+    assert T.sources_hash(("k.py",)) != before
+
+
+def test_engines_sharing_a_file_keep_each_others_choices(tmp_path):
+    path = tmp_path / "ctx.json"
+    one, two = T.TuningCache(path, CONTEXT), T.TuningCache(path, CONTEXT)  # both read an empty cache
+    one.put("linear", KEY, (32, 128, 2, 4, 4))
+    assert one.save()
+    two.put("linear", (1, *KEY[1:]), None)
+    two.put("attention", ("a",), (16, 32, 8, 4))
+    assert two.save()
+    merged = T.TuningCache(path, CONTEXT)
+    assert merged.get("linear", KEY)[:2] == (True, (32, 128, 2, 4, 4))
+    assert merged.get("linear", (1, *KEY[1:]))[:2] == (True, None)
+    assert merged.get("attention", ("a",))[:2] == (True, (16, 32, 8, 4))
+    assert not list(tmp_path.glob(".tuning-*"))  # no temporary file left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def _recording_tune(picker, chosen):
@@ -161,3 +185,25 @@ def test_attention_picker_uses_a_checked_cached_choice(dev, tmp_path):
     cache.put("attention", key, (1, 2, 3, 4))
     calls = _recording_tune(picker, CANDIDATES[1])
     assert picker._cached(key, q, k, v, mask, None, None) == CANDIDATES[1] and calls == [key]
+
+
+@pytest.mark.interpret
+def test_attention_picker_retunes_a_cached_choice_that_computes_wrong(dev, monkeypatch):
+    from flashrt_core.kernels import flash_attention
+
+    g = torch.Generator().manual_seed(14)
+    q = (torch.randn(1, 3, 2, 16, generator=g) + 0.1).to(dev)
+    k, v = ((torch.randn(1, 1, 9, 16, generator=g) + 0.1).to(dev) for _ in range(2))
+    key = (tuple(q.shape), tuple(k.shape), False, None, q.dtype)
+    cache = T.TuningCache(None, CONTEXT)
+    cache.put("attention", key, CANDIDATES[2])
+    real = flash_attention.attention
+
+    def broken(*args, config=None, **kwargs):  # the cached launch choice computes something else
+        out = real(*args, config=config, **kwargs)
+        return out * 1.5 if config is not None else out
+    monkeypatch.setattr(flash_attention, "attention", broken)
+    picker = AttentionPicker(dev, cache=cache)
+    calls = _recording_tune(picker, None)
+    assert picker._cached(key, q, k, v, None, None, None) is None and calls == [key]
+    assert cache.get("attention", key)[:2] == (True, None)

@@ -103,7 +103,9 @@ class GraphedMethod:
         self.signature = call_signature(args, kwargs)
         self.static_args, self.static_kwargs = tree_map(
             lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (tuple(args), dict(kwargs)))
-        self._static_leaves = tree_flatten((self.static_args, self.static_kwargs))[0]
+        # The call's tensors in a fixed order; a call whose nesting differs (another dict layout, a list of
+        # another length) has another tree structure and runs eagerly.
+        self._static_leaves, self._tree = tree_flatten((self.static_args, self.static_kwargs))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream):
@@ -124,11 +126,12 @@ class GraphedMethod:
 
     def __call__(self, *args, **kwargs):
         canonical = canonical_call(self._parameters, args, kwargs)
-        if canonical is None or call_signature(*canonical) != self.signature:
+        leaves, tree = tree_flatten(canonical) if canonical is not None else (None, None)
+        if canonical is None or tree != self._tree or call_signature(*canonical) != self.signature:
             self.stats.fallback_calls += 1
             return self.eager(*args, **kwargs)
         self.stats.fused_calls += 1
-        for static, value in zip(self._static_leaves, tree_flatten(canonical)[0]):
+        for static, value in zip(self._static_leaves, leaves):
             if isinstance(static, torch.Tensor) and static is not value:
                 static.copy_(value)
         self.graph.replay()

@@ -21,6 +21,8 @@ def describe(value):
         return (type(value).__name__, value)
     if isinstance(value, (tuple, list)):
         return (type(value).__name__, tuple(describe(v) for v in value))
+    if isinstance(value, dict):  # by key, whatever the insertion order
+        return ("dict", tuple(sorted(((str(k), describe(v)) for k, v in value.items()), key=lambda kv: kv[0])))
     # Objects (caches, configs) are matched by type only; the parity gate decided they do not matter.
     return ("object", type(value).__qualname__)
 
@@ -31,16 +33,17 @@ def call_signature(args: tuple, kwargs: dict) -> tuple:
 
 def canonical_call(parameters: inspect.Signature | None, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
     """One form for every way of passing the same arguments (positionally or by name, defaults left out or
-    given): the call bound to `parameters` with defaults applied, as (args, kwargs). None when the call does
-    not bind (the method itself will say why); (args, kwargs) unchanged when the parameters are unknown."""
+    given, keywords in any order): the call bound to `parameters` with defaults applied, as (args, kwargs)
+    with the keywords sorted by name. None when the call does not bind (the method itself will say why); only
+    the keywords sorted when the parameters are unknown."""
     if parameters is None:
-        return tuple(args), dict(kwargs)
+        return tuple(args), dict(sorted(kwargs.items()))
     try:
         bound = parameters.bind(*args, **kwargs)
     except TypeError:
         return None
     bound.apply_defaults()
-    return tuple(bound.args), dict(bound.kwargs)
+    return tuple(bound.args), dict(sorted(bound.kwargs.items()))
 
 
 def parameters_of(fn) -> inspect.Signature | None:

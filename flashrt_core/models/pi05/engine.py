@@ -107,13 +107,13 @@ class Pi05Engine:
         # Gemma multiplies token embeddings by sqrt(width) rounded to the table's dtype (a Python float:
         # no host->device copy during capture).
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
-        if isinstance(tuning_cache, TuningCache) or tuning_cache is None:
-            self.tuning_cache = tuning_cache
-        else:
-            self.tuning_cache = TuningCache.for_device(device, tuning_cache)
+        self.pdl = bool(pdl)
+        if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
+            self.tuning_cache = tuning_cache or None
+        else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
+            self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
         self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache)
-        self.pdl = bool(pdl)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may

@@ -18,6 +18,7 @@ time, never correctness.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,7 +35,7 @@ ENV = "FLASHRT_TUNING_CACHE"
 # Sources whose meaning of a launch choice the cache depends on.
 _SOURCES = ("flashrt_core/models/pi05/engine_gemm.py", "flashrt_core/models/pi05/engine_attention.py",
             "flashrt_core/kernels/flash_attention.py", "flashrt_core/kernels/_tickets.py",
-            "flashrt_core/kernels/_pdl.py")
+            "flashrt_core/kernels/_pdl.py", "flashrt_core/kernels/_common.py", "flashrt_core/bench.py")
 
 
 def default_directory() -> Path | None:
@@ -46,24 +47,24 @@ def default_directory() -> Path | None:
     return Path(base) / "flashrt" / "tuning"
 
 
-def sources_hash() -> str:
+def sources_hash(sources=_SOURCES) -> str:
     root = Path(__file__).resolve().parents[3]
     digest = hashlib.sha256()
-    for rel in _SOURCES:
+    for rel in sources:
         digest.update(rel.encode())
         digest.update((root / rel).read_bytes())
     return digest.hexdigest()[:16]
 
 
-def gpu_context(device) -> dict:
-    """What a tuned choice depends on, for a CUDA device."""
+def gpu_context(device, **extra) -> dict:
+    """What a tuned choice depends on, for a CUDA device (plus `extra`: engine settings such as pdl)."""
     import triton  # the pickers only tune where Triton runs
 
     device = torch.device(device)
     props = torch.cuda.get_device_properties(device)
     return {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "sms": props.multi_processor_count,
             "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-            "kernels": sources_hash()}
+            "kernels": sources_hash(), **extra}
 
 
 def encode_key(key) -> str:
@@ -92,17 +93,17 @@ class TuningCache:
             self._load()
 
     @classmethod
-    def for_device(cls, device, directory: str | Path | None = "default") -> TuningCache | None:
-        """The cache of a CUDA device in `directory` ("default": `default_directory()`); None when disabled
-        or not on CUDA."""
+    def for_device(cls, device, directory: str | Path | None = "default", **extra) -> TuningCache | None:
+        """The cache of a CUDA device in `directory` ("default": `default_directory()`; None or False: off),
+        for engines with the settings `extra` (they are part of the context); None when off or not on CUDA."""
         device = torch.device(device)
-        if device.type != "cuda":
+        if device.type != "cuda" or directory is None or directory is False:
             return None
         directory = default_directory() if directory == "default" else directory
         if directory is None:
             return None
         try:
-            context = gpu_context(device)
+            context = gpu_context(device, **extra)
         except (ImportError, RuntimeError, OSError) as exc:  # no Triton, or the GPU cannot be queried
             log.warning("tuning cache off: %s", exc)
             return None
@@ -154,22 +155,34 @@ class TuningCache:
             self._dirty = True
 
     def save(self) -> bool:
-        """Write the file if anything changed (atomically: a reader never sees half a file). A directory that
+        """Write the file if anything changed (atomically: a reader never sees half a file), keeping the entries
+        another engine wrote since this one read it (this one's win where both have a key). A directory that
         cannot be written is reported and left alone. Returns whether a file was written."""
         if self.path is None or not self._dirty:
             return False
+        on_disk = TuningCache(self.path, self.context).choices if self.path.exists() else {}
+        for picker, entries in self.choices.items():
+            on_disk.setdefault(picker, {}).update(entries)
+        self.choices = on_disk
         data = {"format": FORMAT, "context": self.context,
                 "choices": {p: {k: {"choice": None if c is None else list(c), "ms": ms}
                                 for k, (c, ms) in sorted(e.items())}
                             for p, e in sorted(self.choices.items())}}
+        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # as a plain file would be (mkstemp makes it private)
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("tuning cache %s: cannot write it (%s); the next engine tunes again", self.path, exc)
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             return False
         self._dirty = False
         return True
