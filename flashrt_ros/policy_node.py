@@ -101,7 +101,8 @@ class PolicyNode(LifecycleNode):
         self._subscribe_sensors()
         self.capsules.create_services()
         self.get_logger().info(
-            f"configured: {runtime.describe()} cameras={self.p.camera_topics} joints={self.p.joint_names or 'as sent'}")
+            f"configured: {runtime.describe()} cameras={self.p.camera_topics} joints={self.p.joint_names or 'as sent'} "
+            f"(warm-up {runtime.warmup_s or 0.0:.1f} s)")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state) -> TransitionCallbackReturn:

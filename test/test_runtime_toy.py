@@ -305,6 +305,9 @@ def test_deferred_override_and_summary():
     assert not load_contract(pi05).stages["observe"].deferred
     rt = Runtime.from_config(pi05, deferred={"observe": True})
     assert rt.contract.stages["observe"].deferred
+    assert rt.warmup_s is None
+    rt.warmup()
+    assert rt.warmup_s > 0  # the node logs it: a first start on a GPU tunes kernels for minutes
 
 
 def test_deferred_observe_runs_in_order_rather_than_cost_a_decision_for_age():

@@ -112,6 +112,7 @@ class Runtime:
         self._deferred_events: list = []  # CUDA events of deferred stages not read yet
         self._in_on_actions: int | None = None  # the thread inside an on_actions callback, if any
         self._warmed = False  # an engine that owns its graphs has captured them (warmup)
+        self.warmup_s: float | None = None  # seconds the last warmup() took
         # restores keep the observation inputs live (not rewound) and re-stage every device input copy
         self._live_inputs = frozenset(n for n, b in contract.buffers.items() if b.is_input and n != "prompt")
         self._restage = dict.fromkeys(self.buffers.device_version, -1)
@@ -314,7 +315,9 @@ class Runtime:
         return out
 
     def warmup(self) -> None:
-        """Capture the graphs of the usual plans now (configure time) rather than at their first tick."""
+        """Capture the graphs of the usual plans now (configure time) rather than at their first tick.
+        `warmup_s` says how long it took (Triton compiles and kernel tuning of a first start on a GPU)."""
+        started = time.perf_counter()
         stages = [s for s in self.contract.stages if self._device_parts[s] is not None]
         bufs = self.buffers.tensors
         if self.contract.graphs != "plan":
@@ -341,6 +344,7 @@ class Runtime:
                     self._device_parts[s](bufs)
                 self.buffers.load_all(saved)
                 self._warmed = True
+        self.warmup_s = time.perf_counter() - started
 
     # ---- state for capsules ----------------------------------------------------------------------------
     def persistent_buffers(self) -> dict[str, torch.Tensor]:
