@@ -15,6 +15,7 @@ import torch
 
 from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
+from flashrt_core.models.pi05.engine_tuning import reuse_or_tune
 
 # (BLOCK_M, BLOCK_N, splits, num_warps) tried besides the kernel's heuristic (None).
 CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 8), (64, 32, 8, 4),
@@ -47,23 +48,10 @@ class AttentionPicker:
         """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""
         from flashrt_core.kernels.flash_attention import attention
 
-        found, config, ms = self.cache.get("attention", key) if self.cache is not None else (False, None, {})
-        if found:
-            try:
-                ok = config is None or (tuple(config) in map(tuple, CANDIDATES) and _matches(
-                    attention(q, k, v, key_mask, k2, v2, config=config), attention(q, k, v, key_mask, k2, v2)))
-            except Exception:  # noqa: BLE001 (a choice this build cannot launch: tune again)
-                if q.device.type == "cuda":
-                    torch.cuda.synchronize(q.device)
-                ok = False
-            if ok:
-                self.timings[key] = {**ms, "from_cache": True}
-                return config
-            self.cache.forget("attention", key)
-        config = self._tune(key, q, k, v, key_mask, k2, v2)
-        if self.cache is not None:
-            self.cache.put("attention", key, config, {n: t for n, t in self.timings[key].items() if isinstance(t, float)})
-        return config
+        def check(config):
+            return _matches(attention(q, k, v, key_mask, k2, v2, config=config), attention(q, k, v, key_mask, k2, v2))
+        return reuse_or_tune(self.cache, "attention", key, CANDIDATES, check,
+                             lambda: self._tune(key, q, k, v, key_mask, k2, v2), self.timings, q.device)
 
     def _tune(self, key, q, k, v, key_mask, k2, v2):
         from flashrt_core.kernels.flash_attention import attention

@@ -19,6 +19,7 @@ from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, pdl_launch,
                                          semaphores)
+from flashrt_core.models.pi05.engine_tuning import reuse_or_tune
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
@@ -211,23 +212,11 @@ class LinearPicker:
 
     def _cached(self, key, x, w, b, geglu, backend):
         """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
-        found, config, ms = self.cache.get("linear", key) if self.cache is not None else (False, None, {})
-        if found:
-            try:
-                ok = config is None or (tuple(config) in map(tuple, CONFIGS) and _agrees(
-                    skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu)), _cublas(x, w, b, geglu, backend)))
-            except Exception:  # noqa: BLE001 (a choice this build cannot launch: tune again)
-                if x.device.type == "cuda":
-                    torch.cuda.synchronize(x.device)
-                ok = False
-            if ok:
-                self.timings[key] = {**ms, "from_cache": True}
-                return config
-            self.cache.forget("linear", key)
-        config = self._tune(key, x, w, b, geglu, backend)
-        if self.cache is not None:
-            self.cache.put("linear", key, config, {k: v for k, v in self.timings[key].items() if isinstance(v, float)})
-        return config
+        def check(config):
+            got = skinny_linear(x, w, b, geglu=geglu, **_kwargs(config, geglu))
+            return _agrees(got, _cublas(x, w, b, geglu, backend))
+        return reuse_or_tune(self.cache, "linear", key, CONFIGS, check,
+                             lambda: self._tune(key, x, w, b, geglu, backend), self.timings, x.device)
 
     def _tune(self, key, x, w, b, geglu, backend):
         """Time each candidate and return the fastest. Runs during warm-up (outside capture). Each candidate

@@ -121,7 +121,8 @@ class TuningCache:
         try:
             data = json.loads(text)
             if not isinstance(data, dict) or data.get("format") != FORMAT:
-                raise ValueError(f"format {data.get('format') if isinstance(data, dict) else None!r}, expected {FORMAT}")
+                found = data.get("format") if isinstance(data, dict) else type(data).__name__
+                raise ValueError(f"format {found!r}, expected {FORMAT}")
             if data.get("context") != self.context:
                 raise ValueError("it was written for another GPU or software context")
             choices = data.get("choices")
@@ -199,3 +200,25 @@ def _decode_entry(entry) -> tuple[object, dict]:
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return tuple(value), ms
     raise ValueError(f"a choice must be null or a list of integers, got {value!r}")
+
+
+def reuse_or_tune(cache: TuningCache | None, picker: str, key, known, check, tune, timings: dict, device):
+    """A picker's choice for a shape: the cache's, if it is still one of the `known` candidates and
+    `check(choice)` (its result matches the reference once) holds; else `tune()`, whose choice and candidate
+    times (`timings[key]`, filled by tune) go into the cache."""
+    found, choice, ms = cache.get(picker, key) if cache is not None else (False, None, {})
+    if found:
+        try:
+            ok = choice is None or (tuple(choice) in {tuple(k) for k in known} and check(choice))
+        except Exception:  # noqa: BLE001 (a choice this build cannot launch: tune again)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
+            ok = False
+        if ok:
+            timings[key] = {**ms, "from_cache": True}
+            return choice
+        cache.forget(picker, key)
+    choice = tune()
+    if cache is not None:
+        cache.put(picker, key, choice, {n: t for n, t in timings[key].items() if isinstance(t, float)})
+    return choice
