@@ -175,9 +175,7 @@ class TuningCache:
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tuning-", suffix=".json")
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # as a plain file would be (mkstemp makes it private)
+            os.chmod(tmp, 0o644)  # readable by other users of a shared cache (mkstemp makes it private)
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("tuning cache %s: cannot write it (%s); the next engine tunes again", self.path, exc)
