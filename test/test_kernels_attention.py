@@ -195,3 +195,44 @@ def test_split_keys_flash_decoding(dev, splits, dtype):
     nothing = torch.zeros_like(mask)
     out = attention_kernel(q, kp, vp, nothing, config=(16, 16, splits, 4))
     assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rope_on_load_equals_the_split_rotate_kernel_then_attention(dev, dtype, splits):
+    """The action expert's path: q, k2, v2 are strided views of the fused QKV GEMM output and attention
+    rotates q and k2 on load. Same result as qkv_rope_cache (split + rotate + cache write) followed by
+    attention on its outputs, and as the reference rotation + attention."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    b, sp, ts, hq, hkv, dh = 2, 29, 7, 4, 2, 24
+    qkv = randn(b, ts, (hq + 2 * hkv) * dh, dtype=dtype, dev=dev, seed=60, std=1.5)
+    kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=61), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=62)
+    mask = pad_mask(b, sp, dev, seed=63)
+    cos, sin = K.rope_cos_sin(sp + ts + 4, dh, 10000.0, device=dev)
+    positions = (torch.tensor([[11], [17]]) + torch.arange(ts)[None, :]).to(dev)  # per-batch valid prefix lengths
+    heads = qkv.view(b, ts, hq + 2 * hkv, dh)
+    q, k2, v2 = heads[:, :, :hq], heads[:, :, hq:hq + hkv].transpose(1, 2), heads[:, :, hq + hkv:].transpose(1, 2)
+    assert not q.is_contiguous() and not k2.is_contiguous()
+    got = attention_kernel(q, kp, vp, mask, k2, v2, rope=(positions, cos, sin), config=(16, 16, splits, 4))
+    ks = torch.zeros(b, hkv, ts, dh, dtype=dtype, device=dev)
+    vs = torch.zeros_like(ks)
+    q_rot = R.qkv_rope_cache_ref(qkv, positions, cos, sin, ks, vs, 0, num_q_heads=hq, num_kv_heads=hkv)
+    close(got, R.attention_ref(q_rot, kp, vp, mask, ks, vs))
+    close(got, K.attention(q, kp, vp, mask, k2, v2, rope=(positions, cos, sin), backend="torch"))
+
+
+@pytest.mark.interpret
+def test_rope_launcher_errors_name_the_argument(dev):
+    b, ts, hq, dh = 1, 5, 2, 16
+    q = randn(b, ts, hq, dh, dev=dev, seed=70)
+    k, v = randn(b, 1, 9, dh, dev=dev, seed=71), randn(b, 1, 9, dh, dev=dev, seed=72)
+    cos, sin = K.rope_cos_sin(32, dh, device=dev)
+    pos = torch.arange(ts, device=dev)[None]
+    with pytest.raises(KernelInputError, match="k2 has 9 keys"):
+        K.attention(q, k, v, None, k, v, rope=(pos, cos, sin), backend="triton")
+    with pytest.raises(KernelInputError, match="positions"):
+        K.attention(q, k, v, rope=(pos.float(), cos, sin), backend="triton")
+    with pytest.raises(KernelInputError, match="cos"):
+        K.attention(q, k, v, rope=(pos, cos[:, :4].contiguous(), sin), backend="triton")

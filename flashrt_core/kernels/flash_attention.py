@@ -11,6 +11,10 @@ stride in the last dim. GQA packs the Hq / Hkv query heads that share one kv hea
 program, so each K/V tile is loaded once per group instead of once per query head.
 Softmax runs in fp32 with exp2; P is cast to the value dtype for the second dot (as in FlashAttention).
 A query whose keys are all masked returns zeros.
+`rope=(positions, cos, sin)` rotates q and the second key set on load (rotate-half, fp32 tables as in
+`qkv_rope`, rounded to the input dtype as a separate rotation kernel would store them): the action expert's
+q, k2 and v2 can then be strided views of its fused QKV GEMM output, with no split/rotate kernel between.
+The second key set are the query tokens themselves there, so positions [B, T] serve both.
 Reference: `reference.attention_ref`.
 """
 import math
@@ -19,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import (MASK_DTYPES, KernelInputError, check, check_out, interpreting, next_pow2,
-                                         pdl_launch, semaphores)
+from flashrt_core.kernels._common import (INT_DTYPES, MASK_DTYPES, KernelInputError, check, check_out, interpreting,
+                                         next_pow2, pdl_launch, semaphores)
 from flashrt_core.kernels._pdl import pdl_enter
 from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 
@@ -28,9 +32,33 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask,
-            HAS_MASK: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows."""
+def _rotate(x, x_partner, pos, pos_ok, COS, SIN, half, d, d_mask, AXIS: tl.constexpr):
+    """rotate-half RoPE of a tile whose head dim runs along AXIS (0: [D, N] key tiles, 1: [M, D] query tiles);
+    `x_partner` is the same tile loaded at the partner dims (d + half mod 2 half), pos the tokens' positions."""
+    first = d < half
+    sign = tl.where(first, -1.0, 1.0)
+    dc = tl.where(first, d, d - half)
+    if AXIS == 1:
+        ok = pos_ok[:, None] & d_mask[None, :]
+        idx = pos[:, None] * half + dc[None, :]
+        c = tl.load(COS + idx, mask=ok, other=1.0)
+        s = tl.load(SIN + idx, mask=ok, other=0.0)
+        y = x.to(tl.float32) * c + sign[None, :] * x_partner.to(tl.float32) * s
+    else:
+        ok = pos_ok[None, :] & d_mask[:, None]
+        idx = pos[None, :] * half + dc[:, None]
+        c = tl.load(COS + idx, mask=ok, other=1.0)
+        s = tl.load(SIN + idx, mask=ok, other=0.0)
+        y = x.to(tl.float32) * c + sign[:, None] * x_partner.to(tl.float32) * s
+    return y.to(x.dtype)
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask, P, COS, SIN, half, n_positions,
+            HAS_MASK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+            UPCAST: tl.constexpr):
+    """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows. ROPE: rotate
+    each key tile with the positions P[n] of its keys."""
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         in_range = n < hi
@@ -38,6 +66,12 @@ def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask,
         if HAS_MASK:
             valid = valid & (tl.load(M + n, mask=in_range, other=0) != 0)
         k = tl.load(K + n[None, :] * k_ss + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
+        if ROPE:
+            partner = tl.where(d < half, d + half, d - half)
+            k_p = tl.load(K + n[None, :] * k_ss + partner[:, None], mask=in_range[None, :] & d_mask[:, None],
+                          other=0.0)
+            pos = tl.load(P + n, mask=in_range, other=0).to(tl.int64)
+            k = _rotate(k, k_p, pos, in_range & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 0)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
@@ -56,10 +90,11 @@ def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask,
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, DH, qk_scale, keys_per_split, n_rows,
+def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, DH, qk_scale,
+                      keys_per_split, n_rows, n_positions, pos_sb,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
-                      GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
+                      GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
     pdl_enter(PDL)
@@ -74,7 +109,13 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, 
     d = tl.arange(0, BLOCK_D)
     d_mask = d < DH
     io_mask = (t < T)[:, None] & d_mask[None, :]
-    q = tl.load(Q + b * q_sb + t[:, None] * q_st + head[:, None] * q_sh + d[None, :], mask=io_mask, other=0.0)
+    q_rows = Q + b * q_sb + t[:, None] * q_st + head[:, None] * q_sh
+    q = tl.load(q_rows + d[None, :], mask=io_mask, other=0.0)
+    half = DH // 2
+    if ROPE:
+        q_p = tl.load(q_rows + tl.where(d < half, d + half, d - half)[None, :], mask=io_mask, other=0.0)
+        pos = tl.load(POS + b * pos_sb + t, mask=t < T, other=0).to(tl.int64)
+        q = _rotate(q, q_p, pos, (t < T) & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 1)
     if UPCAST:
         q = q.to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -84,11 +125,12 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, B, T, S, S2, HQ, HKV, 
     hi = lo + keys_per_split
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b * k_sb + kvh * k_sh, V + b * v_sb + kvh * v_sh,
                             M + b * m_sb, k_ss, v_ss, tl.minimum(lo, S), tl.minimum(hi, S), qk_scale, d, d_mask,
-                            HAS_MASK, BLOCK_N, PRECISION, UPCAST)
+                            POS, COS, SIN, half, n_positions, HAS_MASK, False, BLOCK_N, PRECISION, UPCAST)
     if HAS_SECOND:  # the second key set continues the key index after the first one
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2 + b * k2_sb + kvh * k2_sh, V2 + b * v2_sb + kvh * v2_sh,
                                 M, k2_ss, v2_ss, tl.minimum(tl.maximum(lo - S, 0), S2),
-                                tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask, False, BLOCK_N,
+                                tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask,
+                                POS + b * pos_sb, COS, SIN, half, n_positions, False, ROPE, BLOCK_N,
                                 PRECISION, UPCAST)
     if NSPLIT > 1:
         # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
@@ -142,15 +184,37 @@ def _blocks(rows, batch_heads, keys, block_d):
     return block_m, block_n, splits, 4 if block_d <= 128 else 8
 
 
+def _rope_args(op, rope, q, k2, dh):
+    """(positions, cos, sin) for the kernel; stand-ins that are never read when rope is None."""
+    if rope is None:
+        return q, q, q
+    positions, cos, sin = rope
+    b, t = q.shape[:2]
+    if dh % 2:
+        raise KernelInputError(f"{op}: rope needs an even head dim, got {dh}")
+    if k2 is not None and k2.shape[2] != t:
+        raise KernelInputError(f"{op}: rope rotates k2 with the query positions: k2 has {k2.shape[2]} keys, "
+                               f"q {t} tokens")
+    check(op, "positions", positions, dtypes=INT_DTYPES, shape=(b, t), device=q.device)
+    for name, table in (("cos", cos), ("sin", sin)):
+        check(op, name, table, ndim=2, dtypes=(torch.float32,), device=q.device)
+        if table.shape[1] != dh // 2 or not table.is_contiguous():
+            raise KernelInputError(f"{op}: `{name}` must be contiguous [P, {dh // 2}], got {tuple(table.shape)}")
+    if cos.shape != sin.shape:
+        raise KernelInputError(f"{op}: `cos` {tuple(cos.shape)} and `sin` {tuple(sin.shape)} differ")
+    return positions, cos, sin
+
+
 def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
     check(op, name, t, ndim=4, dtypes=(dtype,), shape=(b, hkv, s, dh), device=device)
     return t
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None, rope=None):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
+    rope = (positions [B, T] int, cos, sin [P, Dh / 2] fp32): q and k2 (then S2 == T) are rotated on load.
     `config` = (BLOCK_M, BLOCK_N, splits, num_warps) overrides the heuristic (for tuning sweeps)."""
     op = "attention"
     check(op, "q", q, ndim=4)
@@ -172,6 +236,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         _kv(op, "k2", k2, b, hkv, dh, q.dtype, q.device)
         s2 = k2.shape[2]
         _kv(op, "v2", v2, b, hkv, dh, q.dtype, q.device, s2)
+    positions, cos, sin = _rope_args(op, rope, q, k2, dh)
     out = check_out(op, "out", out, q.shape, q.device) if out is not None else q.new_empty(q.shape)
     if out.dtype != q.dtype:
         raise KernelInputError(f"{op}: `out` has dtype {out.dtype}, expected {q.dtype} like `q`")
@@ -195,13 +260,14 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     k2_arg, v2_arg = (k2, v2) if k2 is not None else (k, v)
     upcast = interpreting() and q.dtype != torch.float32
     _attention_kernel[grid](
-        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, b, t, s, s2, hq, hkv, dh, scale * _LOG2E,
-        keys_per_split, n_rows,
+        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv, dh,
+        scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
         k2_arg.stride(0), k2_arg.stride(1), k2_arg.stride(2), v2_arg.stride(0), v2_arg.stride(1), v2_arg.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, NSPLIT=splits,
+        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, ROPE=rope is not None,
+        NSPLIT=splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
