@@ -2,6 +2,7 @@
 graph-timed GEMM candidates at the action expert's shapes (GPU round).
 
   python benchmarks/profile_pi05.py --json benchmarks/results/profile_pi05_w2.json [--views 2] [--pdl 0]
+                                    [--rope-ab]
 
 For each stage (`observe`, `act`) it replays the CUDA graph under torch.profiler (CUPTI records the kernels
 of a graph replay one by one) and prints, per kernel name: launches per replay, total and mean GPU time,
@@ -9,6 +10,9 @@ and the share of the stage's wall time; "gaps" is wall time minus summed kernel 
 idle SMs between dependent kernels). It also prints the engine's own GEMM choices: the picker timed cuBLAS
 and every skinny Triton configuration in a CUDA graph with the weights cycled past L2 (`gemm_choices` in
 the JSON keeps every candidate's time).
+--rope-ab also builds an engine with `rope_in_attention=True` (the expert's attention rotates q/k on load,
+no split/rotate kernel) from the same weights and profiles its act stage in the same process
+(`act_rope_in_attention` in the JSON), so the two act times compare within one run.
 """
 from __future__ import annotations
 
@@ -85,17 +89,25 @@ def main(argv=None) -> int:
     p.add_argument("--gemm", default="auto", help="engine GEMM mode: auto, torch, triton")
     p.add_argument("--pdl", type=int, default=1, help="1: programmatic dependent launch (default), 0: off")
     p.add_argument("--no-attention-tuning", action="store_true")
+    p.add_argument("--rope-ab", action="store_true", help="also profile act with rope_in_attention=True")
     args = p.parse_args(argv)
     from flashrt_core.models.pi05 import convert
     from flashrt_core.models.pi05.engine import Pi05Engine
 
     config = workload_config(args.views, 48, 10, 50)
     w32 = convert(config, random_state(config, 0, "cuda"))
-    engine = Pi05Engine(w32, device="cuda", dtype=torch.bfloat16, gemm=args.gemm, pdl=bool(args.pdl),
-                        tune_attention=not args.no_attention_tuning)
+    options = dict(dtype=torch.bfloat16, gemm=args.gemm, pdl=bool(args.pdl),
+                   tune_attention=not args.no_attention_tuning)
+    engine = Pi05Engine(w32, device="cuda", **options)
+    variant = Pi05Engine(w32, device="cuda", rope_in_attention=True, **options) if args.rope_ab else None
     del w32
     inputs = random_inputs(config, 0, "cuda")
-    engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask", "noise")))
+    names = ("images", "image_masks", "lang_tokens", "lang_mask", "noise")
+    actions = engine.sample_actions(*(inputs[k] for k in names)).clone()
+    if variant is not None:
+        other = variant.sample_actions(*(inputs[k] for k in names))
+        cos = torch.nn.functional.cosine_similarity(other.flatten().double(), actions.flatten().double(), dim=0)
+        print(f"rope_in_attention: action cosine vs the split-kernel engine {float(cos):.6f}")
     torch.cuda.synchronize()
     print(f"engine built: pdl={engine.pdl}, gemm choices " + ", ".join(
         f"{r['weight']}{'g' if r['geglu'] else ''}:{r['choice']}" for r in engine.linear.report()))
@@ -104,10 +116,15 @@ def main(argv=None) -> int:
     for stage in ("observe", "act"):
         profiles[stage] = profile_graph(getattr(engine, stage), args.reps)
         print_profile(stage, profiles[stage], args.top)
+    if variant is not None:
+        profiles["act_rope_in_attention"] = profile_graph(variant.act, args.reps)
+        print_profile("act_rope_in_attention", profiles["act_rope_in_attention"], args.top)
+        print(f"act wall: split kernel {profiles['act']['wall_us']:.0f} us, rope in attention "
+              f"{profiles['act_rope_in_attention']['wall_us']:.0f} us")
     gemm_table(engine.linear.report())
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
                 "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),
-                "tune_attention": not args.no_attention_tuning, "reps": args.reps}
+                "tune_attention": not args.no_attention_tuning, "reps": args.reps, "rope_ab": args.rope_ab}
     write_result(args.json, workload, {"profiles": profiles},
                  {"gemm_choices": engine.linear.report(), "attention_choices": engine.attend.report(),
                   "ceilings": CEILINGS})

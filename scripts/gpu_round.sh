@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|compile] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|compile|profile] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -48,10 +48,13 @@ if [[ "$what" == bench || "$what" == all ]]; then
   bench bench_capsule 90 --fused-kv --runtime --json "$OUT/capsule_h200.json"
   bench bench_kernels 180 --json "$OUT/kernels_h200.json"
   bench bench_adopt 240 --compile-mode none --json "$OUT/adopt_pi05_w2.json"
-  bench profile_pi05 200 --json "$OUT/profile_pi05_w2.json"
+  bench profile_pi05 260 --rope-ab --json "$OUT/profile_pi05_w2.json"
 fi
 if [[ "$what" == adopt ]]; then
   bench bench_adopt 570 --capture --compile-mode default --json "$OUT/adopt_pi05_w2.json"
+fi
+if [[ "$what" == profile ]]; then  # per-kernel act/observe profile with the rope-in-attention A/B (~4 min)
+  bench profile_pi05 560 --rope-ab --json "$OUT/profile_pi05_w2.json"
 fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2

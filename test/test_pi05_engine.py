@@ -188,6 +188,22 @@ def test_triton_engine_matches_reference(dev, dtype):
 
 
 @pytest.mark.interpret
+def test_rope_in_attention_gives_the_split_kernel_path(dev):
+    """The expert's attention reading q/k/v straight from the QKV GEMM output and rotating on load gives the
+    actions of the path with the split/rotate kernel (same math; fp32)."""
+    config, state = pi05.build_tiny(5, micro_config())
+    weights = pi05.convert(config, state)
+    inputs = [t.to(dev) for t in micro_inputs(config, seed=2)]
+    split = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False)
+    fused = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, rope_in_attention=True)
+    torch_path = Pi05Engine(weights, device=dev, backend="torch", graphs=False, rope_in_attention=True)
+    with torch.no_grad():
+        want = split.sample_actions(*inputs).cpu()
+        assert (fused.sample_actions(*inputs).cpu() - want).abs().max() < TOL["fp32_vs_reference"]
+        assert (torch_path.sample_actions(*inputs).cpu() - want).abs().max() < TOL["fp32_vs_reference"]
+
+
+@pytest.mark.interpret
 def test_run_stage_hooks_give_the_staged_results(dev):
     """run_stage records pre / post with the stage (one CUDA graph on a GPU, eager on the CPU) and gives the
     staged API's results, at capture and at replay. On a GPU a hook that cannot be captured (it reads a
@@ -316,3 +332,16 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
     assert second.linear.choices == first.linear.choices and second.attend.choices == first.attend.choices
     assert all(t.get("from_cache") for t in [*second.linear.timings.values(), *second.attend.timings.values()])
     assert rel_l2(b, a) <= TOL["restart"]
+
+
+@pytest.mark.gpu
+def test_rope_in_attention_graphs_match_the_split_kernel_graphs(fixture_weights, cases):
+    if interpreting():
+        pytest.skip("CUDA graphs need compiled kernels (run with TRITON_INTERPRET=0)")
+    c = {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    split = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
+    fused = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, rope_in_attention=True)
+    a = split.sample_actions(*_inputs(c), c["noise"])
+    b = fused.sample_actions(*_inputs(c), c["noise"])
+    assert fused.captures == 2 and rel_l2(b, a) <= TOL["graph_vs_eager"]
+    assert cosine(b, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(b, c["actions"]) <= TOL["bf16_rel_l2"]

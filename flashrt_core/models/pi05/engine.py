@@ -82,7 +82,7 @@ class Pi05Engine:
     def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
-                 tuning_cache="default"):
+                 tuning_cache="default", rope_in_attention: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -92,7 +92,9 @@ class Pi05Engine:
         before. tune_attention: time attention launch configurations per shape during warm-up.
         tuning_cache: directory where the tuned GEMM and attention choices are kept per GPU and software
         ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in every process), or a
-        `TuningCache`."""
+        `TuningCache`. rope_in_attention: the action expert's attention reads q, k and v straight from the
+        QKV GEMM output and rotates q and k on load, instead of a split/rotate kernel before it (one kernel
+        less per layer and flow step; off until an H200 A/B measures it, `profile_pi05.py --rope-in-attention`)."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -108,6 +110,7 @@ class Pi05Engine:
         # no host->device copy during capture).
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
         self.pdl = bool(pdl)
+        self.rope_in_attention = bool(rope_in_attention)
         if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
             self.tuning_cache = tuning_cache or None
         else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
@@ -191,10 +194,18 @@ class Pi05Engine:
             mod = w.ada_attn[step, 0]
             h = K.ada_rms_norm(x, mod[0], mod[1], eps, backend=be)
             for i, L in enumerate(layers):
-                q = K.qkv_rope_cache(lin(h, L.qkv_w), positions, self.cos, self.sin, suffix_k, suffix_v, 0,
-                                     num_q_heads=e.heads, num_kv_heads=e.kv_heads, backend=be)
+                qkv = lin(h, L.qkv_w)
+                if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
+                    heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
+                    q, k2, v2 = (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
+                                 heads[:, :, e.heads + e.kv_heads:].transpose(1, 2))
+                    rope = (positions, self.cos, self.sin)
+                else:
+                    q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0,
+                                         num_q_heads=e.heads, num_kv_heads=e.kv_heads, backend=be)
+                    k2, v2, rope = suffix_k, suffix_v, None
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
-                a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=suffix_k, v2=suffix_v,
+                a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
                                 backend=be)
                 o = lin(a.flatten(2), L.o_w)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]

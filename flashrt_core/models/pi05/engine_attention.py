@@ -24,43 +24,46 @@ TIMED_CALLS = 10
 
 
 class AttentionPicker:
-    """`picker(q, k, v, key_mask, k2, v2, backend=...)` = `kernels.attention`, with the launch configuration
-    per shape chosen by timing while `tuning` is True (CUDA only)."""
+    """`picker(q, k, v, key_mask, k2, v2, rope=..., backend=...)` = `kernels.attention`, with the launch
+    configuration per shape chosen by timing while `tuning` is True (CUDA only)."""
 
     def __init__(self, device, enabled: bool = True, cache=None):
         self.device, self.enabled, self.tuning, self.cache = torch.device(device), enabled, False, cache
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
-    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, backend=None):
+    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, rope=None, backend=None):
         if not (self.enabled and q.device.type == "cuda" and K.available(q.device) and backend != "torch"):
-            return K.attention(q, k, v, key_mask, k2, v2, backend=backend)
+            return K.attention(q, k, v, key_mask, k2, v2, rope=rope, backend=backend)
         from flashrt_core.kernels.flash_attention import attention
 
         key = (tuple(q.shape), tuple(k.shape), key_mask is not None, None if k2 is None else tuple(k2.shape), q.dtype)
+        if rope is not None:  # another kernel specialization (and other strides): tuned on its own
+            key = (*key, "rope")
         if key not in self.choices:
             if not self.tuning:
-                return attention(q, k, v, key_mask, k2, v2)
-            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2)
-        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key])
+                return attention(q, k, v, key_mask, k2, v2, rope=rope)
+            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2, rope)
+        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key], rope=rope)
 
-    def _cached(self, key, q, k, v, key_mask, k2, v2):
+    def _cached(self, key, q, k, v, key_mask, k2, v2, rope=None):
         """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""
         from flashrt_core.kernels.flash_attention import attention
 
         def check(config):
-            return _matches(attention(q, k, v, key_mask, k2, v2, config=config), attention(q, k, v, key_mask, k2, v2))
+            got = attention(q, k, v, key_mask, k2, v2, config=config, rope=rope)
+            return _matches(got, attention(q, k, v, key_mask, k2, v2, rope=rope))
         return reuse_or_tune(self.cache, "attention", key, CANDIDATES, check,
-                             lambda: self._tune(key, q, k, v, key_mask, k2, v2), self.timings, q.device)
+                             lambda: self._tune(key, q, k, v, key_mask, k2, v2, rope), self.timings, q.device)
 
-    def _tune(self, key, q, k, v, key_mask, k2, v2):
+    def _tune(self, key, q, k, v, key_mask, k2, v2, rope=None):
         from flashrt_core.kernels.flash_attention import attention
 
-        want = attention(q, k, v, key_mask, k2, v2)
+        want = attention(q, k, v, key_mask, k2, v2, rope=rope)
         times = {}
         for config in [None, *CANDIDATES]:
             name = "heuristic" if config is None else str(config)
-            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c))
+            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope))
             try:
                 if not _matches(fn(None), want):
                     times[name] = "mismatch"
@@ -76,7 +79,7 @@ class AttentionPicker:
 
     def report(self) -> list[dict]:
         """The chosen configuration per shape with every candidate's time (for benchmark JSON)."""
-        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3],
+        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3], "rope": "rope" in key,
                  "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
                 for key, c in self.choices.items()]
 
