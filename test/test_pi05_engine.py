@@ -296,11 +296,16 @@ def test_linear_picker_modes_route_to_cublas_on_cpu():
 
 
 # ---- CUDA graphs --------------------------------------------------------------------------------------------
+def cuda_case(cases):
+    """The two-view padded-prompt case on the GPU (compiled kernels only: graphs and tuning need them)."""
+    if interpreting():
+        pytest.skip("CUDA graphs and tuning need compiled kernels (run with TRITON_INTERPRET=0)")
+    return {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_match_eager_and_never_recapture(fixture_weights, cases):
-    if interpreting():
-        pytest.skip("CUDA graphs need compiled kernels (run with TRITON_INTERPRET=0)")
-    c = {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    c = cuda_case(cases)
     graphed = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
     eager = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, graphs=False, gemm="torch")
     a = graphed.sample_actions(*_inputs(c), c["noise"])
@@ -320,9 +325,7 @@ def test_cuda_graphs_match_eager_and_never_recapture(fixture_weights, cases):
 
 @pytest.mark.gpu
 def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp_path):
-    if interpreting():
-        pytest.skip("tuning needs compiled kernels (run with TRITON_INTERPRET=0)")
-    c = {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    c = cuda_case(cases)
     first = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path)
     a = first.sample_actions(*_inputs(c), c["noise"])
     assert first.linear.choices and first.attend.choices and list(tmp_path.glob("*.json"))
@@ -336,9 +339,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 def test_rope_in_attention_graphs_match_the_split_kernel_graphs(fixture_weights, cases):
-    if interpreting():
-        pytest.skip("CUDA graphs need compiled kernels (run with TRITON_INTERPRET=0)")
-    c = {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    c = cuda_case(cases)
     split = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
     fused = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, rope_in_attention=True)
     a = split.sample_actions(*_inputs(c), c["noise"])
