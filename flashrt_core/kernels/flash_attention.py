@@ -215,7 +215,8 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
     rope = (positions [B, T] int, cos, sin [P, Dh / 2] fp32): q and k2 (then S2 == T) are rotated on load.
-    `config` = (BLOCK_M, BLOCK_N, splits, num_warps) overrides the heuristic (for tuning sweeps)."""
+    `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) overrides the heuristic (tuning sweeps;
+    num_stages defaults to 2)."""
     op = "attention"
     check(op, "q", q, ndim=4)
     b, t, hq, dh = q.shape
@@ -245,7 +246,8 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     scale = 1.0 / math.sqrt(dh) if scale is None else float(scale)
     group = hq // hkv
     block_d = next_pow2(dh, 16)
-    block_m, block_n, splits, warps = config or _blocks(t * group, b * hkv, s + s2, block_d)
+    block_m, block_n, splits, warps, *rest = config or _blocks(t * group, b * hkv, s + s2, block_d)
+    stages = rest[0] if rest else 2
     keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
     splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
     n_rows = splits * b * t * hq
@@ -272,5 +274,5 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        num_warps=warps, num_stages=2, **pdl_launch(q.device))
+        num_warps=warps, num_stages=stages, **pdl_launch(q.device))
     return out

@@ -17,9 +17,13 @@ from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
 from flashrt_core.models.pi05.engine_tuning import reuse_or_tune
 
-# (BLOCK_M, BLOCK_N, splits, num_warps) tried besides the kernel's heuristic (None).
+# (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) tried besides the kernel's heuristic (None). The last
+# rows are aimed at the expert's 400 GQA rows over ~610 keys of head dim 256 (its heuristic: (16, 32, 8, 8)):
+# shallower or deeper key pipelines, 16 warps for the wide accumulator, other split counts.
 CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 8), (64, 32, 8, 4),
-              (128, 32, 4, 8), (32, 32, 16, 4), (64, 32, 16, 4), (64, 64, 1, 4), (128, 64, 1, 8)]
+              (128, 32, 4, 8), (32, 32, 16, 4), (64, 32, 16, 4), (64, 64, 1, 4), (128, 64, 1, 8),
+              (16, 32, 8, 8, 1), (16, 32, 8, 8, 3), (16, 64, 4, 8, 2), (16, 32, 16, 8, 1), (32, 32, 8, 8, 2),
+              (32, 32, 8, 16, 2), (64, 32, 8, 16, 2), (16, 32, 4, 8, 3)]
 TIMED_CALLS = 10
 
 
