@@ -29,7 +29,10 @@ CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256,
            (32, 128, 8, 4, 4), (64, 128, 4, 4, 4),
            # split 0: one BLOCK_K slice per program, weight tile prefetched before the PDL wait
            (32, 256, 0, 4, 1), (64, 128, 0, 4, 1), (32, 128, 0, 4, 1), (16, 256, 0, 4, 1), (64, 256, 0, 8, 1),
-           (32, 512, 0, 4, 1)]
+           (32, 512, 0, 4, 1),
+           # for the N = 1024 outputs (o_proj, down), the slowest per byte on the H200 (0.7-1.1 TB/s)
+           (16, 512, 0, 4, 1), (64, 512, 0, 8, 1), (16, 128, 0, 4, 1), (16, 256, 2, 4, 3), (32, 256, 2, 4, 3),
+           (16, 128, 8, 4, 3)]
 
 try:  # Triton is optional on CPU-only installs; the picker then never offers it
     import triton
