@@ -56,6 +56,8 @@ class BufferSet:
 
     def __init__(self, contract: Contract, device: torch.device):
         self.contract = contract
+        # Asked at every snapshot and restore (between two control ticks): worked out once.
+        self._persistent_names = tuple(n for n, b in contract.buffers.items() if b.persistent)
         self.device = device
         self.tensors: dict[str, torch.Tensor] = {}
         self.host_inputs: dict[str, torch.Tensor] = {}  # host copies of device-placed inputs
@@ -92,7 +94,7 @@ class BufferSet:
                 self.device_version[n] = self.ledger.buffers[n].version
 
     def persistent(self) -> dict[str, torch.Tensor]:
-        return {n: self.tensors[n] for n, b in self.contract.buffers.items() if b.persistent}
+        return {n: self.tensors[n] for n in self._persistent_names}
 
     def layout(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return {n: (tuple(b.shape), b.dtype) for n, b in self.contract.buffers.items()}
