@@ -99,7 +99,9 @@ def main(argv=None) -> int:
     options = dict(dtype=torch.bfloat16, gemm=args.gemm, pdl=bool(args.pdl),
                    tune_attention=not args.no_attention_tuning)
     engine = Pi05Engine(w32, device="cuda", **options)
-    variant = Pi05Engine(w32, device="cuda", rope_in_attention=True, **options) if args.rope_ab else None
+    # The variant shares the engine's tuning cache: the same GEMM choices, and only its attention tuned anew.
+    variant = (Pi05Engine(w32, device="cuda", rope_in_attention=True, tuning_cache=engine.tuning_cache, **options)
+               if args.rope_ab else None)
     del w32
     inputs = random_inputs(config, 0, "cuda")
     names = ("images", "image_masks", "lang_tokens", "lang_mask", "noise")

@@ -159,6 +159,22 @@ def test_full_shapes_on_cuda(dtype):
     ks = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35)
     vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
     close(K.attention(qs, k, v, mask, ks, vs, backend="triton"), R.attention_ref(qs, k, v, mask, ks, vs))
+    # The same with q / k2 / v2 as views of the expert's fused QKV output, rotated on load (rope_in_attention),
+    # with the kernel's heuristic and with a key split, against the split/rotate kernel's reference.
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    fused = randn(1, 50, 10 * 256, dtype=dtype, dev="cuda", seed=38)
+    heads = fused.view(1, 50, 10, 256)
+    cos, sin = K.rope_cos_sin(610, 256, 10000.0, device="cuda")
+    positions = (530 + torch.arange(50, device="cuda"))[None]
+    k2s = torch.empty(1, 1, 50, 256, dtype=dtype, device="cuda")
+    v2s = torch.empty_like(k2s)
+    q_rot = R.qkv_rope_cache_ref(fused, positions, cos, sin, k2s, v2s, 0, num_q_heads=8, num_kv_heads=1)
+    want = R.attention_ref(q_rot, k, v, mask, k2s, v2s)
+    for config in (None, (16, 32, 8, 8), (16, 32, 8, 8, 3)):
+        got = attention_kernel(heads[:, :, :8], k, v, mask, heads[:, :, 8:9].transpose(1, 2),
+                               heads[:, :, 9:].transpose(1, 2), rope=(positions, cos, sin), config=config)
+        close(got, want)
     # SigLIP: 2 views x 256 tokens, 16 heads of 72, no mask.
     qkv = randn(2, 256, 3, 16, 72, dtype=dtype, dev="cuda", seed=37)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)

@@ -94,7 +94,7 @@ class Pi05Engine:
         ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in every process), or a
         `TuningCache`. rope_in_attention: the action expert's attention reads q, k and v straight from the
         QKV GEMM output and rotates q and k on load, instead of a split/rotate kernel before it (one kernel
-        less per layer and flow step; off until an H200 A/B measures it, `profile_pi05.py --rope-in-attention`)."""
+        less per layer and flow step; off until an H200 A/B measures it, `profile_pi05.py --rope-ab`)."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
