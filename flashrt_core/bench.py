@@ -83,32 +83,35 @@ def cuda_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
     return ms
 
 
-def graph_ms(fn, items, rounds: int = 3) -> float:
+def graph_ms(fn, items, rounds: int = 3, device=None) -> float:
     """ms per call of fn(item) for each of `items` in turn, captured once as a CUDA graph and replayed (median
     of `rounds` replays): the cost inside a decision, without host launch overhead. Capture happens on a side
-    stream, so this also works inside the engine's warm-up."""
-    stream = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
+    stream, so this also works inside the engine's warm-up; the caller's stream waits for it even when the
+    capture fails (the error propagates)."""
+    stream = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
     side.wait_stream(stream)
-    with torch.cuda.stream(side):
-        for item in items:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
-            fn(item)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            for item in items:
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            for item in items:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
                 fn(item)
-        graph.replay()
-        times = []
-        for _ in range(rounds):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(side)
+            with torch.cuda.graph(graph, stream=side):
+                for item in items:
+                    fn(item)
             graph.replay()
-            end.record(side)
-            end.synchronize()
-            times.append(start.elapsed_time(end) / len(items))
-    stream.wait_stream(side)
-    del graph
-    return sorted(times)[len(times) // 2]
+            times = []
+            for _ in range(rounds):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(side)
+                graph.replay()
+                end.record(side)
+                end.synchronize()
+                times.append(start.elapsed_time(end) / len(items))
+    finally:
+        stream.wait_stream(side)
+        del graph
+    return statistics.median(times)
 
 
 def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:

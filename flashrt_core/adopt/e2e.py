@@ -138,9 +138,8 @@ class _Search:
         try:
             return GraphedMethod(s.model, self.method, s.args, s.kwargs)
         except Exception:
-            if caller is not None:  # a failing capture_end can skip the stream context's own exit
-                torch.cuda.set_stream(caller)
-                torch.cuda.synchronize(s.device)
+            if caller is not None:
+                gates.recover_from_failed_capture(caller, s.device)
             raise
 
     def run(self, min_gain: float) -> Trial | None:

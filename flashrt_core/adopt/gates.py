@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from flashrt_core.adopt.signature import tensors_in
+from flashrt_core.bench import graph_ms
 
 # Default bound on the max relative error, by the lowest floating precision a unit computes in.
 MAX_REL_ERR = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -151,8 +152,7 @@ class GraphTimer:
         try:
             seconds = self._graph_seconds(fn, caller)
         except Exception as exc:  # caught outside torch.cuda.graph, whose exit has ended the capture
-            torch.cuda.set_stream(caller)  # a failing capture_end can skip the stream context's own exit
-            torch.cuda.synchronize(self.device)
+            recover_from_failed_capture(caller, self.device)
             if unit is not None:
                 self.eager_only[unit] = f"{type(exc).__name__}: {str(exc)[:200]}"
             return self.fallback(fn)
@@ -170,28 +170,20 @@ class GraphTimer:
     def _graph_seconds(self, fn, caller) -> float:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(caller)
-        graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.stream(side):
                 fn()  # warm-up: Triton compiles, cuBLAS picks its algorithm, lazy state is built, outside capture
                 reps = self._count(fn, side)
-            with torch.cuda.graph(graph, stream=side):
-                for _ in range(reps):
-                    fn()
-            with torch.cuda.stream(side):
-                graph.replay()
-                times = []
-                for _ in range(self.replays):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record(side)
-                    graph.replay()
-                    end.record(side)
-                    end.synchronize()
-                    times.append(start.elapsed_time(end) / 1e3 / reps)
         finally:
             caller.wait_stream(side)
-            del graph
-        return statistics.median(times)
+        return graph_ms(lambda _: fn(), [None] * reps, rounds=self.replays, device=self.device) / 1e3
+
+
+def recover_from_failed_capture(caller, device) -> None:
+    """After a CUDA-graph capture raised: a failing capture_end can skip the stream context's own exit, so make
+    `caller` current again and let the device finish what the failed capture left."""
+    torch.cuda.set_stream(caller)
+    torch.cuda.synchronize(device)
 
 
 def timer_mode(timer, unit: str | None = None) -> str:

@@ -321,8 +321,7 @@ def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None
     for name in contract.stages:
         a = ages[name]
         held = sum(1 for e in events if e["stage"] == name and "skipped" in e)
-        stages[name] = {"trigger": contract.stages[name].trigger.describe()
-                        + (" (deferred)" if contract.stages[name].deferred else ""), "runs": ledger.runs[name],
+        stages[name] = {"trigger": contract.stages[name].describe_trigger(), "runs": ledger.runs[name],
                         "misses": ledger.misses[name], "lates": ledger.lates[name], "skipped": held,
                         "age_ms": {"min": min(a), "mean": sum(a) / len(a), "max": max(a)} if a else None}
     return {"contract": contract.source, "duration_s": duration_s, "tick_hz": tick_hz,

@@ -90,6 +90,10 @@ class StageSpec:
     # the next tick on (a slow stage pipelined behind the fast output stage).
     deferred: bool = False
 
+    def describe_trigger(self) -> str:
+        """When the stage runs, for summaries and reports: its trigger, and whether it is deferred."""
+        return self.trigger.describe() + (" (deferred)" if self.deferred else "")
+
 
 @dataclass(frozen=True)
 class StageSignature:
@@ -167,8 +171,7 @@ class Contract:
         lines = [f"model {self.model.name} ({weights}, {self.model.dtype}); "
                  f"output {self.output}; graphs {self.graphs}"]
         for s in self.stages.values():
-            when = s.trigger.describe() + (" (deferred)" if s.deferred else "")
-            lines.append(f"  stage {s.name}: {when}; reads {', '.join(s.reads) or '-'}; "
+            lines.append(f"  stage {s.name}: {s.describe_trigger()}; reads {', '.join(s.reads) or '-'}; "
                          f"writes {', '.join(s.writes)}")
         for b in self.buffers.values():
             lines.append(f"  buffer {b.name}: {list(b.shape)} {b.dtype} {b.lifetime}"

@@ -8,8 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import KernelInputError, check, check_out
-from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._common import KernelInputError, check, check_out, pdl_launch
 from flashrt_core.kernels._pdl import pdl_enter
 
 _BLOCK = 1024

@@ -5,8 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import check, check_out, next_pow2, row_warps
-from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._common import check, check_out, next_pow2, pdl_launch, row_warps
 from flashrt_core.kernels._pdl import pdl_enter
 
 

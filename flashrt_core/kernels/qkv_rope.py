@@ -16,8 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2
-from flashrt_core.kernels._common import pdl_launch
+from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2, pdl_launch
 from flashrt_core.kernels._pdl import pdl_enter
 
 

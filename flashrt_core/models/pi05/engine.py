@@ -17,9 +17,8 @@ On a CPU the same code runs with the kernels' torch references (or Triton under 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -185,8 +184,9 @@ class Pi05Engine:
         e, eps, chunk = c.expert, c.rms_eps, c.chunk_size
         b = buf.noise.shape[0]
         positions = buf.n_valid[:, None] + torch.arange(chunk, device=self.device)
-        suffix_k = torch.empty(b, e.kv_heads, chunk, e.head_dim, device=self.device, dtype=self.dtype)
-        suffix_v = torch.empty_like(suffix_k)
+        if not self.rope_in_attention:  # the split/rotate kernel's outputs (the other path reads the QKV output)
+            suffix_k = torch.empty(b, e.kv_heads, chunk, e.head_dim, device=self.device, dtype=self.dtype)
+            suffix_v = torch.empty_like(suffix_k)
         x_t = buf.noise.clone()
         layers = w.expert_layers
         for step in range(c.num_steps):
