@@ -163,8 +163,6 @@ def main(argv=None) -> int:
     base = load_contract(args.config).with_overrides(
         dtype=args.dtype, rates={"observe": args.observe_hz, "act": args.act_hz},
         limits={"max_observation_age_ms": None}, options={"engine": args.engine})
-    if args.graphs:
-        base = type(base)(**{**vars(base), "graphs": args.graphs})
     result = {
         "benchmark": "runtime", "config": pathlib.Path(args.config).name, "engine": args.engine,
         "dtype": base.model.dtype, "device": args.device,
@@ -175,7 +173,7 @@ def main(argv=None) -> int:
     }
     for mode in modes:
         contract = base.with_overrides(deferred={"observe": mode == "deferred"})
-        if args.graphs:
+        if args.graphs:  # not a contract override: set on the validated contract of each mode
             contract = type(contract)(**{**vars(contract), "graphs": args.graphs})
         t0 = time.perf_counter()
         rt = Runtime(contract, device=args.device, seed=0)
@@ -200,12 +198,11 @@ def main(argv=None) -> int:
         print(f"pi0.5 runtime  {result['config']}  engine={args.engine}  graphs={graphs}  mode={mode}  "
               f"{result['dtype']}  {result['gpu']}")
         print(f"{'what':<28}{'mean ms':>10}{'p50':>10}{'p99':>10}{'max':>10}")
-        for key in ("act_only_gpu_ms", "act_only_step_ms", "observe_act_gpu_ms", "observe_act_step_ms"):
-            st = costs[key]
-            print(f"{key:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
-        for key in ("gpu_ms_per_tick", "step_ms_per_tick", "actions_ms_per_tick"):
-            st = mixed[key]
-            print(f"{'mixed ' + key:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
+        rows = [(k, costs[k]) for k in ("act_only_gpu_ms", "act_only_step_ms", "observe_act_gpu_ms",
+                                        "observe_act_step_ms")]
+        rows += [("mixed " + k, mixed[k]) for k in ("gpu_ms_per_tick", "step_ms_per_tick", "actions_ms_per_tick")]
+        for label, st in rows:
+            print(f"{label:<28}{st['mean']:>10.3f}{st['p50']:>10.3f}{st['p99']:>10.3f}{st['max']:>10.3f}")
         print(f"mixed run: {mixed['ticks']} ticks in {mixed['duration_s']} s at {mixed['act_hz']} Hz, "
               f"{mixed['observe_runs']} observes, deadline misses {mixed['deadline_misses']} "
               f"({mixed['late_ticks']} late ticks + {mixed['dropped_periods']} dropped periods), "
