@@ -145,13 +145,16 @@ def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
         n = len(rig.chunks)
         assert rig.wait(lambda: len(rig.chunks) >= n + 3, 20), f"no chunks after {mode}\n{rig.log()}"
     # Stale sensors: nothing arrives -> stop publishing, ERROR in diagnostics; fresh again -> resume.
+    silent_from = time.monotonic()
     rig.mode = "silent"
     assert rig.wait(lambda: rig.last_status() is not None and rig.last_status().level == b"\x02"
                     and "not publishing" in rig.last_status().message, 10), rig.last_status()
     # The chunk publisher's deadline QoS (one act period) reports the silence too.
     assert rig.wait(lambda: int(_values(rig.last_status())["action_chunk_deadline_misses"]) > 0, 5)
-    quiet_from = time.monotonic() + 0.3
-    rig.wait(lambda: False, 1.0)
+    # A frame sent just before the silence may reach a busy node late and still be younger than max_age_ms
+    # (0.4 s): from silence + max age + a margin on, every observation the node can have is too old.
+    quiet_from = max(time.monotonic() + 0.3, silent_from + 0.4 + 0.3)
+    rig.wait(lambda: False, quiet_from - time.monotonic() + 0.7)
     assert not rig.chunks_since(quiet_from), "published actions from stale observations"
     rig.mode = "good"
     resumed = time.monotonic()
