@@ -2,7 +2,7 @@
 graph-timed GEMM candidates at the action expert's shapes (GPU round).
 
   python benchmarks/profile_pi05.py --json benchmarks/results/profile_pi05_w2.json [--views 2] [--pdl 0]
-                                    [--rope-ab]
+                                    [--ab norm_in_gemm|rope_in_attention]
 
 For each stage (`observe`, `act`) it replays the CUDA graph under torch.profiler (CUPTI records the kernels
 of a graph replay one by one) and prints, per kernel name: launches per replay, total and mean GPU time,
@@ -10,9 +10,11 @@ and the share of the stage's wall time; "gaps" is wall time minus summed kernel 
 idle SMs between dependent kernels). It also prints the engine's own GEMM choices: the picker timed cuBLAS
 and every skinny Triton configuration in a CUDA graph with the weights cycled past L2 (`gemm_choices` in
 the JSON keeps every candidate's time).
---rope-ab also builds an engine with `rope_in_attention=True` (the expert's attention rotates q/k on load,
-no split/rotate kernel) from the same weights and profiles its act stage in the same process
-(`act_rope_in_attention` in the JSON), so the two act times compare within one run.
+--ab FLAG also builds an engine with that `Pi05Engine` flag flipped from its default (`norm_in_gemm`: the
+expert's AdaRMS norms and gated residuals inside its GEMMs, on by default; `rope_in_attention`: the expert's
+attention rotates q/k on load instead of a split/rotate kernel, off by default) from the same weights, prints
+the action cosine between the two engines and profiles the variant's act stage in the same process
+(`act_<flag>_<on|off>` in the JSON), so the two act times compare within one run.
 """
 from __future__ import annotations
 
@@ -75,9 +77,13 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
             continue
         nbytes = n * k * dtype_bytes
         best = min(times, key=times.get)
-        print(f"gemm [{r['m']}x{k}] x [{n}x{k}]^T{' geglu' if r['geglu'] else ''}: chose {r['choice']} "
+        fused = "".join(f" +{f}" for f in r.get("fused", []))
+        print(f"gemm [{r['m']}x{k}] x [{n}x{k}]^T{' geglu' if r['geglu'] else ''}{fused}: chose {r['choice']} "
               f"{times[r['choice']] * 1e3:.2f} us ({nbytes / times[r['choice']] / 1e6:.0f} GB/s); fastest {best}; "
               f"cublas {times.get('cublas', float('nan')) * 1e3:.2f} us")
+
+
+AB_FLAGS = {"norm_in_gemm": True, "rope_in_attention": False}  # Pi05Engine flags and their defaults
 
 
 def main(argv=None) -> int:
@@ -89,7 +95,7 @@ def main(argv=None) -> int:
     p.add_argument("--gemm", default="auto", help="engine GEMM mode: auto, torch, triton")
     p.add_argument("--pdl", type=int, default=1, help="1: programmatic dependent launch (default), 0: off")
     p.add_argument("--no-attention-tuning", action="store_true")
-    p.add_argument("--rope-ab", action="store_true", help="also profile act with rope_in_attention=True")
+    p.add_argument("--ab", choices=sorted(AB_FLAGS), help="also profile act with this engine flag flipped")
     args = p.parse_args(argv)
     from flashrt_core.models.pi05 import convert
     from flashrt_core.models.pi05.engine import Pi05Engine
@@ -99,9 +105,12 @@ def main(argv=None) -> int:
     options = dict(dtype=torch.bfloat16, gemm=args.gemm, pdl=bool(args.pdl),
                    tune_attention=not args.no_attention_tuning)
     engine = Pi05Engine(w32, device="cuda", **options)
-    # The variant shares the engine's tuning cache: the same GEMM choices, and only its attention tuned anew.
-    variant = (Pi05Engine(w32, device="cuda", rope_in_attention=True, tuning_cache=engine.tuning_cache, **options)
-               if args.rope_ab else None)
+    # The variant shares the engine's tuning cache: only the shapes / fusions it adds are tuned anew.
+    variant, variant_name = None, None
+    if args.ab:
+        flipped = not AB_FLAGS[args.ab]
+        variant_name = f"act_{args.ab}_{'on' if flipped else 'off'}"
+        variant = Pi05Engine(w32, device="cuda", tuning_cache=engine.tuning_cache, **{args.ab: flipped}, **options)
     del w32
     inputs = random_inputs(config, 0, "cuda")
     names = ("images", "image_masks", "lang_tokens", "lang_mask", "noise")
@@ -109,7 +118,7 @@ def main(argv=None) -> int:
     if variant is not None:
         other = variant.sample_actions(*(inputs[k] for k in names))
         cos = torch.nn.functional.cosine_similarity(other.flatten().double(), actions.flatten().double(), dim=0)
-        print(f"rope_in_attention: action cosine vs the split-kernel engine {float(cos):.6f}")
+        print(f"{variant_name}: action cosine vs the default engine {float(cos):.6f}")
     torch.cuda.synchronize()
     print(f"engine built: pdl={engine.pdl}, gemm choices " + ", ".join(
         f"{r['weight']}{'g' if r['geglu'] else ''}:{r['choice']}" for r in engine.linear.report()))
@@ -119,14 +128,14 @@ def main(argv=None) -> int:
         profiles[stage] = profile_graph(getattr(engine, stage), args.reps)
         print_profile(stage, profiles[stage], args.top)
     if variant is not None:
-        profiles["act_rope_in_attention"] = profile_graph(variant.act, args.reps)
-        print_profile("act_rope_in_attention", profiles["act_rope_in_attention"], args.top)
-        print(f"act wall: split kernel {profiles['act']['wall_us']:.0f} us, rope in attention "
-              f"{profiles['act_rope_in_attention']['wall_us']:.0f} us")
+        profiles[variant_name] = profile_graph(variant.act, args.reps)
+        print_profile(variant_name, profiles[variant_name], args.top)
+        print(f"act wall: default engine {profiles['act']['wall_us']:.0f} us, {variant_name} "
+              f"{profiles[variant_name]['wall_us']:.0f} us")
     gemm_table(engine.linear.report())
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
                 "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),
-                "tune_attention": not args.no_attention_tuning, "reps": args.reps, "rope_ab": args.rope_ab}
+                "tune_attention": not args.no_attention_tuning, "reps": args.reps, "ab": args.ab}
     write_result(args.json, workload, {"profiles": profiles},
                  {"gemm_choices": engine.linear.report(), "attention_choices": engine.attend.report(),
                   "ceilings": CEILINGS})

@@ -48,13 +48,13 @@ if [[ "$what" == bench || "$what" == all ]]; then
   bench bench_capsule 90 --fused-kv --runtime --json "$OUT/capsule_h200.json"
   bench bench_kernels 180 --json "$OUT/kernels_h200.json"
   bench bench_adopt 240 --compile-mode none --json "$OUT/adopt_pi05_w2.json"
-  bench profile_pi05 260 --rope-ab --json "$OUT/profile_pi05_w2.json"
+  bench profile_pi05 260 --ab norm_in_gemm --json "$OUT/profile_pi05_w2.json"
 fi
 if [[ "$what" == adopt ]]; then
   bench bench_adopt 570 --capture --compile-mode default --json "$OUT/adopt_pi05_w2.json"
 fi
-if [[ "$what" == profile ]]; then  # per-kernel act/observe profile with the rope-in-attention A/B (~4 min)
-  bench profile_pi05 560 --rope-ab --json "$OUT/profile_pi05_w2.json"
+if [[ "$what" == profile ]]; then  # per-kernel act/observe profile with the norm-in-GEMM A/B (~4 min)
+  bench profile_pi05 560 --ab norm_in_gemm --json "$OUT/profile_pi05_w2.json"
 fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2

@@ -205,3 +205,28 @@ def test_attention_picker_retunes_a_cached_choice_that_computes_wrong(dev, monke
     calls = _recording_tune(picker, None)
     assert picker._cached(key, q, k, v, None, None, None) is None and calls == [key]
     assert cache.get("attention", key)[:2] == (True, None)
+
+
+@pytest.mark.interpret
+def test_tuning_a_gemm_that_adds_into_the_residual_stream_leaves_the_stream_alone(dev, tmp_path):
+    """The picker's trial calls of a fused residual GEMM (cache check, and on a GPU the timing of every
+    candidate) add into a copy: the engine's residual stream is only changed by the real call."""
+    from flashrt_core.models.pi05.engine_gemm import GatedResidual
+
+    g = torch.Generator().manual_seed(14)
+    x, w, res, gate = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72), (50, 40), (40,)))
+    before = res.clone()
+    residual = GatedResidual(res, gate)
+    key = (50, (40, 72), False, False, x.dtype, "", "residual")
+    cache = T.TuningCache(None, CONTEXT)
+    cache.put("linear", key, CONFIGS[2])
+    picker = LinearPicker(dev, cache=cache)
+    assert picker._cached(key, x, w, None, False, None, None, residual) == CONFIGS[2]
+    assert torch.equal(res, before)
+    if torch.device(dev).type == "cuda":  # the candidates are timed in CUDA graphs
+        picker._tune(key, x, w, None, False, None, None, residual)
+        assert torch.equal(res, before)
+    picker.choices[key] = CONFIGS[2]
+    got = picker(x, w, residual=residual)
+    want = before + F.linear(x, w) * gate
+    assert got is res and (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()

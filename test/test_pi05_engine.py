@@ -22,7 +22,9 @@ from lerobot_cases import PI05_CASES, load_cases, model_inputs  # noqa: E402
 from flashrt_core.models.pi05 import reference as R  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
-from flashrt_core.models.pi05.engine_gemm import LinearPicker, skinny_linear  # noqa: E402
+from flashrt_core.kernels import reference as KR  # noqa: E402
+from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, RowNorm,  # noqa: E402
+                                                  skinny_linear)
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 
 TOL = {
@@ -32,6 +34,8 @@ TOL = {
     "bf16_rel_l2": 2e-2,  # ... and relative L2 error at most
     "masked_change": 1e-6,  # absolute: content of masked prompt tokens / camera slots must not matter
     "gemm_fp32": 1e-5,  # skinny GEMM vs F.linear, fp32 (relative to the output's max)
+    "fused_gemm_fp32": 2e-5,  # skinny GEMM with AdaRMS on load / gated residual vs the separate ops, fp32
+    "fused_gemm_bf16": 3e-2,  # ... bf16 (the scaled input is rounded before the product, not the norm)
     # relative L2: the graphed engine (GEMMs picked per shape: Triton skinny GEMM or cuBLAS) vs the eager one
     # with cuBLAS only; bf16 outputs of two accumulation orders (measured 1.02e-3 on an H200, 2026-12-02)
     "graph_vs_eager": 3e-3,
@@ -179,12 +183,14 @@ def test_triton_engine_matches_reference(dev, dtype):
     images, masks, tokens, lang_mask, noise = micro_inputs(config)
     with torch.no_grad():
         want = R.sample_actions(weights, images, masks, tokens, lang_mask, noise)
-    engine = Pi05Engine(weights, device=dev, dtype=dtype, backend="triton", gemm="triton", graphs=False)
-    got = engine.sample_actions(*(t.to(dev) for t in (images, masks, tokens, lang_mask, noise))).cpu()
-    if dtype == torch.float32:
-        assert (got - want).abs().max() < TOL["fp32_vs_reference"]
-    else:
-        assert cosine(got, want) >= TOL["bf16_cosine"] and rel_l2(got, want) <= TOL["bf16_rel_l2"]
+    for norm_in_gemm in (True, False):  # the expert's norms inside its GEMMs, or as kernels between them
+        engine = Pi05Engine(weights, device=dev, dtype=dtype, backend="triton", gemm="triton", graphs=False,
+                            norm_in_gemm=norm_in_gemm)
+        got = engine.sample_actions(*(t.to(dev) for t in (images, masks, tokens, lang_mask, noise))).cpu()
+        if dtype == torch.float32:
+            assert (got - want).abs().max() < TOL["fp32_vs_reference"]
+        else:
+            assert cosine(got, want) >= TOL["bf16_cosine"] and rel_l2(got, want) <= TOL["bf16_rel_l2"]
 
 
 @pytest.mark.interpret
@@ -266,6 +272,71 @@ def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
         want = F.gelu(gate, approximate="tanh") * up
     assert got.shape == (1, *want.shape)
     assert (got[0] - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+
+
+def fused_case(m, n, k, geglu, dtype, dev, seed):
+    """Random non-zero x, w, AdaRMS scale / shift, residual and gate, with the norm's shift projected."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(1, m, k, generator=g) * 3 + 0.5).to(dev, dtype)
+    w = (torch.randn((2 if geglu else 1) * n, k, generator=g) / k ** 0.5).to(dev, dtype)
+    scale, shift = (torch.randn(k, generator=g) * 0.5).to(dev, dtype), torch.randn(k, generator=g).to(dev, dtype)
+    norm = RowNorm(scale, shift, (shift.float() @ w.float().t()).contiguous(), 1e-6)
+    res = torch.randn(1, m, n, generator=g).to(dev, dtype)
+    gate = torch.randn(n, generator=g).to(dev, dtype)
+    return x, w, norm, res, gate
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,bias,geglu,split,fuse", [
+    (50, 40, 72, True, False, 1, "norm"), (7, 33, 129, False, False, 2, "norm"), (13, 20, 70, False, True, 2, "norm"),
+    (9, 16, 64, False, True, 0, "norm"), (50, 24, 96, True, False, 0, "norm"), (19, 24, 200, False, False, 3, "both"),
+    (50, 40, 72, False, False, 1, "residual"), (7, 33, 100, True, False, 4, "residual"),
+    (13, 24, 64, False, False, 0, "residual")], ids=lambda v: str(v))
+def test_skinny_linear_fuses_adarms_and_the_gated_residual(dev, dtype, m, n, k, bias, geglu, split, fuse):
+    """norm=RowNorm: the GEMM of AdaRMS(x) (x scaled on load, rows by their rsqrt mean square afterwards,
+    the shift as w @ shift); residual=GatedResidual: res += gate * result in place. Against the separate
+    reference ops, over every split mode (one program per K, split-K, one BLOCK_K slice per program)."""
+    x, w, norm, res, gate = fused_case(m, n, k, geglu, dtype, dev, seed=m + 7 * n + k)
+    b = torch.randn(n).to(dev, dtype) if bias else None
+    h = KR.ada_rms_norm_ref(x, norm.scale, norm.shift, norm.eps) if fuse in ("norm", "both") else x
+    want = F.linear(h.float(), w.float(), None if b is None else b.float())
+    if geglu:
+        gate_half, up = want.chunk(2, dim=-1)
+        want = F.gelu(gate_half, approximate="tanh") * up
+    if fuse in ("residual", "both"):
+        want = res.float() + want * gate.float()
+    residual = GatedResidual(res, gate) if fuse in ("residual", "both") else None
+    got = skinny_linear(x, w, b, geglu=geglu, block_n=16, block_k=32, split_k=split,
+                        norm=norm if fuse in ("norm", "both") else None, residual=residual)
+    if residual is not None:
+        assert got is res  # updated in place
+    tol = TOL["fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"]
+    assert (got.float() - want).abs().max() <= tol * want.abs().max()
+
+
+def test_linear_picker_unfused_path_applies_the_same_norm_and_residual():
+    """On the CPU (cuBLAS route) norm= and residual= run the separate AdaRMS and gated-residual ops."""
+    x, w, norm, res, gate = fused_case(11, 24, 40, False, torch.float32, "cpu", seed=3)
+    want = res + F.linear(KR.ada_rms_norm_ref(x, norm.scale, norm.shift, norm.eps), w) * gate
+    got = LinearPicker("cpu", mode="torch")(x, w, norm=norm, residual=GatedResidual(res, gate))
+    assert got is res
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+
+
+@pytest.mark.interpret
+def test_skinny_linear_rejects_mismatched_fusion_inputs(dev):
+    from flashrt_core.kernels._common import KernelInputError
+
+    x, w, norm, res, gate = fused_case(5, 16, 32, False, torch.float32, dev, seed=1)
+    with pytest.raises(KernelInputError, match="shift_w"):
+        skinny_linear(x, w, norm=RowNorm(norm.scale, norm.shift, norm.shift_w[:-1], 1e-6))
+    with pytest.raises(KernelInputError, match="scale"):
+        skinny_linear(x, w, norm=RowNorm(norm.scale[:-1], norm.shift, norm.shift_w, 1e-6))
+    with pytest.raises(KernelInputError, match="residual must be"):
+        skinny_linear(x, w, residual=GatedResidual(res[:, :-1], gate))
+    with pytest.raises(KernelInputError, match="gate"):
+        skinny_linear(x, w, residual=GatedResidual(res, gate[:-1]))
 
 
 @pytest.mark.interpret

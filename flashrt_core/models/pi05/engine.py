@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
-from flashrt_core.models.pi05.engine_gemm import LinearPicker
+from flashrt_core.models.pi05.engine_gemm import GatedResidual, LinearPicker, RowNorm
 from flashrt_core.models.pi05.engine_tuning import TuningCache
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
@@ -81,7 +81,7 @@ class Pi05Engine:
     def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
-                 tuning_cache="default", rope_in_attention: bool = False):
+                 tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -93,7 +93,10 @@ class Pi05Engine:
         ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in every process), or a
         `TuningCache`. rope_in_attention: the action expert's attention reads q, k and v straight from the
         QKV GEMM output and rotates q and k on load, instead of a split/rotate kernel before it (one kernel
-        less per layer and flow step; off until an H200 A/B measures it, `profile_pi05.py --rope-ab`)."""
+        less per layer and flow step; off: slower on the H200, `profile_pi05.py --ab rope_in_attention`).
+        norm_in_gemm: the action expert's AdaRMS norms run inside the GEMMs that read them (QKV, gate|up,
+        action out) and its gated residuals inside the GEMMs that produce them (o, down): no norm kernels
+        between the expert's GEMMs (`engine_gemm.RowNorm` / `GatedResidual`)."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -110,6 +113,8 @@ class Pi05Engine:
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
         self.pdl = bool(pdl)
         self.rope_in_attention = bool(rope_in_attention)
+        self.norm_in_gemm = bool(norm_in_gemm)
+        self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
         if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
             self.tuning_cache = tuning_cache or None
         else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
@@ -191,10 +196,14 @@ class Pi05Engine:
         layers = w.expert_layers
         for step in range(c.num_steps):
             x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
-            mod = w.ada_attn[step, 0]
-            h = K.ada_rms_norm(x, mod[0], mod[1], eps, backend=be)
+            if not self.norm_in_gemm:
+                mod = w.ada_attn[step, 0]
+                h = K.ada_rms_norm(x, mod[0], mod[1], eps, backend=be)
             for i, L in enumerate(layers):
-                qkv = lin(h, L.qkv_w)
+                if self.norm_in_gemm:
+                    qkv = lin(x, L.qkv_w, norm=self._norm("qkv", step, i), backend=be)
+                else:
+                    qkv = lin(h, L.qkv_w)
                 if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
                     heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
                     q, k2, v2 = (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
@@ -207,6 +216,11 @@ class Pi05Engine:
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
                                 backend=be)
+                if self.norm_in_gemm:
+                    lin(a.flatten(2), L.o_w, residual=GatedResidual(x, w.ada_attn[step, i, 2]), backend=be)
+                    g = lin.geglu(x, L.gate_up_w, norm=self._norm("gate_up", step, i), backend=be)
+                    lin(g, L.down_w, residual=GatedResidual(x, w.ada_mlp[step, i, 2]), backend=be)
+                    continue
                 o = lin(a.flatten(2), L.o_w)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
                 x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x, backend=be)
@@ -214,9 +228,20 @@ class Pi05Engine:
                 gate = w.ada_mlp[step, i, 2]
                 mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x, backend=be)
-            velocity = lin(h, w.action_out_w, w.action_out_b)
+            if self.norm_in_gemm:
+                velocity = lin(x, w.action_out_w, w.action_out_b, norm=self._norm("out", step), backend=be)
+            else:
+                velocity = lin(h, w.action_out_w, w.action_out_b)
             x_t.add_(velocity, alpha=w.dt)  # fp32 += dt * bf16 in one kernel (the upcast is exact)
         buf.actions.copy_(x_t)
+
+    def _norm(self, gemm: str, step: int, layer: int | None = None) -> RowNorm:
+        """The AdaRMS fused into the expert GEMM `gemm` ("qkv", "gate_up" or "out") at a step and layer."""
+        w = self.weights
+        mod = {"qkv": lambda: w.ada_attn[step, layer], "gate_up": lambda: w.ada_mlp[step, layer],
+               "out": lambda: w.ada_final[step]}[gemm]()
+        shift_w = self._shift_w[gemm][step] if layer is None else self._shift_w[gemm][step, layer]
+        return RowNorm(mod[0], mod[1], shift_w, self.config.rms_eps)
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def _launch_context(self, stage: str) -> contextlib.ExitStack:
@@ -397,6 +422,17 @@ class Pi05Engine:
 
     def sample_actions(self, images, image_masks, lang_tokens, lang_mask, noise) -> torch.Tensor:
         return self.denoise(self.encode_prefix(images, image_masks, lang_tokens, lang_mask), noise)
+
+
+def _shift_projections(w: Pi05Weights) -> dict[str, torch.Tensor]:
+    """weight @ shift in fp32 for every AdaRMS that the expert's GEMMs apply on load (`RowNorm.shift_w`):
+    "qkv" and "gate_up" [steps, depth, N], "out" [steps, action_dim]; computed from the weights in the
+    engine's dtype, which the GEMMs multiply."""
+    def proj(shift, weight):
+        return (shift.float() @ weight.float().t()).contiguous()
+    return {"qkv": torch.stack([proj(w.ada_attn[:, i, 1], L.qkv_w) for i, L in enumerate(w.expert_layers)], 1),
+            "gate_up": torch.stack([proj(w.ada_mlp[:, i, 1], L.gate_up_w) for i, L in enumerate(w.expert_layers)], 1),
+            "out": proj(w.ada_final[:, 1], w.action_out_w)}
 
 
 def make_engine(weights: Pi05Weights) -> Pi05Engine:
