@@ -19,6 +19,7 @@ the action cosine between the two engines and profiles the variant's act stage i
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import pathlib
 import sys
@@ -96,9 +97,14 @@ def main(argv=None) -> int:
     p.add_argument("--pdl", type=int, default=1, help="1: programmatic dependent launch (default), 0: off")
     p.add_argument("--no-attention-tuning", action="store_true")
     p.add_argument("--ab", choices=sorted(AB_FLAGS), help="also profile act with this engine flag flipped")
+    p.add_argument("--gemm-configs", help="only these skinny GEMM candidates, e.g. '[(32, 256, 1, 4, 3)]' (a "
+                   "shorter tuning when device time is short; the JSON records them)")
     args = p.parse_args(argv)
-    from flashrt_core.models.pi05 import convert
+    from flashrt_core.models.pi05 import convert, engine_gemm
     from flashrt_core.models.pi05.engine import Pi05Engine
+
+    if args.gemm_configs:
+        engine_gemm.CONFIGS[:] = [tuple(c) for c in ast.literal_eval(args.gemm_configs)]
 
     config = workload_config(args.views, 48, 10, 50)
     w32 = convert(config, random_state(config, 0, "cuda"))
@@ -135,7 +141,8 @@ def main(argv=None) -> int:
     gemm_table(engine.linear.report())
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
                 "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),
-                "tune_attention": not args.no_attention_tuning, "reps": args.reps, "ab": args.ab}
+                "tune_attention": not args.no_attention_tuning, "reps": args.reps, "ab": args.ab,
+                "gemm_configs": [list(c) for c in engine_gemm.CONFIGS]}
     write_result(args.json, workload, {"profiles": profiles},
                  {"gemm_choices": engine.linear.report(), "attention_choices": engine.attend.report(),
                   "ceilings": CEILINGS})

@@ -211,20 +211,20 @@ def test_attention_picker_retunes_a_cached_choice_that_computes_wrong(dev, monke
 def test_tuning_a_gemm_that_adds_into_the_residual_stream_leaves_the_stream_alone(dev, tmp_path):
     """The picker's trial calls of a fused residual GEMM (cache check, and on a GPU the timing of every
     candidate) add into a copy: the engine's residual stream is only changed by the real call."""
-    from flashrt_core.models.pi05.engine_gemm import GatedResidual
+    from flashrt_core.models.pi05.engine_gemm import Fusion, GatedResidual
 
     g = torch.Generator().manual_seed(14)
     x, w, res, gate = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72), (50, 40), (40,)))
     before = res.clone()
     residual = GatedResidual(res, gate)
-    key = (50, (40, 72), False, False, x.dtype, "", "residual")
+    key = (50, (40, 72), False, False, x.dtype, "residual")
     cache = T.TuningCache(None, CONTEXT)
     cache.put("linear", key, CONFIGS[2])
     picker = LinearPicker(dev, cache=cache)
-    assert picker._cached(key, x, w, None, False, None, None, residual) == CONFIGS[2]
+    assert picker._cached(key, x, w, None, False, None, Fusion(residual=residual)) == CONFIGS[2]
     assert torch.equal(res, before)
     if torch.device(dev).type == "cuda":  # the candidates are timed in CUDA graphs
-        picker._tune(key, x, w, None, False, None, None, residual)
+        picker._tune(key, x, w, None, False, None, Fusion(residual=residual))
         assert torch.equal(res, before)
     picker.choices[key] = CONFIGS[2]
     got = picker(x, w, residual=residual)

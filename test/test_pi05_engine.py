@@ -24,7 +24,7 @@ from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfi
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
 from flashrt_core.kernels import reference as KR  # noqa: E402
 from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, RowNorm,  # noqa: E402
-                                                  skinny_linear)
+                                                  RowStats, skinny_linear)
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 
 TOL = {
@@ -183,8 +183,11 @@ def test_triton_engine_matches_reference(dev, dtype):
     images, masks, tokens, lang_mask, noise = micro_inputs(config)
     with torch.no_grad():
         want = R.sample_actions(weights, images, masks, tokens, lang_mask, noise)
-    for norm_in_gemm in (True, False):  # the expert's norms inside its GEMMs, or as kernels between them
-        engine = Pi05Engine(weights, device=dev, dtype=dtype, backend="triton", gemm="triton", graphs=False,
+    # The expert's norms inside its GEMMs (skinny kernel, and the torch route of the same algebra) or as
+    # kernels between them.
+    for backend, gemm, norm_in_gemm in (("triton", "triton", True), ("triton", "triton", False),
+                                        ("torch", "torch", True)):
+        engine = Pi05Engine(weights, device=dev, dtype=dtype, backend=backend, gemm=gemm, graphs=False,
                             norm_in_gemm=norm_in_gemm)
         got = engine.sample_actions(*(t.to(dev) for t in (images, masks, tokens, lang_mask, noise))).cpu()
         if dtype == torch.float32:
@@ -274,69 +277,97 @@ def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
     assert (got[0] - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
 
 
+def chunk_sums(v):
+    """[ceil(N / 16), M] sums of squares over each 16 columns of v [..., N] (computed apart from the kernel)."""
+    v = v.float().reshape(-1, v.shape[-1])
+    return torch.stack([(v[:, j:j + 16] ** 2).sum(1) for j in range(0, v.shape[1], 16)])
+
+
 def fused_case(m, n, k, geglu, dtype, dev, seed):
-    """Random non-zero x, w, AdaRMS scale / shift, residual and gate, with the norm's shift projected."""
+    """Random non-zero raw rows x, weights, AdaRMS scale / shift, residual, gate and the next norm's scale;
+    `norm` is the RowNorm a producer would hand over (x scaled by 1 + scale, x's row sums, w @ shift)."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(1, m, k, generator=g) * 3 + 0.5).to(dev, dtype)
     w = (torch.randn((2 if geglu else 1) * n, k, generator=g) / k ** 0.5).to(dev, dtype)
     scale, shift = (torch.randn(k, generator=g) * 0.5).to(dev, dtype), torch.randn(k, generator=g).to(dev, dtype)
-    norm = RowNorm(scale, shift, (shift.float() @ w.float().t()).contiguous(), 1e-6)
     res = torch.randn(1, m, n, generator=g).to(dev, dtype)
-    gate = torch.randn(n, generator=g).to(dev, dtype)
-    return x, w, norm, res, gate
+    gate, following = torch.randn(n, generator=g).to(dev, dtype), (torch.randn(n, generator=g) * 0.5).to(dev, dtype)
+    xs = (x.float() * (1 + scale.float())).to(dtype)
+    norm = RowNorm(chunk_sums(x).to(dev), (shift.float() @ w.float().t()).contiguous(), 1e-6)
+    return x, xs, w, (scale, shift), norm, res, gate, following
 
 
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,bias,geglu,split,fuse", [
     (50, 40, 72, True, False, 1, "norm"), (7, 33, 129, False, False, 2, "norm"), (13, 20, 70, False, True, 2, "norm"),
-    (9, 16, 64, False, True, 0, "norm"), (50, 24, 96, True, False, 0, "norm"), (19, 24, 200, False, False, 3, "both"),
+    (9, 16, 64, False, True, 0, "norm"), (50, 24, 96, True, False, 0, "norm"),
     (50, 40, 72, False, False, 1, "residual"), (7, 33, 100, True, False, 4, "residual"),
-    (13, 24, 64, False, False, 0, "residual")], ids=lambda v: str(v))
+    (13, 24, 64, False, False, 0, "residual+emit"), (19, 40, 50, True, False, 2, "emit"),
+    (50, 33, 40, False, False, 1, "residual+emit")], ids=lambda v: str(v))
 def test_skinny_linear_fuses_adarms_and_the_gated_residual(dev, dtype, m, n, k, bias, geglu, split, fuse):
-    """norm=RowNorm: the GEMM of AdaRMS(x) (x scaled on load, rows by their rsqrt mean square afterwards,
-    the shift as w @ shift); residual=GatedResidual: res += gate * result in place. Against the separate
-    reference ops, over every split mode (one program per K, split-K, one BLOCK_K slice per program)."""
-    x, w, norm, res, gate = fused_case(m, n, k, geglu, dtype, dev, seed=m + 7 * n + k)
+    """norm=RowNorm: the GEMM of AdaRMS(x) from x * (1 + scale) and x's row sums (the product scaled per row,
+    the shift as w @ shift); residual=GatedResidual: res += gate * result in place; emit=RowStats: also the
+    next norm's scaled input and row sums of the result as stored. Against the separate reference ops,
+    over every split mode (one program per K, split-K, one BLOCK_K slice per program)."""
+    x, xs, w, (scale, shift), norm, res, gate, following = fused_case(m, n, k, geglu, dtype, dev, seed=m + 7 * n + k)
     b = torch.randn(n).to(dev, dtype) if bias else None
-    h = KR.ada_rms_norm_ref(x, norm.scale, norm.shift, norm.eps) if fuse in ("norm", "both") else x
+    normed = fuse == "norm"
+    h = KR.ada_rms_norm_ref(x, scale, shift, 1e-6) if normed else x
     want = F.linear(h.float(), w.float(), None if b is None else b.float())
     if geglu:
         gate_half, up = want.chunk(2, dim=-1)
         want = F.gelu(gate_half, approximate="tanh") * up
-    if fuse in ("residual", "both"):
+    residual = GatedResidual(res, gate) if "residual" in fuse else None
+    if residual is not None:
         want = res.float() + want * gate.float()
-    residual = GatedResidual(res, gate) if fuse in ("residual", "both") else None
-    got = skinny_linear(x, w, b, geglu=geglu, block_n=16, block_k=32, split_k=split,
-                        norm=norm if fuse in ("norm", "both") else None, residual=residual)
+    emit = RowStats(following, torch.full_like(res, 7.0), torch.full((-(-n // 16), m), 7.0, device=dev)) \
+        if "emit" in fuse else None
+    got = skinny_linear(xs if normed else x, w, b, geglu=geglu, block_n=16, block_k=32, split_k=split,
+                        norm=norm if normed else None, residual=residual, emit=emit)
     if residual is not None:
         assert got is res  # updated in place
     tol = TOL["fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"]
     assert (got.float() - want).abs().max() <= tol * want.abs().max()
+    if emit is not None:  # from the result as stored (rounded to its dtype)
+        want_scaled = got.float() * (1 + following.float())
+        assert (emit.scaled.float() - want_scaled).abs().max() <= tol * want_scaled.abs().max()
+        want_sums = chunk_sums(got)
+        assert (emit.sums - want_sums).abs().max() <= 1e-5 * want_sums.abs().max()
 
 
-def test_linear_picker_unfused_path_applies_the_same_norm_and_residual():
-    """On the CPU (cuBLAS route) norm= and residual= run the separate AdaRMS and gated-residual ops."""
-    x, w, norm, res, gate = fused_case(11, 24, 40, False, torch.float32, "cpu", seed=3)
-    want = res + F.linear(KR.ada_rms_norm_ref(x, norm.scale, norm.shift, norm.eps), w) * gate
-    got = LinearPicker("cpu", mode="torch")(x, w, norm=norm, residual=GatedResidual(res, gate))
+def test_linear_picker_torch_route_gives_the_same_fusions():
+    """On the CPU (cuBLAS route) norm=, residual= and emit= are done by torch ops around F.linear."""
+    x, xs, w, (scale, shift), norm, res, gate, following = fused_case(11, 24, 40, False, torch.float32, "cpu", seed=3)
+    picker = LinearPicker("cpu", mode="torch")
+    want = F.linear(KR.ada_rms_norm_ref(x, scale, shift), w)
+    torch.testing.assert_close(picker(xs, w, norm=norm), want, rtol=0, atol=1e-5 * float(want.abs().max()))
+    emit = RowStats(following, torch.zeros_like(res), torch.zeros(2, 11))
+    want = res + F.linear(x, w) * gate
+    got = picker(x, w, residual=GatedResidual(res, gate), emit=emit)
     assert got is res
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+    torch.testing.assert_close(emit.scaled, want * (1 + following), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(emit.sums, chunk_sums(want), rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.interpret
 def test_skinny_linear_rejects_mismatched_fusion_inputs(dev):
     from flashrt_core.kernels._common import KernelInputError
 
-    x, w, norm, res, gate = fused_case(5, 16, 32, False, torch.float32, dev, seed=1)
+    x, xs, w, _, norm, res, gate, following = fused_case(5, 16, 32, False, torch.float32, dev, seed=1)
     with pytest.raises(KernelInputError, match="shift_w"):
-        skinny_linear(x, w, norm=RowNorm(norm.scale, norm.shift, norm.shift_w[:-1], 1e-6))
-    with pytest.raises(KernelInputError, match="scale"):
-        skinny_linear(x, w, norm=RowNorm(norm.scale[:-1], norm.shift, norm.shift_w, 1e-6))
+        skinny_linear(xs, w, norm=RowNorm(norm.sums, norm.shift_w[:-1], 1e-6))
+    with pytest.raises(KernelInputError, match="norm sums"):
+        skinny_linear(xs, w, norm=RowNorm(norm.sums[:, :-1], norm.shift_w, 1e-6))
     with pytest.raises(KernelInputError, match="residual must be"):
         skinny_linear(x, w, residual=GatedResidual(res[:, :-1], gate))
     with pytest.raises(KernelInputError, match="gate"):
         skinny_linear(x, w, residual=GatedResidual(res, gate[:-1]))
+    with pytest.raises(KernelInputError, match="sums"):
+        skinny_linear(x, w, emit=RowStats(following, torch.empty_like(res), torch.empty(2, 5, device=dev)))
+    with pytest.raises(KernelInputError, match="multiple of 16"):
+        skinny_linear(x, w, block_n=24)
 
 
 @pytest.mark.interpret

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
-from flashrt_core.models.pi05.engine_gemm import GatedResidual, LinearPicker, RowNorm
+from flashrt_core.models.pi05.engine_gemm import GatedResidual, LinearPicker, RowNorm, RowStats, stat_chunks
 from flashrt_core.models.pi05.engine_tuning import TuningCache
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
@@ -94,9 +94,10 @@ class Pi05Engine:
         `TuningCache`. rope_in_attention: the action expert's attention reads q, k and v straight from the
         QKV GEMM output and rotates q and k on load, instead of a split/rotate kernel before it (one kernel
         less per layer and flow step; off: slower on the H200, `profile_pi05.py --ab rope_in_attention`).
-        norm_in_gemm: the action expert's AdaRMS norms run inside the GEMMs that read them (QKV, gate|up,
-        action out) and its gated residuals inside the GEMMs that produce them (o, down): no norm kernels
-        between the expert's GEMMs (`engine_gemm.RowNorm` / `GatedResidual`)."""
+        norm_in_gemm: no norm kernels between the action expert's GEMMs: the GEMMs that produce its residual
+        stream (action in, o, down) add their gated residual in place and also write the next AdaRMS's
+        scaled input and row sums of squares (`engine_gemm.GatedResidual`, `RowStats`); the GEMMs that read
+        a norm (QKV, gate|up, action out) apply the row scale and shift after their product (`RowNorm`)."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -194,14 +195,20 @@ class Pi05Engine:
             suffix_v = torch.empty_like(suffix_k)
         x_t = buf.noise.clone()
         layers = w.expert_layers
+        if self.norm_in_gemm:  # the next AdaRMS's input (x * (1 + scale)) and its rows' sums of squares
+            xs = torch.empty(b, chunk, e.width, device=self.device, dtype=self.dtype)
+            sums = torch.empty(stat_chunks(e.width), b * chunk, device=self.device, dtype=torch.float32)
         for step in range(c.num_steps):
-            x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
-            if not self.norm_in_gemm:
+            if self.norm_in_gemm:
+                x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b,
+                        emit=RowStats(w.ada_attn[step, 0, 0], xs, sums), backend=be)
+            else:
+                x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
                 mod = w.ada_attn[step, 0]
                 h = K.ada_rms_norm(x, mod[0], mod[1], eps, backend=be)
             for i, L in enumerate(layers):
                 if self.norm_in_gemm:
-                    qkv = lin(x, L.qkv_w, norm=self._norm("qkv", step, i), backend=be)
+                    qkv = lin(xs, L.qkv_w, norm=self._norm("qkv", sums, step, i), backend=be)
                 else:
                     qkv = lin(h, L.qkv_w)
                 if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
@@ -217,9 +224,12 @@ class Pi05Engine:
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
                                 backend=be)
                 if self.norm_in_gemm:
-                    lin(a.flatten(2), L.o_w, residual=GatedResidual(x, w.ada_attn[step, i, 2]), backend=be)
-                    g = lin.geglu(x, L.gate_up_w, norm=self._norm("gate_up", step, i), backend=be)
-                    lin(g, L.down_w, residual=GatedResidual(x, w.ada_mlp[step, i, 2]), backend=be)
+                    lin(a.flatten(2), L.o_w, residual=GatedResidual(x, w.ada_attn[step, i, 2]),
+                        emit=RowStats(w.ada_mlp[step, i, 0], xs, sums), backend=be)
+                    g = lin.geglu(xs, L.gate_up_w, norm=self._norm("gate_up", sums, step, i), backend=be)
+                    following = w.ada_attn[step, i + 1, 0] if i + 1 < len(layers) else w.ada_final[step, 0]
+                    lin(g, L.down_w, residual=GatedResidual(x, w.ada_mlp[step, i, 2]),
+                        emit=RowStats(following, xs, sums), backend=be)
                     continue
                 o = lin(a.flatten(2), L.o_w)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
@@ -229,19 +239,16 @@ class Pi05Engine:
                 mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x, backend=be)
             if self.norm_in_gemm:
-                velocity = lin(x, w.action_out_w, w.action_out_b, norm=self._norm("out", step), backend=be)
+                velocity = lin(xs, w.action_out_w, w.action_out_b, norm=self._norm("out", sums, step), backend=be)
             else:
                 velocity = lin(h, w.action_out_w, w.action_out_b)
             x_t.add_(velocity, alpha=w.dt)  # fp32 += dt * bf16 in one kernel (the upcast is exact)
         buf.actions.copy_(x_t)
 
-    def _norm(self, gemm: str, step: int, layer: int | None = None) -> RowNorm:
+    def _norm(self, gemm: str, sums: torch.Tensor, step: int, layer: int | None = None) -> RowNorm:
         """The AdaRMS fused into the expert GEMM `gemm` ("qkv", "gate_up" or "out") at a step and layer."""
-        w = self.weights
-        mod = {"qkv": lambda: w.ada_attn[step, layer], "gate_up": lambda: w.ada_mlp[step, layer],
-               "out": lambda: w.ada_final[step]}[gemm]()
         shift_w = self._shift_w[gemm][step] if layer is None else self._shift_w[gemm][step, layer]
-        return RowNorm(mod[0], mod[1], shift_w, self.config.rms_eps)
+        return RowNorm(sums, shift_w, self.config.rms_eps)
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def _launch_context(self, stage: str) -> contextlib.ExitStack:

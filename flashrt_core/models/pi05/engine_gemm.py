@@ -53,28 +53,23 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
-    def _scale_rows(x, SC, kk, k_ok, ss):
-        """NORM on load: add the tile's squares to the rows' sums and return x * (1 + scale), in x's dtype."""
-        xf = x.to(tl.float32)
-        ss += tl.sum(xf * xf, 1)
-        sc = tl.load(SC + kk, mask=k_ok, other=0.0).to(tl.float32)
-        return (xf * (1.0 + sc[None, :])).to(x.dtype), ss
-
-    @triton.jit
-    def _skinny_gemm_kernel(X, W, B, Y, P, C, SC, SW, G, SS, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
-                            eps, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
-                            ONE_STEP: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr,
-                            UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    def _skinny_gemm_kernel(X, W, B, Y, P, C, SW, SSI, G, SCN, XS, SSO, M, N, K, k_per_split, sxm, swn, sym, sps,
+                            up_off, eps, n_chunks, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+                            ONE_STEP: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr, EMIT: tl.constexpr,
+                            CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_off rows.
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
         ONE_STEP (each program covers exactly one BLOCK_K slice): the weight tile is loaded before waiting for
         the previous kernel (PDL), so the weight stream overlaps that kernel's tail.
-        NORM (AdaRMS of the rows on load): X is multiplied by (1 + SC[k]) as it is loaded and each row's sum of
-        squares is gathered on the way (per split in SS when SPLIT > 1); the product is then scaled by the
-        row's rsqrt(mean(x^2) + eps) and the shift enters as SW = W @ shift (fp32, [N], for GEGLU [2N]).
-        RESID: Y holds the residual stream and is updated in place, Y += G[n] * result."""
+        NORM (AdaRMS of the rows, X already scaled by (1 + scale) by the kernel that produced it, see EMIT):
+        the product is scaled by each row's rsqrt(mean(x^2) + eps), with sum(x^2) the sum of SSI[:, row]
+        ([n_chunks, M] partial sums, CHUNKS >= n_chunks), and the shift enters as SW = W @ shift (fp32, [N];
+        for GEGLU [2N]). The K loop is the plain one: X feeds the dots straight from memory.
+        RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
+        EMIT (for the AdaRMS of the next GEMM): also writes XS = Y * (1 + SCN[n]) and the partial sums of
+        Y^2 over each STAT_CHUNK columns into SSO [n_chunks, M], from Y as stored."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -87,7 +82,6 @@ if triton is not None:
         k_lo = pid_k * k_per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # NORM: the rows' sums of squares over this program's K
         if ONE_STEP:
             kk = k_lo + rk
             k_ok = kk < K
@@ -98,8 +92,6 @@ if triton is not None:
                 wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             pdl_wait(PDL)
             x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            if NORM:
-                x, ss = _scale_rows(x, SC, kk, k_ok, ss)
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
                 x = x.to(tl.float32)
                 w = w.to(tl.float32)
@@ -113,8 +105,6 @@ if triton is not None:
                 kk = k0 + rk
                 k_ok = kk < K
                 x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                if NORM:
-                    x, ss = _scale_rows(x, SC, kk, k_ok, ss)
                 w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
                 w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
                 if UPCAST:
@@ -134,24 +124,21 @@ if triton is not None:
             if GEGLU:  # the up half's partials follow the gate half's
                 tl.store(part + (SPLIT + pid_k) * sps, acc_up, mask=out_mask)
             tile = pid_m * tl.num_programs(0) + pid_n
-            ss_part = SS + (tile * SPLIT).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-            if NORM:
-                tl.store(ss_part + pid_k * BLOCK_M, ss)
             last = last_of_split(C, tile, SPLIT)
             if last:
                 acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                ss = tl.zeros([BLOCK_M], dtype=tl.float32)
                 for s in tl.static_range(SPLIT):  # fixed order: the result does not depend on who finished last
                     acc += tl.load(part + s * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
                     if GEGLU:
                         acc_up += tl.load(part + (SPLIT + s) * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
-                    if NORM:
-                        ss += tl.load(ss_part + s * BLOCK_M, cache_modifier=".cg")
                 reset_ticket(C, tile)
         if last:
             if NORM:
-                rstd = tl.rsqrt(ss / K + eps)[:, None]
+                ch = tl.arange(0, CHUNKS)
+                sums = tl.load(SSI + ch[:, None] * M + rm[None, :], mask=(ch < n_chunks)[:, None] & m_ok[None, :],
+                               other=0.0)
+                rstd = tl.rsqrt(tl.sum(sums, 0) / K + eps)[:, None]
                 acc = acc * rstd + tl.load(SW + rn, mask=n_ok, other=0.0)[None, :]
                 if GEGLU:
                     acc_up = acc_up * rstd + tl.load(SW + N + rn, mask=n_ok, other=0.0)[None, :]
@@ -163,18 +150,47 @@ if triton is not None:
             if RESID:
                 acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
                     acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
+            out = acc.to(Y.dtype.element_ty)
+            tl.store(y_ptr, out, mask=out_mask)
+            if EMIT:
+                v = tl.where(out_mask, out.to(tl.float32), 0.0)
+                sc = tl.load(SCN + rn, mask=n_ok, other=0.0).to(tl.float32)
+                tl.store(XS + rm[:, None] * N + rn[None, :], (v * (1.0 + sc[None, :])).to(XS.dtype.element_ty),
+                         mask=out_mask)
+                squares = tl.sum(tl.reshape(v * v, [BLOCK_M, BLOCK_N // 16, 16]), 2)  # 16 = STAT_CHUNK
+                chunk = pid_n * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
+                tl.store(SSO + chunk[None, :] * M + rm[:, None], squares,
+                         mask=m_ok[:, None] & (chunk < (N + 15) // 16)[None, :])
+
+
+STAT_CHUNK = 16  # columns per partial sum of squares in RowStats.sums (every BLOCK_N is a multiple of it)
+
+
+def stat_chunks(width: int) -> int:
+    return -(-width // STAT_CHUNK)
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """What a GEMM that produces a row (a residual stream) also writes for the AdaRMS that the next GEMM
+    applies to it: `scaled` = result * (1 + scale) in the GEMM's dtype, and `sums` [stat_chunks(N), M] fp32,
+    the partial sums of result^2 over each STAT_CHUNK columns (the row's mean square, in a fixed order
+    whatever the producer's tiling). The consumer reads `scaled` as its input: see RowNorm."""
+
+    scale: torch.Tensor  # [N]
+    scaled: torch.Tensor  # [..., N] contiguous, written
+    sums: torch.Tensor  # [stat_chunks(N), M] fp32 contiguous, written
 
 
 @dataclass(frozen=True)
 class RowNorm:
-    """AdaRMS of a GEMM's input rows, rms(x) * (1 + scale) + shift, fused into the GEMM (the norm's kernel and
-    its output buffer disappear). The skinny kernel scales x by (1 + scale) on load, the rows by their rsqrt
-    mean square after the product, and adds `shift_w` = w @ shift (fp32: precomputed per weight, [N], for a
-    merged gate|up weight [2F]); the unfused path (cuBLAS) runs the norm kernel with `shift`."""
+    """AdaRMS rms(x) * (1 + scale) + shift of a GEMM's input rows, fused into the GEMM: the input given is
+    x * (1 + scale) and `sums` its rows' sums of squares of x (both written by the producing GEMM, RowStats);
+    the product is scaled per row by rsqrt(mean square + eps) and `shift_w` = w @ shift is added (fp32,
+    precomputed per weight: [N], for a merged gate|up weight [2F]). No norm kernel, and the GEMM's K loop is
+    the plain one (an input transformed on load would leave the software pipeline)."""
 
-    scale: torch.Tensor  # [K]
-    shift: torch.Tensor  # [K]
+    sums: torch.Tensor  # [stat_chunks(K), M] fp32
     shift_w: torch.Tensor  # [N] fp32
     eps: float
 
@@ -187,39 +203,52 @@ class GatedResidual:
     gate: torch.Tensor  # [N]
 
 
-def _check_fusions(x, n, geglu, norm, residual):
-    kdim, dev = x.shape[-1], x.device
+def _vector(name, t, n, dev):
+    if tuple(t.shape) != (n,) or t.device != dev or t.stride(-1) != 1:
+        raise KernelInputError(f"skinny_linear: {name} must be a unit-stride [{n}] vector on {dev}, "
+                               f"got {tuple(t.shape)}")
+
+
+def _fp32_table(name, t, shape, dev):
+    if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous() or t.device != dev:
+        raise KernelInputError(f"skinny_linear: {name} must be a contiguous fp32 {list(shape)} tensor on {dev}, "
+                               f"got {tuple(t.shape)} {t.dtype}")
+
+
+def _rows_like(name, t, shape, dtype, dev):
+    if tuple(t.shape) != shape or t.dtype != dtype or not t.is_contiguous() or t.device != dev:
+        raise KernelInputError(f"skinny_linear: {name} must be a contiguous {dtype} tensor of shape {shape} on "
+                               f"{dev}, got {tuple(t.shape)} {t.dtype}")
+
+
+def _check_fusions(x, n, geglu, norm, residual, emit):
+    kdim, dev, m = x.shape[-1], x.device, x.numel() // x.shape[-1]
+    out_shape = (*x.shape[:-1], n)
     if norm is not None:
-        if tuple(norm.scale.shape) != (kdim,) or norm.scale.device != dev or norm.scale.stride(-1) != 1:
-            raise KernelInputError(f"skinny_linear: norm scale must be a unit-stride [{kdim}] vector on {dev}, "
-                                   f"got {tuple(norm.scale.shape)}")
-        want = (2 if geglu else 1) * n
-        sw = norm.shift_w
-        if tuple(sw.shape) != (want,) or sw.dtype != torch.float32 or not sw.is_contiguous() or sw.device != dev:
-            raise KernelInputError(f"skinny_linear: norm shift_w must be a contiguous fp32 [{want}] vector on "
-                                   f"{dev}, got {tuple(sw.shape)} {sw.dtype}")
+        _fp32_table("norm sums", norm.sums, (stat_chunks(kdim), m), dev)
+        _fp32_table("norm shift_w", norm.shift_w, ((2 if geglu else 1) * n,), dev)
     if residual is not None:
-        r, want = residual.x, (*x.shape[:-1], n)
-        if tuple(r.shape) != want or r.dtype != x.dtype or not r.is_contiguous() or r.device != dev:
-            raise KernelInputError(f"skinny_linear: the residual must be a contiguous {x.dtype} tensor of shape "
-                                   f"{want} on {dev}, got {tuple(r.shape)} {r.dtype}")
-        g = residual.gate
-        if tuple(g.shape) != (n,) or g.device != dev or g.stride(-1) != 1:
-            raise KernelInputError(f"skinny_linear: the residual gate must be a unit-stride [{n}] vector, "
-                                   f"got {tuple(g.shape)}")
+        _rows_like("the residual", residual.x, out_shape, x.dtype, dev)
+        _vector("the residual gate", residual.gate, n, dev)
+    if emit is not None:
+        _vector("the row stats scale", emit.scale, n, dev)
+        _rows_like("the row stats' scaled output", emit.scaled, out_shape, x.dtype, dev)
+        _fp32_table("the row stats' sums", emit.sums, (stat_chunks(n), m), dev)
 
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
-                  norm: RowNorm | None = None, residual: GatedResidual | None = None):
+                  norm: RowNorm | None = None, residual: GatedResidual | None = None, emit: RowStats | None = None):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
     program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait.
-    norm: the rows of x go through that AdaRMS first; residual: the result is added into it (and it is
-    returned)."""
+    norm: x is an AdaRMS input already scaled by its producer (RowNorm); residual: the result is added into
+    it (and it is returned); emit: also write the next AdaRMS's input and row sums (RowStats)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
         raise KernelInputError(f"skinny_linear: split_k must be >= 0, got {split_k}")
+    if block_n % STAT_CHUNK:
+        raise KernelInputError(f"skinny_linear: block_n must be a multiple of {STAT_CHUNK}, got {block_n}")
     kdim = x.shape[-1]
     x2 = x.reshape(-1, kdim)
     if x2.stride(-1) != 1:
@@ -228,7 +257,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
     m = x2.shape[0]
     n = w.shape[0] // 2 if geglu else w.shape[0]
-    _check_fusions(x, n, geglu, norm, residual)
+    _check_fusions(x, n, geglu, norm, residual, emit)
     y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
     interp = interpreting()
     block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
@@ -240,39 +269,93 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     if split > 1:
         part = torch.empty((2 if geglu else 1) * split, m, n, device=x.device, dtype=torch.float32)
         tickets = semaphores(grid[0] * grid[1], x.device)
-        sums = torch.empty(grid[0] * grid[1] * split * block_m, device=x.device, dtype=torch.float32) \
-            if norm is not None else part
     else:
-        part = tickets = sums = y
+        part = tickets = y
     _skinny_gemm_kernel[grid](
-        x2, w, b if b is not None else w, y, part, tickets, norm.scale if norm is not None else w,
-        norm.shift_w if norm is not None else w, residual.gate if residual is not None else w, sums,
+        x2, w, b if b is not None else w, y, part, tickets, norm.shift_w if norm is not None else w,
+        norm.sums if norm is not None else w, residual.gate if residual is not None else w,
+        emit.scale if emit is not None else w, emit.scaled if emit is not None else w,
+        emit.sums if emit is not None else w,
         m, n, kdim, k_per_split, x2.stride(0), w.stride(0), n, m * n, n * kdim,
-        float(norm.eps) if norm is not None else 0.0,
+        float(norm.eps) if norm is not None else 0.0, stat_chunks(kdim),
         HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=k_per_split == block_k,
-        NORM=norm is not None, RESID=residual is not None, UPCAST=interp and x.dtype != torch.float32,
+        NORM=norm is not None, RESID=residual is not None, EMIT=emit is not None,
+        CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and x.dtype != torch.float32,
         PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=num_warps, num_stages=1 if interp else num_stages, **pdl_launch(x.device))
     return y if residual is not None else y.view(*x.shape[:-1], n)
 
 
-def _cublas(x, w, b, geglu, backend, norm=None, residual=None):
-    """The unfused path: [AdaRMS kernel] -> cuBLAS (-> GeGLU kernel) [-> gated residual kernel]."""
+def row_stats_ref(y: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y * (1 + scale) in y's dtype, [stat_chunks(N), M] fp32 partial sums of y^2): what RowStats holds."""
+    v = y.float().reshape(-1, y.shape[-1])
+    pad = stat_chunks(v.shape[1]) * STAT_CHUNK - v.shape[1]
+    sums = F.pad(v * v, (0, pad)).view(v.shape[0], -1, STAT_CHUNK).sum(-1).t().contiguous()
+    return (y.float() * (1.0 + scale.float())).to(y.dtype), sums
+
+
+def _torch_fused(x, w, b, geglu, norm):
+    """The normed GEMM in torch, the same algebra as the kernel: (x * (1 + scale)) w^T * rstd + w shift."""
+    rstd = torch.rsqrt(norm.sums.sum(0) / x.shape[-1] + norm.eps).view(*x.shape[:-1], 1)
+    y = F.linear(x, w).float() * rstd + norm.shift_w
+    if b is not None:
+        y = y + b.float()
+    if geglu:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.gelu(gate, approximate="tanh") * up
+    return y.to(x.dtype)
+
+
+def _cublas(x, w, b, geglu, backend, norm=None, residual=None, emit=None):
+    """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a fused norm / residual / row stats
+    done by torch ops and the gated-residual kernel around it."""
     if norm is not None:
-        x = K.ada_rms_norm(x, norm.scale, norm.shift, norm.eps, backend=backend)
-    y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
-    if residual is None:
-        return y
-    return K.gated_residual(residual.x, y, residual.gate, out=residual.x, backend=backend)
+        y = _torch_fused(x, w, b, geglu, norm)
+    else:
+        y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
+    if residual is not None:
+        y = K.gated_residual(residual.x, y, residual.gate, out=residual.x, backend=backend)
+    if emit is not None:
+        scaled, sums = row_stats_ref(y, emit.scale)
+        emit.scaled.copy_(scaled.view(emit.scaled.shape))
+        emit.sums.copy_(sums)
+    return y
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What a GEMM call fuses besides its product (all optional): see RowNorm, GatedResidual, RowStats."""
+
+    norm: RowNorm | None = None
+    residual: GatedResidual | None = None
+    emit: RowStats | None = None
+
+    def tags(self) -> tuple:
+        """Part of the tuning key: each fusion is another kernel specialization, tuned on its own."""
+        return tuple(name for name in ("norm", "residual", "emit") if getattr(self, name) is not None)
+
+    def scratch(self) -> "Fusion":
+        """The same call writing into copies (tuning trials must not change the engine's buffers)."""
+        r, e = self.residual, self.emit
+        return Fusion(self.norm, None if r is None else GatedResidual(r.x.clone(), r.gate),
+                      None if e is None else RowStats(e.scale, torch.empty_like(e.scaled), torch.empty_like(e.sums)))
+
+    def outputs(self, y) -> list:
+        """Everything the call writes, for comparing two routes."""
+        return [y] + ([self.emit.scaled, self.emit.sums] if self.emit is not None else [])
+
+
+NO_FUSION = Fusion()
 
 
 class LinearPicker:
     """`picker(x, w, b)` = F.linear and `picker.geglu(x, w_gate_up)` = GeGLU(F.linear), each routed per shape to
     the fastest of cuBLAS and the skinny Triton GEMM configurations (timed while `tuning` is True, i.e. in
-    the engine's warm-up). Both take `norm=RowNorm(...)` (AdaRMS of x first) and `residual=GatedResidual(...)`
-    (the result added into a residual stream in place): fused into the skinny GEMM, or the separate kernels
-    around cuBLAS when that is faster. mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton"
-    (always the first skinny configuration where M is small: for tests)."""
+    the engine's warm-up). Both take `norm=RowNorm(...)` (x is an AdaRMS input scaled by its producer),
+    `residual=GatedResidual(...)` (the result added into a residual stream in place) and `emit=RowStats(...)`
+    (also write the next AdaRMS's input): fused into the skinny GEMM, or done by torch ops around cuBLAS
+    when that measures faster. mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always
+    the first skinny configuration where M is small: for tests)."""
 
     def __init__(self, device, mode: str = "auto", cache=None):
         """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
@@ -283,65 +366,52 @@ class LinearPicker:
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
-    def __call__(self, x, w, b=None, *, norm=None, residual=None, backend=None):
-        return self._run(x, w, b, False, backend, norm, residual)
+    def __call__(self, x, w, b=None, *, norm=None, residual=None, emit=None, backend=None):
+        return self._run(x, w, b, False, backend, Fusion(norm, residual, emit))
 
     def geglu(self, x, w_gate_up, *, norm=None, backend=None):
-        return self._run(x, w_gate_up, None, True, backend, norm, None)
+        return self._run(x, w_gate_up, None, True, backend, Fusion(norm))
 
-    def _run(self, x, w, b, geglu, backend, norm=None, residual=None):
+    def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
         skinny = m <= SKINNY_MAX_M and triton is not None and K.available(x.device)
         if self.mode == "torch" or not skinny or backend == "torch":
-            return _cublas(x, w, b, geglu, backend, norm, residual)
+            return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":
-            return skinny_linear(x, w, b, geglu=geglu, norm=norm, residual=residual, **_kwargs(CONFIGS[0]))
-        key = (m, tuple(w.shape), b is not None, geglu, x.dtype)
-        if norm is not None or residual is not None:  # other kernel specializations: tuned on their own
-            key = (*key, "norm" if norm is not None else "", "residual" if residual is not None else "")
+            return _route(CONFIGS[0], x, w, b, geglu, backend, fusion)
+        key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags())
         if key not in self.choices:
             if not (self.tuning and x.device.type == "cuda"):
-                return _cublas(x, w, b, geglu, backend, norm, residual)
-            self.choices[key] = self._cached(key, x, w, b, geglu, backend, norm, residual)
-        config = self.choices[key]
-        if config is None:
-            return _cublas(x, w, b, geglu, backend, norm, residual)
-        return skinny_linear(x, w, b, geglu=geglu, norm=norm, residual=residual, **_kwargs(config))
+                return _route(None, x, w, b, geglu, backend, fusion)
+            self.choices[key] = self._cached(key, x, w, b, geglu, backend, fusion)
+        return _route(self.choices[key], x, w, b, geglu, backend, fusion)
 
-    def _cached(self, key, x, w, b, geglu, backend, norm=None, residual=None):
+    def _cached(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
         """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
         def check(config):
-            trial = _scratch(residual)
-            got = skinny_linear(x, w, b, geglu=geglu, norm=norm, residual=trial, **_kwargs(config))
-            return _agrees(got, _cublas(x, w, b, geglu, backend, norm, _scratch(residual)))
+            return _same_outputs(config, None, x, w, b, geglu, backend, fusion)
         return reuse_or_tune(self.cache, "linear", key, CONFIGS, check,
-                             lambda: self._tune(key, x, w, b, geglu, backend, norm, residual), self.timings,
-                             x.device)
+                             lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
-    def _tune(self, key, x, w, b, geglu, backend, norm=None, residual=None):
+    def _tune(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
         """Time each candidate and return the fastest. Runs during warm-up (outside capture). Each candidate
         is timed the way a decision runs it: captured in a CUDA graph (no host launch cost, which would
         otherwise favour cuBLAS's cheaper launches), with the weight cycled through enough copies to
-        overflow L2 (a decision streams every weight from HBM once per flow step). A residual stream is
-        never touched here: every trial adds into a copy of it."""
+        overflow L2 (a decision streams every weight from HBM once per flow step). Fused outputs (residual
+        stream, row stats) are never touched here: every trial writes into copies."""
         candidates = {"cublas": None}
         for c in CONFIGS:
             candidates[str(c)] = c
-        want = _cublas(x, w, b, geglu, backend, norm, _scratch(residual)).float()
         copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
-        trial = _scratch(residual)
+        trial = fusion.scratch()
         times = {}
         for name, config in candidates.items():
-            def fn(wi, c=config, r=trial):
-                if c is None:
-                    return _cublas(x, wi, b, geglu, backend, norm, r)
-                return skinny_linear(x, wi, b, geglu=geglu, norm=norm, residual=r, **_kwargs(c))
             try:
                 # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
-                if not _agrees(fn(w, r=_scratch(residual)), want):
+                if not _same_outputs(config, None, x, w, b, geglu, backend, fusion):
                     continue
-                times[name] = graph_ms(fn, ws)
+                times[name] = graph_ms(lambda wi, c=config: _route(c, x, wi, b, geglu, backend, trial), ws)
             except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
                 torch.cuda.synchronize(x.device)
                 times[name] = f"failed: {type(exc).__name__}"
@@ -357,14 +427,25 @@ class LinearPicker:
         for key, config in self.choices.items():
             m, shape, bias, geglu, dtype, *fused = key
             out.append({"m": m, "weight": list(shape), "bias": bias, "geglu": geglu, "dtype": str(dtype),
-                        "fused": [f for f in fused if f], "choice": "cublas" if config is None else str(config),
+                        "fused": list(fused), "choice": "cublas" if config is None else str(config),
                         "ms": self.timings.get(key)})
         return out
 
 
-def _scratch(residual):
-    """A copy of a residual stream for trial calls (tuning must not change the engine's buffers)."""
-    return None if residual is None else GatedResidual(residual.x.clone(), residual.gate)
+def _route(config, x, w, b, geglu, backend, fusion):
+    """One GEMM call: cuBLAS (config None) or the skinny kernel with a CONFIGS entry."""
+    if config is None:
+        return _cublas(x, w, b, geglu, backend, fusion.norm, fusion.residual, fusion.emit)
+    return skinny_linear(x, w, b, geglu=geglu, norm=fusion.norm, residual=fusion.residual, emit=fusion.emit,
+                         **_kwargs(config))
+
+
+def _same_outputs(config, reference, x, w, b, geglu, backend, fusion) -> bool:
+    """Routes `config` and `reference` write the same (bf16 accuracy), each into its own copies."""
+    mine, theirs = fusion.scratch(), fusion.scratch()
+    got = mine.outputs(_route(config, x, w, b, geglu, backend, mine))
+    want = theirs.outputs(_route(reference, x, w, b, geglu, backend, theirs))
+    return all(_agrees(g, t) for g, t in zip(got, want))
 
 
 def _agrees(got, want) -> bool:
