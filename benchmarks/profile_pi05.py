@@ -84,7 +84,7 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
               f"cublas {times.get('cublas', float('nan')) * 1e3:.2f} us")
 
 
-AB_FLAGS = {"norm_in_gemm": True, "rope_in_attention": False}  # Pi05Engine flags and their defaults
+AB_FLAGS = {"norm_in_gemm": False, "rope_in_attention": False}  # Pi05Engine flags and their defaults
 
 
 def main(argv=None) -> int:

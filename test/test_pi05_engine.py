@@ -367,7 +367,7 @@ def test_skinny_linear_rejects_mismatched_fusion_inputs(dev):
     with pytest.raises(KernelInputError, match="sums"):
         skinny_linear(x, w, emit=RowStats(following, torch.empty_like(res), torch.empty(2, 5, device=dev)))
     with pytest.raises(KernelInputError, match="multiple of 16"):
-        skinny_linear(x, w, block_n=24)
+        skinny_linear(x, w, block_n=24, emit=RowStats(following, torch.empty_like(res), torch.empty(1, 5, device=dev)))
 
 
 @pytest.mark.interpret
@@ -447,4 +447,18 @@ def test_rope_in_attention_graphs_match_the_split_kernel_graphs(fixture_weights,
     a = split.sample_actions(*_inputs(c), c["noise"])
     b = fused.sample_actions(*_inputs(c), c["noise"])
     assert fused.captures == 2 and rel_l2(b, a) <= TOL["graph_vs_eager"]
+    assert cosine(b, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(b, c["actions"]) <= TOL["bf16_rel_l2"]
+
+
+@pytest.mark.gpu
+def test_norm_in_gemm_graphs_match_the_norm_kernel_graphs(fixture_weights, cases):
+    """The expert with its AdaRMS norms and gated residuals inside the GEMMs (tuned, captured) gives the
+    actions of the engine with norm kernels between them, and LeRobot's within the bf16 targets."""
+    c = cuda_case(cases)
+    plain = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
+    fused = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, norm_in_gemm=True)
+    a = plain.sample_actions(*_inputs(c), c["noise"])
+    b = fused.sample_actions(*_inputs(c), c["noise"])
+    assert fused.captures == 2 and rel_l2(b, a) <= TOL["graph_vs_eager"]
+    assert any("emit" in key for key in fused.linear.choices) and any("norm" in key for key in fused.linear.choices)
     assert cosine(b, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(b, c["actions"]) <= TOL["bf16_rel_l2"]

@@ -97,7 +97,11 @@ class Pi05Engine:
         norm_in_gemm: no norm kernels between the action expert's GEMMs: the GEMMs that produce its residual
         stream (action in, o, down) add their gated residual in place and also write the next AdaRMS's
         scaled input and row sums of squares (`engine_gemm.GatedResidual`, `RowStats`); the GEMMs that read
-        a norm (QKV, gate|up, action out) apply the row scale and shift after their product (`RowNorm`)."""
+        a norm (QKV, gate|up, action out) apply the row scale and shift after their product (`RowNorm`).
+        370 fewer launches per act, same actions (cosine 0.999999), but not faster on the H200 with PDL
+        (8451 vs 8393 us, `results/profile_pi05_w2_norm_ab2.json`: there the norm kernels hide behind the
+        GEMMs and the producing GEMMs' epilogues grow), so off by default; without PDL (pdl=False, GPUs
+        before sm_90) launches cost more and it may pay: `profile_pi05.py --pdl 0 --ab norm_in_gemm`."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -432,7 +436,7 @@ class Pi05Engine:
 
 
 def _shift_projections(w: Pi05Weights) -> dict[str, torch.Tensor]:
-    """weight @ shift in fp32 for every AdaRMS that the expert's GEMMs apply on load (`RowNorm.shift_w`):
+    """weight @ shift in fp32 for every AdaRMS that the expert's GEMMs apply (`RowNorm.shift_w`):
     "qkv" and "gate_up" [steps, depth, N], "out" [steps, action_dim]; computed from the weights in the
     engine's dtype, which the GEMMs multiply."""
     def proj(shift, weight):

@@ -4,11 +4,15 @@ The action expert multiplies 50 tokens by 0.6 GB of weights per flow step: memor
 where cuBLAS reaches only 0.7-1.4 TB/s (shared/notes/gpu.md). The Triton kernel here tiles only N and
 (optionally) K, keeps the whole M in one tile, and streams weight tiles through a deep software pipeline;
 with GEGLU=True it multiplies the gate and up halves of a merged [gate; up] weight side by side and
-writes gelu_tanh(gate) * up directly (the GeGLU kernel and its intermediate disappear).
+writes gelu_tanh(gate) * up directly (the GeGLU kernel and its intermediate disappear). Optional fusions
+for the expert's AdaRMS blocks (`Pi05Engine(norm_in_gemm=True)`): a GEMM that produces the residual stream
+adds its gated residual in place (`GatedResidual`) and writes the next norm's scaled input and row sums
+(`RowStats`); the GEMM that reads that norm scales its rows after the product (`RowNorm`).
 `LinearPicker` times cuBLAS and a few Triton configurations per shape during the engine's warm-up (never
 inside graph capture) and keeps the fastest (remembered across processes by `engine_tuning.TuningCache`);
 on CPU it is plain torch.
-Reference: `F.linear` (and `kernels.geglu` after it).
+Reference: `F.linear` (and `kernels.geglu` after it); the fusions: `kernels.reference.ada_rms_norm_ref`,
+`gated_residual_ref` and `row_stats_ref` here.
 """
 from __future__ import annotations
 
@@ -247,8 +251,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
         raise KernelInputError(f"skinny_linear: split_k must be >= 0, got {split_k}")
-    if block_n % STAT_CHUNK:
-        raise KernelInputError(f"skinny_linear: block_n must be a multiple of {STAT_CHUNK}, got {block_n}")
+    if emit is not None and block_n % STAT_CHUNK:
+        raise KernelInputError(f"skinny_linear: row stats need a block_n multiple of {STAT_CHUNK}, got {block_n}")
     kdim = x.shape[-1]
     x2 = x.reshape(-1, kdim)
     if x2.stride(-1) != 1:
