@@ -254,3 +254,21 @@ def test_rope_launcher_errors_name_the_argument(dev):
         K.attention(q, k, v, rope=(pos.float(), cos, sin), backend="triton")
     with pytest.raises(KernelInputError, match="cos"):
         K.attention(q, k, v, rope=(pos, cos[:, :4].contiguous(), sin), backend="triton")
+
+
+@pytest.mark.interpret
+def test_every_tuning_candidate_computes_the_expert_attention(dev):
+    """Each launch configuration the engine's attention picker may choose gives the reference result on an
+    expert-like shape (8 query heads over one kv head, padded cached prefix + the queries' own keys): the
+    picker also checks a choice before timing it, this keeps unusable candidates out of the list."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+    from flashrt_core.models.pi05.engine_attention import CANDIDATES
+
+    b, sp, ts, hq, dh = 1, 45, 9, 8, 16
+    q = randn(b, ts, hq, dh, dev=dev, seed=50, std=2.0)
+    kp, vp = randn(b, 1, sp, dh, dev=dev, seed=51), randn(b, 1, sp, dh, dev=dev, seed=52)
+    ks, vs = randn(b, 1, ts, dh, dev=dev, seed=53), randn(b, 1, ts, dh, dev=dev, seed=54)
+    mask = pad_mask(b, sp, dev, seed=55)
+    ref = R.attention_ref(q, kp, vp, mask, ks, vs)
+    for config in CANDIDATES:
+        close(attention_kernel(q, kp, vp, mask, ks, vs, config=config), ref)
