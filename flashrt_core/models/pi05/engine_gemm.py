@@ -73,7 +73,7 @@ if triton is not None:
         for GEGLU [2N]). The K loop is the plain one: X feeds the dots straight from memory.
         RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
         EMIT (for the AdaRMS of the next GEMM): also writes XS = Y * (1 + SCN[n]) and the partial sums of
-        Y^2 over each STAT_CHUNK columns into SSO [n_chunks, M], from Y as stored."""
+        Y^2 over each STAT_CHUNK columns into SSO [ceil(N / 16), M], from Y as stored."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
