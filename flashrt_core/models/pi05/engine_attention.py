@@ -15,7 +15,7 @@ import torch
 
 from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
-from flashrt_core.models.pi05.engine_tuning import reuse_or_tune
+from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 # (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) tried besides the kernel's heuristic (None). The last
 # rows are aimed at the expert's 400 GQA rows over ~610 keys of head dim 256 (its heuristic: (16, 32, 8, 8)):
@@ -27,6 +27,7 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (6
               # fewer or no key splits: the split merge (partials, ticket, reload) is a serial tail of its own
               (16, 64, 1, 4), (32, 64, 1, 4), (16, 64, 2, 4), (32, 64, 2, 8)]
 TIMED_CALLS = 10
+MATCH_REL = 2e-2  # a candidate's output vs the heuristic's, relative to its largest entry
 
 
 class AttentionPicker:
@@ -58,7 +59,7 @@ class AttentionPicker:
 
         def check(config):
             got = attention(q, k, v, key_mask, k2, v2, config=config, rope=rope)
-            return _matches(got, attention(q, k, v, key_mask, k2, v2, rope=rope))
+            return agrees(got, attention(q, k, v, key_mask, k2, v2, rope=rope), MATCH_REL)
         return reuse_or_tune(self.cache, "attention", key, CANDIDATES, check,
                              lambda: self._tune(key, q, k, v, key_mask, k2, v2, rope), self.timings, q.device)
 
@@ -71,7 +72,7 @@ class AttentionPicker:
             name = "heuristic" if config is None else str(config)
             fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope))
             try:
-                if not _matches(fn(None), want):
+                if not agrees(fn(None), want, MATCH_REL):
                     times[name] = "mismatch"
                     continue
                 times[name] = graph_ms(fn, [None] * TIMED_CALLS)
@@ -89,8 +90,3 @@ class AttentionPicker:
                  "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
                 for key, c in self.choices.items()]
 
-
-def _matches(got, want) -> bool:
-    """got == want to bf16 accuracy (relative to want's largest entry)."""
-    got, want = got.float(), want.float()
-    return bool(torch.allclose(got, want, atol=2e-2 * float(want.abs().max()) + 1e-3, rtol=2e-2))

@@ -25,9 +25,10 @@ from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, pdl_launch,
                                          semaphores)
-from flashrt_core.models.pi05.engine_tuning import reuse_or_tune
+from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
+MATCH_REL = 3e-2  # a candidate's outputs vs cuBLAS's, relative to their largest entry
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) tried per shape on CUDA.
 CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256, 1, 4, 4),
@@ -393,7 +394,8 @@ class LinearPicker:
     def _cached(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
         """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
         def check(config):
-            return _same_outputs(config, None, x, w, b, geglu, backend, fusion)
+            return _same(_outputs(config, x, w, b, geglu, backend, fusion),
+                         _outputs(None, x, w, b, geglu, backend, fusion))
         return reuse_or_tune(self.cache, "linear", key, CONFIGS, check,
                              lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
@@ -409,11 +411,12 @@ class LinearPicker:
         copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
         trial = fusion.scratch()
+        want = _outputs(None, x, w, b, geglu, backend, fusion)
         times = {}
         for name, config in candidates.items():
             try:
                 # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
-                if not _same_outputs(config, None, x, w, b, geglu, backend, fusion):
+                if not _same(_outputs(config, x, w, b, geglu, backend, fusion), want):
                     continue
                 times[name] = graph_ms(lambda wi, c=config: _route(c, x, wi, b, geglu, backend, trial), ws)
             except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
@@ -444,18 +447,14 @@ def _route(config, x, w, b, geglu, backend, fusion):
                          **_kwargs(config))
 
 
-def _same_outputs(config, reference, x, w, b, geglu, backend, fusion) -> bool:
-    """Routes `config` and `reference` write the same (bf16 accuracy), each into its own copies."""
-    mine, theirs = fusion.scratch(), fusion.scratch()
-    got = mine.outputs(_route(config, x, w, b, geglu, backend, mine))
-    want = theirs.outputs(_route(reference, x, w, b, geglu, backend, theirs))
-    return all(_agrees(g, t) for g, t in zip(got, want))
+def _outputs(config, x, w, b, geglu, backend, fusion) -> list:
+    """Everything route `config` writes for this call, written into copies (never the engine's buffers)."""
+    scratch = fusion.scratch()
+    return scratch.outputs(_route(config, x, w, b, geglu, backend, scratch))
 
 
-def _agrees(got, want) -> bool:
-    """got == want to bf16 accuracy (relative to want's largest entry)."""
-    got, want = got.float(), want.float()
-    return bool(torch.allclose(got, want, atol=3e-2 * float(want.abs().max()) + 1e-3, rtol=3e-2))
+def _same(got: list, want: list) -> bool:
+    return all(agrees(g, t, MATCH_REL) for g, t in zip(got, want))
 
 
 def _kwargs(config):

@@ -187,6 +187,13 @@ class TuningCache:
         return True
 
 
+def agrees(got: torch.Tensor, want: torch.Tensor, rel: float) -> bool:
+    """got == want to within `rel` of want's largest entry (bf16 accuracy): how a picker accepts a candidate
+    or a cached choice before its speed counts."""
+    got, want = got.float(), want.float()
+    return bool(torch.allclose(got, want, atol=rel * float(want.abs().max()) + 1e-3, rtol=rel))
+
+
 def _decode_entry(entry) -> tuple[object, dict]:
     if not isinstance(entry, dict) or "choice" not in entry:
         raise ValueError(f"an entry must be {{'choice': ..., 'ms': ...}}, got {entry!r}")
