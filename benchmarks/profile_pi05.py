@@ -11,8 +11,8 @@ idle SMs between dependent kernels). It also prints the engine's own GEMM choice
 and every skinny Triton configuration in a CUDA graph with the weights cycled past L2 (`gemm_choices` in
 the JSON keeps every candidate's time).
 --ab FLAG also builds an engine with that `Pi05Engine` flag flipped from its default (`norm_in_gemm`: the
-expert's AdaRMS norms and gated residuals inside its GEMMs, on by default; `rope_in_attention`: the expert's
-attention rotates q/k on load instead of a split/rotate kernel, off by default) from the same weights, prints
+expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`: the expert's attention
+rotates q/k on load instead of a split/rotate kernel; both off by default) from the same weights, prints
 the action cosine between the two engines and profiles the variant's act stage in the same process
 (`act_<flag>_<on|off>` in the JSON), so the two act times compare within one run.
 """
@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import inspect
 import pathlib
 import sys
 
@@ -84,7 +85,7 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
               f"cublas {times.get('cublas', float('nan')) * 1e3:.2f} us")
 
 
-AB_FLAGS = {"norm_in_gemm": False, "rope_in_attention": False}  # Pi05Engine flags and their defaults
+AB_FLAGS = ("norm_in_gemm", "rope_in_attention")  # Pi05Engine flags an A/B may flip
 
 
 def main(argv=None) -> int:
@@ -113,8 +114,8 @@ def main(argv=None) -> int:
     engine = Pi05Engine(w32, device="cuda", **options)
     # The variant shares the engine's tuning cache: only the shapes / fusions it adds are tuned anew.
     variant, variant_name = None, None
-    if args.ab:
-        flipped = not AB_FLAGS[args.ab]
+    if args.ab:  # flipped from the engine's own default
+        flipped = not inspect.signature(Pi05Engine).parameters[args.ab].default
         variant_name = f"act_{args.ab}_{'on' if flipped else 'off'}"
         variant = Pi05Engine(w32, device="cuda", tuning_cache=engine.tuning_cache, **{args.ab: flipped}, **options)
     del w32
