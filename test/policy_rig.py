@@ -13,7 +13,7 @@ import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
-from rclpy.executors import MultiThreadedExecutor
+from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
 from sensor_msgs.msg import Image, JointState
 from trajectory_msgs.msg import JointTrajectory
@@ -71,7 +71,7 @@ class Rig:
         self.t0 = time.time()
         self.node.create_timer(1 / 15, self._publish_cameras)
         self.node.create_timer(1 / 50, self._publish_joints)
-        self.executor = MultiThreadedExecutor(num_threads=2, context=context)
+        self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self._spin = threading.Thread(target=self.executor.spin, daemon=True)
         self._spin.start()

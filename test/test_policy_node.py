@@ -83,6 +83,8 @@ def test_chunks_at_act_rate_prefix_at_observe_rate(rig_factory):
     traj = rig.trajectories[-1]
     assert list(traj.joint_names) == [f"joint{i}" for i in range(5)] and len(traj.points) == 50
     assert [p.time_from_start.nanosec for p in traj.points[:3]] == [20_000_000, 40_000_000, 60_000_000]
+    # The chunk and the trajectory travel on two topics: the chunk of this trajectory may arrive after it.
+    assert rig.wait(lambda: any(c.header.stamp == traj.header.stamp for c in rig.chunks_since(0)), 5)
     match = [c for c in rig.chunks_since(0) if c.header.stamp == traj.header.stamp]
     assert match and list(traj.points[7].positions) == pytest.approx(list(actions_of(match[0])[7]), abs=1e-6)
     for c in chunks:
