@@ -2,7 +2,7 @@
 graph-timed GEMM candidates at the action expert's shapes (GPU round).
 
   python benchmarks/profile_pi05.py --json benchmarks/results/profile_pi05_w2.json [--views 2] [--pdl 0]
-                                    [--ab norm_in_gemm|rope_in_attention]
+                                    [--ab norm_in_gemm|rope_in_attention|l2_prefetch]
 
 For each stage (`observe`, `act`) it replays the CUDA graph under torch.profiler (CUPTI records the kernels
 of a graph replay one by one) and prints, per kernel name: launches per replay, total and mean GPU time,
@@ -12,9 +12,10 @@ and every skinny Triton configuration in a CUDA graph with the weights cycled pa
 the JSON keeps every candidate's time).
 --ab FLAG also builds an engine with that `Pi05Engine` flag flipped from its default (`norm_in_gemm`: the
 expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`: the expert's attention
-rotates q/k on load instead of a split/rotate kernel; both off by default) from the same weights, prints
-the action cosine between the two engines and profiles the variant's act stage in the same process
-(`act_<flag>_<on|off>` in the JSON), so the two act times compare within one run.
+rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
+next GEMMs' weights into L2) from the same weights, prints the action cosine between the two engines,
+profiles the variant's act stage in the same process (`act_<flag>_<on|off>` in the JSON) and times both
+act graphs without the profiler, alternating replays (`ab_timing`), so the two compare within one run.
 """
 from __future__ import annotations
 
@@ -85,7 +86,29 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
               f"cublas {times.get('cublas', float('nan')) * 1e3:.2f} us")
 
 
-AB_FLAGS = ("norm_in_gemm", "rope_in_attention")  # Pi05Engine flags an A/B may flip
+AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch")  # Pi05Engine flags an A/B may flip
+
+
+def interleaved_ms(replays: dict, rounds: int = 30) -> dict:
+    """Median / p90 ms of each stage replay, timed one replay at a time with CUDA events and alternating
+    between them, so that clock and thermal drift hit both alike (no profiler attached)."""
+    times = {name: [] for name in replays}
+    for fn in replays.values():
+        fn()
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for name, fn in replays.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    out = {}
+    for name, t in times.items():
+        t = sorted(t)
+        out[name] = {"p50_ms": t[len(t) // 2], "p90_ms": t[min(len(t) - 1, int(0.9 * len(t)))], "n": len(t)}
+    return out
 
 
 def main(argv=None) -> int:
@@ -137,8 +160,12 @@ def main(argv=None) -> int:
     if variant is not None:
         profiles[variant_name] = profile_graph(variant.act, args.reps)
         print_profile(variant_name, profiles[variant_name], args.top)
-        print(f"act wall: default engine {profiles['act']['wall_us']:.0f} us, {variant_name} "
+        print(f"act wall under the profiler: default engine {profiles['act']['wall_us']:.0f} us, {variant_name} "
               f"{profiles[variant_name]['wall_us']:.0f} us")
+        timing = interleaved_ms({"act": engine.act, variant_name: variant.act})
+        print("act alone, interleaved, CUDA events: " + ", ".join(
+            f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in timing.items()))
+        profiles["ab_timing"] = timing
     gemm_table(engine.linear.report())
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
                 "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),

@@ -213,6 +213,44 @@ def test_rope_in_attention_gives_the_split_kernel_path(dev):
 
 
 @pytest.mark.interpret
+def test_l2_prefetch_packs_the_expert_and_gives_the_same_actions(dev):
+    """l2_prefetch: each expert layer's GEMM weights are adjacent views of one block in the order they run
+    (equal to the originals), every planned prefetch range is exactly the weights / prefix K/V that the
+    next kernels read, and the actions are those of the engine without it (the prefetch never changes a
+    result; under the interpreter it is off, on the GPU the variant test below runs it)."""
+    from flashrt_core.models.pi05.engine import _expert_prefetch
+
+    config, state = pi05.build_tiny(6, micro_config())
+    weights = pi05.convert(config, state)
+    inputs = [t.to(dev) for t in micro_inputs(config, seed=3)]
+    plain = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False)
+    warm = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, l2_prefetch=True)
+    names = ("qkv_w", "o_w", "gate_up_w", "down_w")
+    tensors = [getattr(L, n) for L in warm.weights.expert_layers for n in names]
+    base = tensors[0].data_ptr()
+    assert all(t.untyped_storage().data_ptr() == tensors[0].untyped_storage().data_ptr() for t in tensors)
+    offsets = [t.data_ptr() - base for t in tensors]
+    assert offsets == [sum(u.numel() * u.element_size() for u in tensors[:i]) for i in range(len(tensors))]
+    for L, P in zip(plain.weights.expert_layers, warm.weights.expert_layers):
+        assert all(torch.equal(getattr(L, n), getattr(P, n)) for n in names)
+    layers, buf = warm.weights.expert_layers, warm.buffers
+    plan = _expert_prefetch(layers, buf)
+    n = len(layers)
+    for i, L in enumerate(layers):
+        (span,) = plan["rotate"][i]
+        assert span.data_ptr() == L.o_w.data_ptr()
+        assert span.numel() == L.o_w.numel() + L.gate_up_w.numel() + L.down_w.numel()
+        qkv, k = plan["attn_norm"][i]
+        assert qkv is layers[(i + 1) % n].qkv_w and k.data_ptr() == buf.prefix_k[(i + 1) % n].data_ptr()
+        assert plan["mlp_norm"][i][0].data_ptr() == buf.prefix_v[(i + 1) % n].data_ptr()
+    with torch.no_grad():
+        assert torch.equal(warm.sample_actions(*inputs), plain.sample_actions(*inputs))
+    for other in ("rope_in_attention", "norm_in_gemm"):
+        with pytest.raises(ValueError, match="l2_prefetch"):
+            Pi05Engine(weights, device=dev, graphs=False, l2_prefetch=True, **{other: True})
+
+
+@pytest.mark.interpret
 def test_run_stage_hooks_give_the_staged_results(dev):
     """run_stage records pre / post with the stage (one CUDA graph on a GPU, eager on the CPU) and gives the
     staged API's results, at capture and at replay. On a GPU a hook that cannot be captured (it reads a
@@ -440,10 +478,10 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm"])
+@pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
-    residuals inside the GEMMs, tuned and captured) gives the default engine's actions, and LeRobot's
+    residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels) gives the default engine's actions, and LeRobot's
     within the bf16 targets."""
     c = cuda_case(cases)
     default = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)

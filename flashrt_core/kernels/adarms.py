@@ -13,13 +13,16 @@ import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch, row_warps
 from flashrt_core.kernels._pdl import pdl_enter
+from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 
 
 @triton.jit
 def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
-                         g_stride, sc_stride, sh_stride, rows_per_batch, D, eps,
-                         HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                         g_stride, sc_stride, sh_stride, rows_per_batch, D, eps, PF_A0, PF_N0, PF_A1, PF_N1,
+                         HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+                         PREFETCH: tl.constexpr):
     pdl_enter(PDL)
+    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     row = tl.program_id(0).to(tl.int64)
     b = row // rows_per_batch
     cols = tl.arange(0, BLOCK_D)
@@ -52,8 +55,9 @@ def _mod(op, name, t, x):
     return t.stride(0)
 
 
-def _launch(op, x, h, gate, scale, shift, eps, out, x_out):
+def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None):
     check(op, "x", x, contiguous=True)
+    pf = prefetch_args(op, x.device, prefetch)
     d = x.shape[-1]
     has_gated, do_norm = h is not None, scale is not None
     g_stride = sc_stride = sh_stride = 0
@@ -72,13 +76,15 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out):
             x, h if has_gated else x, gate if has_gated else x, scale if do_norm else x,
             shift if do_norm else x, out if do_norm else x, x_out if has_gated else x,
             g_stride, sc_stride, sh_stride, rows // batch, d, float(eps),
-            HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block), **pdl_launch(x.device))
+            HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block), **pf,
+            **pdl_launch(x.device))
     return out, x_out
 
 
-def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None):
-    """rms(x) * (1 + scale) + shift over contiguous x [B, ..., D]; scale/shift [D] or [B, D]."""
-    return _launch("ada_rms_norm", x, None, None, scale, shift, eps, out, None)[0]
+def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None):
+    """rms(x) * (1 + scale) + shift over contiguous x [B, ..., D]; scale/shift [D] or [B, D].
+    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`)."""
+    return _launch("ada_rms_norm", x, None, None, scale, shift, eps, out, None, prefetch)[0]
 
 
 def gated_residual(x, h, gate, *, out=None):
@@ -86,7 +92,8 @@ def gated_residual(x, h, gate, *, out=None):
     return _launch("gated_residual", x, h, gate, None, None, 0.0, None, out)[1]
 
 
-def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None):
-    """Returns (x + h * gate, AdaRMS of it). Pass x_out=x to update the residual stream in place."""
-    out, x_out = _launch("gated_residual_ada_rms_norm", x, h, gate, scale, shift, eps, out, x_out)
+def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None):
+    """Returns (x + h * gate, AdaRMS of it). Pass x_out=x to update the residual stream in place.
+    prefetch: as in `ada_rms_norm`."""
+    out, x_out = _launch("gated_residual_ada_rms_norm", x, h, gate, scale, shift, eps, out, x_out, prefetch)
     return x_out, out

@@ -18,15 +18,18 @@ import triton.language as tl
 
 from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2, pdl_launch
 from flashrt_core.kernels._pdl import pdl_enter
+from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 
 
 @triton.jit(do_not_specialize=["offset"])  # one compiled kernel for every offset
 def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K_ptr, V_ptr,
                            T, n_positions, offset,
-                           q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S,
+                           q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S, PF_A0, PF_N0, PF_A1, PF_N1,
                            HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
-                           OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr):
+                           OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
+                           PREFETCH: tl.constexpr):
     pdl_enter(PDL)
+    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     token = tl.program_id(0).to(tl.int64)  # b * T + t
     head = tl.program_id(1)
     b = token // T
@@ -66,12 +69,14 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
 
 
 def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads,
-                   q_out=None):
+                   q_out=None, prefetch=None):
     """Split fused qkv [B, T, (Hq + 2 Hkv) * Dh], rotate q and k by `positions` [B, T] (int), write k / v
     into k_cache / v_cache [B, Hkv, S, Dh] (any strides, unit last stride) at rows cache_offset + t, where
-    cache_offset is an int or an int tensor [B]. Returns q [B, T, Hq, Dh] (or fills q_out)."""
+    cache_offset is an int or an int tensor [B]. Returns q [B, T, Hq, Dh] (or fills q_out).
+    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`)."""
     op = "qkv_rope_cache"
     check(op, "qkv", qkv, ndim=3, contiguous=True)
+    pf = prefetch_args(op, qkv.device, prefetch)
     b, t, width = qkv.shape
     heads = num_q_heads + 2 * num_kv_heads
     if num_q_heads < 1 or num_kv_heads < 1 or width % heads:
@@ -101,7 +106,7 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
     if b * t:
         _qkv_rope_cache_kernel[(b * t, heads)](
             qkv, positions, cos, sin, offsets, q_out, k_cache, v_cache, t, cos.shape[0], offset,
-            *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2],
+            *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2], **pf,
             HQ=num_q_heads, HKV=num_kv_heads, DH=dh, OFFSET_TENSOR=isinstance(cache_offset, torch.Tensor),
             BLOCK_HALF=next_pow2(dh // 2, 16),
             num_warps=1 if dh <= 128 else 2, **pdl_launch(qkv.device))

@@ -18,6 +18,7 @@ On a CPU the same code runs with the kernels' torch references (or Triton under 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -81,7 +82,8 @@ class Pi05Engine:
     def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
-                 tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False):
+                 tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
+                 l2_prefetch: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -101,11 +103,21 @@ class Pi05Engine:
         370 fewer launches per act, same actions (cosine 0.999999), but not faster on the H200 with PDL
         (8451 vs 8393 us, `results/profile_pi05_w2_norm_ab2.json`: there the norm kernels hide behind the
         GEMMs and the producing GEMMs' epilogues grow), so off by default; without PDL (pdl=False, GPUs
-        before sm_90) launches cost more and it may pay: `profile_pi05.py --pdl 0 --ab norm_in_gemm`."""
+        before sm_90) launches cost more and it may pay: `profile_pi05.py --pdl 0 --ab norm_in_gemm`.
+        l2_prefetch: the action expert's glue kernels start the HBM -> L2 stream of the weights (and cached
+        prefix K/V) that the next GEMMs (and attention) read, so those read L2 instead of waiting on HBM
+        (`_expert_prefetch`; sm_90+, elsewhere a no-op). Packs each expert layer's weights into one block.
+        Needs the split/rotate and norm kernels (rope_in_attention and norm_in_gemm off)."""
+        if l2_prefetch and (rope_in_attention or norm_in_gemm):
+            raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
+                             "rope_in_attention / norm_in_gemm remove; use it with both off")
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
         w = weights.to(device=device, dtype=dtype, vision_dtype=self.vision_dtype)
+        self.l2_prefetch = bool(l2_prefetch)
+        if self.l2_prefetch:
+            w = _pack_expert(w)
         self.weights, self.config, self.device, self.dtype = w, w.config, device, dtype
         self.backend = backend
         self.use_graphs = (device.type == "cuda") if graphs is None else bool(graphs)
@@ -199,6 +211,7 @@ class Pi05Engine:
             suffix_v = torch.empty_like(suffix_k)
         x_t = buf.noise.clone()
         layers = w.expert_layers
+        pf = _expert_prefetch(layers, buf) if self.l2_prefetch else None
         if self.norm_in_gemm:  # the next AdaRMS's input (x * (1 + scale)) and its rows' sums of squares
             xs = torch.empty(b, chunk, e.width, device=self.device, dtype=self.dtype)
             sums = torch.empty(stat_chunks(e.width), b * chunk, device=self.device, dtype=torch.float32)
@@ -209,7 +222,7 @@ class Pi05Engine:
             else:
                 x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
                 mod = w.ada_attn[step, 0]
-                h = K.ada_rms_norm(x, mod[0], mod[1], eps, backend=be)
+                h = K.ada_rms_norm(x, mod[0], mod[1], eps, prefetch=pf and pf["start"], backend=be)
             for i, L in enumerate(layers):
                 if self.norm_in_gemm:
                     qkv = lin(xs, L.qkv_w, norm=self._norm("qkv", sums, step, i), backend=be)
@@ -222,7 +235,8 @@ class Pi05Engine:
                     rope = (positions, self.cos, self.sin)
                 else:
                     q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0,
-                                         num_q_heads=e.heads, num_kv_heads=e.kv_heads, backend=be)
+                                         num_q_heads=e.heads, num_kv_heads=e.kv_heads,
+                                         prefetch=pf and pf["rotate"][i], backend=be)
                     k2, v2, rope = suffix_k, suffix_v, None
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
@@ -237,11 +251,13 @@ class Pi05Engine:
                     continue
                 o = lin(a.flatten(2), L.o_w)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
-                x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x, backend=be)
+                x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x,
+                                                     prefetch=pf and pf["attn_norm"][i], backend=be)
                 d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
                 gate = w.ada_mlp[step, i, 2]
                 mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
-                x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x, backend=be)
+                x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x,
+                                                     prefetch=pf and pf["mlp_norm"][i], backend=be)
             if self.norm_in_gemm:
                 velocity = lin(xs, w.action_out_w, w.action_out_b, norm=self._norm("out", sums, step), backend=be)
             else:
@@ -444,6 +460,49 @@ def _shift_projections(w: Pi05Weights) -> dict[str, torch.Tensor]:
     return {"qkv": torch.stack([proj(w.ada_attn[:, i, 1], L.qkv_w) for i, L in enumerate(w.expert_layers)], 1),
             "gate_up": torch.stack([proj(w.ada_mlp[:, i, 1], L.gate_up_w) for i, L in enumerate(w.expert_layers)], 1),
             "out": proj(w.ada_final[:, 1], w.action_out_w)}
+
+
+def _pack_expert(w: Pi05Weights) -> Pi05Weights:
+    """A copy of `w` whose expert GEMM weights all live in one block, layer after layer, each layer's in the
+    order its GEMMs run (qkv, o, gate|up, down): the weights that follow a point of the layer are then one
+    contiguous byte range, which one prefetch covers. The other fields are shared with `w`."""
+    names = ("qkv_w", "o_w", "gate_up_w", "down_w")
+    layers = w.expert_layers
+    first = getattr(layers[0], names[0])
+    block = torch.empty(sum(getattr(L, n).numel() for L in layers for n in names), dtype=first.dtype,
+                        device=first.device)
+    packed, offset = [], 0
+    for L in layers:
+        views = {}
+        for n in names:
+            t = getattr(L, n)
+            views[n] = block[offset:offset + t.numel()].view(t.shape)
+            views[n].copy_(t)
+            offset += t.numel()
+        packed.append(dataclasses.replace(L, **views))
+    return dataclasses.replace(w, expert_layers=packed)
+
+
+def _span(first: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The bytes from `first` to the end of `last` (adjacent views of one block) as one flat view."""
+    n = (last.data_ptr() - first.data_ptr()) // first.element_size() + last.numel()
+    return first.as_strided((n,), (1,))
+
+
+def _expert_prefetch(layers, buf: EngineBuffers) -> dict:
+    """What each glue kernel of the action expert warms into L2 (`l2_prefetch`), one layer of reads ahead:
+      rotate[i] (before layer i's attention): layer i's o, gate|up and down weights, read after it;
+      attn_norm[i] (after o): layer i + 1's QKV weights and cached prefix K (the next step's layer 0
+        after the last layer), read after the MLP;
+      mlp_norm[i] (after down): layer i + 1's cached prefix V, read by the next attention;
+      start (each step's first norm): layer 0's QKV weights and prefix K (for the first step; later
+        steps find them already warm).
+    At most ~30 MB (o..down of a layer) is in flight, well inside the H200's 50 MB L2."""
+    n = len(layers)
+    return {"rotate": [(_span(L.o_w, L.down_w),) for L in layers],
+            "attn_norm": [(layers[(i + 1) % n].qkv_w, buf.prefix_k[(i + 1) % n]) for i in range(n)],
+            "mlp_norm": [(buf.prefix_v[(i + 1) % n],) for i in range(n)],
+            "start": (layers[0].qkv_w, buf.prefix_k[0])}
 
 
 def make_engine(weights: Pi05Weights) -> Pi05Engine:
