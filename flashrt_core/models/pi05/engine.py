@@ -107,7 +107,9 @@ class Pi05Engine:
         l2_prefetch: the action expert's glue kernels start the HBM -> L2 stream of the weights (and cached
         prefix K/V) that the next GEMMs (and attention) read, so those read L2 instead of waiting on HBM
         (`_expert_prefetch`; sm_90+, elsewhere a no-op). Packs each expert layer's weights into one block.
-        Needs the split/rotate and norm kernels (rope_in_attention and norm_in_gemm off)."""
+        Needs the split/rotate and norm kernels (rope_in_attention and norm_in_gemm off). Off: slower on
+        the H200 (act 11.5 vs 8.6 ms, `results/profile_pi05_w2_l2_ab.json`: the prefetch traffic slows the
+        GEMMs it was meant to feed, which already load their weights before the PDL wait)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm remove; use it with both off")
