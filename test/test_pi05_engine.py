@@ -315,6 +315,29 @@ def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
     assert (got[0] - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("geglu", [False, True], ids=["linear", "geglu"])
+def test_every_gemm_candidate_computes_f_linear(dev, geglu):
+    """Each launch configuration the GEMM picker may choose (split-K, one K slice per program, the whole K in
+    one step) gives F.linear (GeGLU after it) on a small odd shape: the picker checks a candidate against
+    cuBLAS before timing it, this keeps unusable ones out of the list."""
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS
+
+    g = torch.Generator().manual_seed(7 + geglu)
+    m, n, k = 11, 40, 1096  # k: more than one step of every BLOCK_K, with a ragged last step
+    x = torch.randn(m, k, generator=g).to(dev)
+    w = torch.randn((2 if geglu else 1) * n, k, generator=g).to(dev)
+    b = None if geglu else torch.randn(n, generator=g).to(dev)
+    want = F.linear(x, w, b)
+    if geglu:
+        gate, up = want.chunk(2, dim=-1)
+        want = F.gelu(gate, approximate="tanh") * up
+    for bn, bk, split, warps, stages in CONFIGS:
+        got = skinny_linear(x, w, b, geglu=geglu, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
+                            num_stages=stages)
+        assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max(), (bn, bk, split)
+
+
 def chunk_sums(v):
     """[ceil(N / 16), M] sums of squares over each 16 columns of v [..., N] (computed apart from the kernel)."""
     v = v.float().reshape(-1, v.shape[-1])

@@ -25,7 +25,9 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (6
               (16, 32, 8, 8, 1), (16, 32, 8, 8, 3), (16, 64, 4, 8, 2), (16, 32, 16, 8, 1), (32, 32, 8, 8, 2),
               (32, 32, 8, 16, 2), (64, 32, 8, 16, 2), (16, 32, 4, 8, 3),
               # fewer or no key splits: the split merge (partials, ticket, reload) is a serial tail of its own
-              (16, 64, 1, 4), (32, 64, 1, 4), (16, 64, 2, 4), (32, 64, 2, 8)]
+              (16, 64, 1, 4), (32, 64, 1, 4), (16, 64, 2, 4), (32, 64, 2, 8),
+              # one key tile per program (no serial key loop; the merge sums 5-10 partials)
+              (16, 64, 16, 4), (16, 128, 8, 4), (16, 128, 8, 8)]
 TIMED_CALLS = 10
 MATCH_REL = 2e-2  # a candidate's output vs the heuristic's, relative to its largest entry
 
