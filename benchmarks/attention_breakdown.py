@@ -7,9 +7,8 @@ with and without programmatic dependent launch:
   * the shipped kernel (`kernels.flash_attention`) with its heuristic and each engine tuning candidate;
   * ablations of the shipped kernel, built from its source at run time (nothing of them ships): mode 1 no
     merge of the key splits (partials and tickets only), 2 no tickets either, 3 no key loop (q load,
-    partials, merge), 4 q in and out only; mode 5 is the full kernel with each split's prefix K/V bulk-
-    prefetched into L2 *before* the PDL wait (the cache is never written during a decision's act stage);
-  * a two-kernel variant: the split kernel writes partials (mode 2), a second kernel merges them;
+    partials, merge), 4 q in and out only;
+  * the splits merged by a second kernel (config[5] = merge rows per program) instead of in the kernel;
   * torch SDPA backends over the concatenated keys (flash / efficient / cuDNN / math; masked and not);
   * an act-like chain per layer: the split/rotate kernel, then attention over that layer's prefix K/V (18
     layers), optionally with a 36 MB copy between layers standing in for the GEMMs' weight stream (which
@@ -42,97 +41,22 @@ from flashrt_core.kernels.reference import attention_ref  # noqa: E402
 
 # Source edits that turn the shipped kernel into the ablation variants (each must match exactly once).
 PATCHES = [
-    ("PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):\n    pdl_enter(PDL)\n",
-     """PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr, MODE: tl.constexpr):
-    if MODE == 5:
-        pdl_trigger(PDL)
-        if tl.program_id(0) == 0:
-            b0 = (tl.program_id(1) // HKV).to(tl.int64)
-            h0 = tl.program_id(1) % HKV
-            lo0 = tl.minimum(tl.program_id(2) * keys_per_split, S)
-            nbytes = ((tl.minimum(lo0 + keys_per_split, S) - lo0) * k_ss * 2).to(tl.int64)
-            _prefetch_range((K + b0 * k_sb + h0 * k_sh + lo0 * k_ss).to(tl.int64, bitcast=True), nbytes, 0, 1,
-                            16384, 32)
-            _prefetch_range((V + b0 * v_sb + h0 * v_sh + lo0 * v_ss).to(tl.int64, bitcast=True), nbytes, 0, 1,
-                            16384, 32)
-        pdl_wait(PDL)
-    else:
-        pdl_enter(PDL)
-"""),
+    ("PDL: tl.constexpr):\n    pdl_enter(PDL)\n", "PDL: tl.constexpr, MODE: tl.constexpr):\n    pdl_enter(PDL)\n"),
     ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b",
-     "    if MODE < 3 or MODE == 5:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b"),
-    ("    if HAS_SECOND:  # the second", "    if HAS_SECOND and (MODE < 3 or MODE == 5):  # the second"),
+     "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b"),
+    ("    if HAS_SECOND:  # the second", "    if HAS_SECOND and MODE < 3:  # the second"),
     ("    if NSPLIT > 1:\n", "    if NSPLIT > 1 and MODE != 4:\n"),
-    ("        if last_of_split(C, tile, NSPLIT):",
-     "        if MODE == 2:\n            pass\n        elif MODE == 1:\n            if last_of_split(C, tile, NSPLIT):\n"
-     "                reset_ticket(C, tile)\n        elif last_of_split(C, tile, NSPLIT):"),
-    ("        num_warps=warps, num_stages=stages, **pdl_launch(q.device))",
-     "        num_warps=warps, num_stages=stages, MODE=mode, **pdl_launch(q.device))"),
+    ("        if MERGE_APART:\n            pass\n",
+     "        if MERGE_APART or MODE == 2:\n            pass\n        elif MODE == 1:\n"
+     "            if last_of_split(C, tile, NSPLIT):\n                reset_ticket(C, tile)\n"),
+    ("num_warps=warps, num_stages=stages, **pdl_launch(q.device))",
+     "num_warps=warps, num_stages=stages, MODE=mode, **pdl_launch(q.device))"),
     ("*, scale=None, out=None, config=None, rope=None):", "*, scale=None, out=None, config=None, rope=None, mode=0):"),
-    ("from flashrt_core.kernels._pdl import pdl_enter\n",
-     "from flashrt_core.kernels._pdl import pdl_enter, pdl_trigger, pdl_wait\n"
-     "from flashrt_core.kernels._prefetch import _prefetch_range\n"),
 ]
-
-# Appended to the variant module: a stand-alone merge of the split partials (rows in (b, t, head) order).
-MERGE = '''
-
-@triton.jit
-def _merge_kernel(PART, ML, O, n_rows, T, HQ, DH, o_sb, o_st, o_sh, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    pdl_enter(PDL)
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = r < n_rows
-    d = tl.arange(0, BLOCK_D)
-    io = ok[:, None] & (d < DH)[None, :]
-    m_all = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
-    for i in tl.static_range(NSPLIT):
-        m_all = tl.maximum(m_all, tl.load(ML + i * n_rows + r, mask=ok, other=-1.0e30))
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for i in tl.static_range(NSPLIT):
-        w = tl.exp2(tl.load(ML + i * n_rows + r, mask=ok, other=-1.0e30) - m_all)
-        l_all += w * tl.load(ML + (NSPLIT + i) * n_rows + r, mask=ok, other=0.0)
-        acc += w[:, None] * tl.load(PART + (i * n_rows + r)[:, None] * DH + d[None, :], mask=io, other=0.0)
-    out = acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
-    head = r % HQ
-    t = (r // HQ) % T
-    b = (r // HQ // T).to(tl.int64)
-    tl.store(O + b[:, None] * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
-             out.to(O.dtype.element_ty), mask=io)
-
-
-def attention_two_kernels(q, k, v, key_mask, k2, v2, config, block_r=8):
-    """The split kernel writing partials only (mode 2), then _merge_kernel."""
-    b, t, hq, dh = q.shape
-    hkv, s, s2 = k.shape[1], k.shape[2], k2.shape[2]
-    block_d = next_pow2(dh, 16)
-    block_m, block_n, splits, warps, *rest = config
-    keys_per_split = triton.cdiv(triton.cdiv(s + s2, splits), block_n) * block_n
-    splits = triton.cdiv(s + s2, keys_per_split)
-    n_rows = splits * b * t * hq
-    part = torch.empty(n_rows * dh, dtype=torch.float32, device=q.device)
-    ml = torch.empty(2 * n_rows, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    mask = key_mask.view(torch.uint8)
-    _attention_kernel[(triton.cdiv(t * (hq // hkv), block_m), b * hkv, splits)](
-        q, k, v, mask, k2, v2, out, part, ml, q, q, q, q, b, t, s, s2, hq, hkv, dh, _LOG2E / math.sqrt(dh),
-        keys_per_split, n_rows, 1, 0, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-        k.stride(2), v.stride(0), v.stride(1), v.stride(2), mask.stride(0), k2.stride(0), k2.stride(1),
-        k2.stride(2), v2.stride(0), v2.stride(1), v2.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        GROUP=hq // hkv, HAS_MASK=True, HAS_SECOND=True, ROPE=False, NSPLIT=splits, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_D=block_d, PRECISION="tf32", UPCAST=False, num_warps=warps,
-        num_stages=rest[0] if rest else 2, MODE=2, **pdl_launch(q.device))
-    rows = b * t * hq
-    _merge_kernel[(triton.cdiv(rows, block_r),)](part, ml, out, rows, t, hq, dh, out.stride(0), out.stride(1),
-                                                 out.stride(2), NSPLIT=splits, BLOCK_R=block_r, BLOCK_D=block_d,
-                                                 num_warps=4, **pdl_launch(q.device))
-    return out
-'''
 
 
 def variant_module(directory: pathlib.Path):
-    """The shipped attention kernel with the ablation switch (MODE) and the two-kernel variant, as a module."""
+    """The shipped attention kernel with the ablation switch (MODE), as a module."""
     src = (REPO / "flashrt_core" / "kernels" / "flash_attention.py").read_text()
     for old, new in PATCHES:
         if src.count(old) != 1:
@@ -140,7 +64,7 @@ def variant_module(directory: pathlib.Path):
                                f"{src.count(old)} times)")
         src = src.replace(old, new)
     path = directory / "_attention_variants.py"
-    path.write_text(src + MERGE)
+    path.write_text(src)
     spec = importlib.util.spec_from_file_location("_attention_variants", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -215,16 +139,17 @@ def main(argv=None):
         for config in [None, *CANDIDATES]:
             record("shipped", f"config {config}", lambda c=config: attention(q, k, v, mask, k2, v2, config=c))
         for config in [None, (16, 64, 1, 4), (16, 64, 16, 4), (64, 64, 8, 4)]:
-            for mode in (1, 2, 3, 4, 5):
+            for mode in (1, 2, 3, 4):
                 record("ablation", f"config {config} mode {mode}",
-                       lambda c=config, m=mode: var.attention(q, k, v, mask, k2, v2, config=c, mode=m), mode == 5)
+                       lambda c=config, m=mode: var.attention(q, k, v, mask, k2, v2, config=c, mode=m), False)
         record("ablation", "no key mask", lambda: attention(q, k, v, None, k2, v2), False)
         record("ablation", "no second key set", lambda: attention(q, k, v, mask), False)
         for config in [(16, 32, 8, 8), (16, 32, 8, 4), (32, 64, 4, 4), (16, 64, 16, 4), (64, 64, 8, 4),
                        (64, 32, 16, 4), (64, 64, 4, 4)]:
             for block_r in (4, 8, 16):
-                record("two kernels", f"config {config} merge rows {block_r}",
-                       lambda c=config, br=block_r: var.attention_two_kernels(q, k, v, mask, k2, v2, c, br))
+                merged = (*config, 2, block_r)
+                record("two kernels", f"config {merged}",
+                       lambda c=merged: attention(q, k, v, mask, k2, v2, config=c))
 
         from torch.nn.attention import SDPBackend, sdpa_kernel
         kc, vc = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
@@ -248,21 +173,21 @@ def main(argv=None):
         big = torch.empty(36 * 2 ** 20 // 2, device=dev, dtype=dt)
         big2 = torch.empty_like(big)
 
-        def chain(config, mode, copy, attend=True):
+        def chain(config, copy, attend=True):
             for i in range(layers):
                 qi = K.qkv_rope_cache(qkv, positions, cos, sin, k2, v2, 0, num_q_heads=h, num_kv_heads=1)
                 if attend:
-                    var.attention(qi, kl[i], vl[i], mask, k2, v2, config=config, mode=mode)
+                    attention(qi, kl[i], vl[i], mask, k2, v2, config=config)
                 if copy:
                     big2.copy_(big)
 
         for copy in (False, True):
             tag = "with a 36 MB copy per layer" if copy else "L2-warm"
-            record("chain x18", f"rotate only, {tag}", lambda cp=copy: chain(None, 0, cp, False), False)
-            for config in [None, (16, 64, 2, 4), (16, 64, 16, 4), (64, 64, 8, 4)]:
-                for mode in (0, 5):
-                    record("chain x18", f"rotate + attention config {config} mode {mode}, {tag}",
-                           lambda c=config, m=mode, cp=copy: chain(c, m, cp), False)
+            record("chain x18", f"rotate only, {tag}", lambda cp=copy: chain(None, cp, False), False)
+            for config in [None, (16, 128, 8, 8), (16, 64, 16, 4), (64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4),
+                           (16, 64, 16, 4, 2, 4)]:
+                record("chain x18", f"rotate + attention config {config}, {tag}",
+                       lambda c=config, cp=copy: chain(c, cp), False)
 
     print(f"\n{'group':12} {'name':64} {'PDL us':>8} {'no PDL':>8} {'rel L2':>9}")
     for r in rows:

@@ -216,6 +216,38 @@ def test_split_keys_flash_decoding(dev, splits, dtype):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("merge_rows", [1, 4, 16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_split_keys_merged_by_a_second_kernel(dev, merge_rows, dtype):
+    """config[5] = merge_rows: the split partials are merged by `_merge_kernel` (merge_rows rows per program)
+    instead of in-kernel; the same result as the in-kernel merge (same arithmetic and split order) and the
+    reference, over 2 batches and 2 kv heads (row order b, t, head), with masked and fully masked rows.
+    No ticket is taken. A merge_rows that is not a power of two is refused."""
+    from flashrt_core.kernels._common import new_semaphore_workspace, semaphore_workspace
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    b, sp, ts, hq, hkv, dh = 2, 37, 7, 8, 2, 24
+    q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=60, std=2.0)
+    kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=61), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=62)
+    ks, vs = randn(b, hkv, ts, dh, dtype=dtype, dev=dev, seed=63), randn(b, hkv, ts, dh, dtype=dtype, dev=dev, seed=64)
+    mask = pad_mask(b, sp, dev, seed=65)
+    mask[1, :20] = False
+    tickets = new_semaphore_workspace(dev, 256)
+    with semaphore_workspace(tickets):
+        for splits in (2, 3):
+            apart = attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4, 2, merge_rows))
+            inside = attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4))
+            assert torch.equal(apart, inside)
+            close(apart, R.attention_ref(q, kp, vp, mask, ks, vs))
+        nothing = torch.zeros_like(mask)
+        out = attention_kernel(q, kp, vp, nothing, config=(16, 16, 3, 4, 2, merge_rows))
+        assert torch.equal(out, torch.zeros_like(out))
+    assert int(tickets.abs().sum()) == 0
+    with pytest.raises(KernelInputError, match="merge_rows"):
+        attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, 2, 4, 2, 3))
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_rope_on_load_equals_the_split_rotate_kernel_then_attention(dev, dtype, splits):

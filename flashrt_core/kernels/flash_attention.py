@@ -96,7 +96,8 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr):
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr, MERGE_APART: tl.constexpr,
+                      PDL: tl.constexpr):
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -134,14 +135,17 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
                                 PRECISION, UPCAST)
     if NSPLIT > 1:
         # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
-        # max in log2 units, and sum). The last of the NSPLIT programs of this row block (ticket C) merges
-        # them: every split rescaled to the global max, summed in split order, normalized.
+        # max in log2 units, and sum). MERGE_APART: `_merge_kernel` runs next and merges them; else the last of
+        # the NSPLIT programs of this row block (ticket C) does: every split rescaled to the global max, summed
+        # in split order, normalized.
         row = ((split.to(tl.int64) * B + b) * T + t) * HQ + head
         tl.store(PART + row[:, None] * DH + d[None, :], acc, mask=io_mask)
         tl.store(ML + row, m_i, mask=t < T)
         tl.store(ML + n_rows + row, l_i, mask=t < T)
         tile = pid_m * tl.num_programs(1) + bh
-        if last_of_split(C, tile, NSPLIT):
+        if MERGE_APART:
+            pass
+        elif last_of_split(C, tile, NSPLIT):
             rows_per_split = n_rows // NSPLIT
             row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
             m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
@@ -165,6 +169,34 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
                  out.to(O.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _merge_kernel(PART, ML, O, n_rows, T, HQ, DH, o_sb, o_st, o_sh, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """The merge of `_attention_kernel`'s split partials (MERGE_APART) over BLOCK_R of the n_rows = B * T * HQ
+    rows (in (b, t, head) order) per program: the same arithmetic, in the same split order, as the in-kernel
+    merge, spread over many programs instead of one per row block."""
+    pdl_enter(PDL)
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = r < n_rows
+    d = tl.arange(0, BLOCK_D)
+    io = ok[:, None] & (d < DH)[None, :]
+    m_all = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
+    for i in tl.static_range(NSPLIT):
+        m_all = tl.maximum(m_all, tl.load(ML + i * n_rows + r, mask=ok, other=-1.0e30))
+    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
+    for i in tl.static_range(NSPLIT):
+        wgt = tl.exp2(tl.load(ML + i * n_rows + r, mask=ok, other=-1.0e30) - m_all)
+        l_all += wgt * tl.load(ML + (NSPLIT + i) * n_rows + r, mask=ok, other=0.0)
+        acc += wgt[:, None] * tl.load(PART + (i * n_rows + r)[:, None] * DH + d[None, :], mask=io, other=0.0)
+    out = acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
+    head = r % HQ
+    t = (r // HQ) % T
+    b = (r // HQ // T).to(tl.int64)
+    tl.store(O + b[:, None] * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+             out.to(O.dtype.element_ty), mask=io)
 
 
 def _blocks(rows, batch_heads, keys, block_d):
@@ -215,8 +247,9 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
     rope = (positions [B, T] int, cos, sin [P, Dh / 2] fp32): q and k2 (then S2 == T) are rotated on load.
-    `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) overrides the heuristic (tuning sweeps;
-    num_stages defaults to 2)."""
+    `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) overrides the heuristic
+    (tuning sweeps; num_stages defaults to 2). merge_rows > 0: the key splits are merged by a second kernel,
+    merge_rows rows per program, instead of by the last split program of each row block (default 0)."""
     op = "attention"
     check(op, "q", q, ndim=4)
     b, t, hq, dh = q.shape
@@ -248,6 +281,9 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     block_d = next_pow2(dh, 16)
     block_m, block_n, splits, warps, *rest = config or _blocks(t * group, b * hkv, s + s2, block_d)
     stages = rest[0] if rest else 2
+    merge_rows = rest[1] if len(rest) > 1 else 0
+    if merge_rows < 0 or merge_rows & (merge_rows - 1):
+        raise KernelInputError(f"{op}: merge_rows must be 0 or a power of two, got {merge_rows}")
     keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
     splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
     n_rows = splits * b * t * hq
@@ -255,7 +291,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     if splits > 1:  # per-call scratch: the caching allocator (and a CUDA graph's pool) makes it cheap
         part = torch.empty(n_rows * dh, dtype=torch.float32, device=q.device)
         ml = torch.empty(2 * n_rows, dtype=torch.float32, device=q.device)
-        tickets = semaphores(grid[0] * grid[1], q.device)
+        tickets = q if merge_rows else semaphores(grid[0] * grid[1], q.device)
     else:
         part = ml = tickets = q
     m_arg = key_mask if key_mask is not None else q
@@ -274,5 +310,10 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        num_warps=warps, num_stages=stages, **pdl_launch(q.device))
+        MERGE_APART=splits > 1 and merge_rows > 0, num_warps=warps, num_stages=stages, **pdl_launch(q.device))
+    if splits > 1 and merge_rows:
+        rows = b * t * hq
+        _merge_kernel[(triton.cdiv(rows, merge_rows),)](
+            part, ml, out, rows, t, hq, dh, out.stride(0), out.stride(1), out.stride(2), NSPLIT=splits,
+            BLOCK_R=merge_rows, BLOCK_D=block_d, num_warps=4, **pdl_launch(q.device))
     return out
