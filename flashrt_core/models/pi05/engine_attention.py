@@ -18,8 +18,9 @@ from flashrt_core.bench import graph_ms
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 # (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) tried besides the kernel's heuristic
-# (None). The last rows are aimed at the expert's 400 GQA rows over ~610 keys of head dim 256 (its heuristic: (16, 32, 8, 8)):
-# shallower or deeper key pipelines, 16 warps for the wide accumulator, other split counts.
+# (None). The last rows are aimed at the expert's 400 GQA rows over ~610 keys of head dim 256 (its
+# heuristic: (16, 32, 8, 8)): shallower or deeper key pipelines, 16 warps for the wide accumulator, other
+# split counts.
 CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (64, 64, 4, 8), (64, 32, 8, 4),
               (128, 32, 4, 8), (32, 32, 16, 4), (64, 32, 16, 4), (64, 64, 1, 4), (128, 64, 1, 8),
               (16, 32, 8, 8, 1), (16, 32, 8, 8, 3), (16, 64, 4, 8, 2), (16, 32, 16, 8, 1), (32, 32, 8, 8, 2),
@@ -27,11 +28,14 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (6
               # fewer or no key splits: the split merge (partials, ticket, reload) is a serial tail of its own
               (16, 64, 1, 4), (32, 64, 1, 4), (16, 64, 2, 4), (32, 64, 2, 8),
               # one key tile per program (no serial key loop; the merge sums 5-10 partials)
-              (16, 64, 16, 4), (16, 128, 8, 4), (16, 128, 8, 8),
-              # the splits merged by a second kernel over 4-8 rows per program, not by one program per row
-              # block (benchmarks/attention_breakdown.py on the H200: 9.4 vs 12.0-13.4 us for the expert)
-              (64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4), (16, 32, 8, 4, 2, 8),
-              (16, 128, 8, 8, 2, 4)]
+              (16, 64, 16, 4), (16, 128, 8, 4), (16, 128, 8, 8)]
+# Not offered yet: the splits merged by a second kernel (config[5] = merge rows per program). Timed alone
+# (20 calls in a graph) it wins for the expert on the H200: 9.35 us vs 13.5 for the best in-kernel merge and
+# 16.0 for the heuristic (results/attention_breakdown_h200.json), so the picker chose (64, 32, 16, 4, 2, 4);
+# but the act stage did not get faster under the profiler (8323 us vs 7857-8276 us in earlier runs without
+# it): back-to-back calls of one attention overlap through PDL in a way the act chain (rotate -> attention
+# -> o GEMM) does not. Measure it in that chain (attention_breakdown.py's "chain x18" rows) first.
+MERGE_APART_CANDIDATES = [(64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4), (16, 32, 8, 4, 2, 8)]
 TIMED_CALLS = 10
 MATCH_REL = 2e-2  # a candidate's output vs the heuristic's, relative to its largest entry
 
