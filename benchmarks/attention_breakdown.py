@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import json
 import pathlib
-import statistics
 import sys
 import tempfile
 
@@ -73,27 +72,10 @@ def variant_module(directory: pathlib.Path):
 
 def graph_us(fn, pdl: bool, reps: int, iters: int) -> float:
     """us per call: `reps` calls captured in one CUDA graph (launched with or without PDL), median of replays."""
+    from flashrt_core.bench import graph_ms
+
     with K.pdl_scope(pdl):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
-                for _ in range(reps):
-                    fn()
-            graph.replay()
-            samples = []
-            for _ in range(iters):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(side)
-                graph.replay()
-                end.record(side)
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3 / reps)
-        torch.cuda.current_stream().wait_stream(side)
-    return statistics.median(samples)
+        return graph_ms(lambda _: fn(), [None] * reps, rounds=iters) * 1e3
 
 
 def main(argv=None):
