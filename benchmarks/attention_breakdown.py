@@ -16,6 +16,7 @@ with and without programmatic dependent launch:
 Each row that computes attention reports its relative L2 error against the fp32 reference.
 
     python benchmarks/attention_breakdown.py [--json benchmarks/results/attention_breakdown_h200.json]
+                                             [--groups "shipped,chain x18"]
 """
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ PATCHES = [
 ]
 
 
+GROUPS = ["shipped", "ablation", "two kernels", "sdpa", "chain x18"]
+
+
 def variant_module(directory: pathlib.Path):
     """The shipped attention kernel with the ablation switch (MODE), as a module."""
     src = (REPO / "flashrt_core" / "kernels" / "flash_attention.py").read_text()
@@ -83,6 +87,7 @@ def main(argv=None):
     p.add_argument("--json", default="benchmarks/results/attention_breakdown.json")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {', '.join(GROUPS)}")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("attention_breakdown: needs a CUDA GPU")
@@ -102,7 +107,13 @@ def main(argv=None):
     ref = attention_ref(q.float(), k.float(), v.float(), mask, k2.float(), v2.float())
     rows = []
 
+    groups = {g.strip() for g in a.groups.split(",")}
+    if groups - set(GROUPS):
+        sys.exit(f"attention_breakdown: unknown groups {sorted(groups - set(GROUPS))}; known: {GROUPS}")
+
     def record(group, name, fn, check=True):
+        if group not in groups:
+            return
         try:
             err = None
             if check:
@@ -180,7 +191,7 @@ def main(argv=None):
             print(f"{r['group']:12} {r['name'][:64]:64} {r['pdl_us']:8.2f} {r['no_pdl_us']:8.2f} {err:>9}")
     write_result(a.json, workload={"shape": "pi05 expert attention, W2", "q": [1, t, h, d], "prefix_keys": s,
                                    "padded_prefix_keys": 20, "suffix_keys": t, "dtype": "bfloat16",
-                                   "reps": a.reps, "iters": a.iters},
+                                   "reps": a.reps, "iters": a.iters, "groups": sorted(groups)},
                  results={"rows": rows})
     print(f"wrote {a.json}")
 
