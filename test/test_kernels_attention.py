@@ -294,7 +294,7 @@ def test_every_tuning_candidate_computes_the_expert_attention(dev):
     expert-like shape (8 query heads over one kv head, padded cached prefix + the queries' own keys): the
     picker also checks a choice before timing it, this keeps unusable candidates out of the list."""
     from flashrt_core.kernels.flash_attention import attention as attention_kernel
-    from flashrt_core.models.pi05.engine_attention import CANDIDATES, MERGE_APART_CANDIDATES
+    from flashrt_core.models.pi05.engine_attention import CANDIDATES
 
     b, sp, ts, hq, dh = 1, 45, 9, 8, 16
     q = randn(b, ts, hq, dh, dev=dev, seed=50, std=2.0)
@@ -302,5 +302,5 @@ def test_every_tuning_candidate_computes_the_expert_attention(dev):
     ks, vs = randn(b, 1, ts, dh, dev=dev, seed=53), randn(b, 1, ts, dh, dev=dev, seed=54)
     mask = pad_mask(b, sp, dev, seed=55)
     ref = R.attention_ref(q, kp, vp, mask, ks, vs)
-    for config in CANDIDATES + MERGE_APART_CANDIDATES:
+    for config in CANDIDATES:
         close(attention_kernel(q, kp, vp, mask, ks, vs, config=config), ref)

@@ -28,14 +28,12 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (6
               # fewer or no key splits: the split merge (partials, ticket, reload) is a serial tail of its own
               (16, 64, 1, 4), (32, 64, 1, 4), (16, 64, 2, 4), (32, 64, 2, 8),
               # one key tile per program (no serial key loop; the merge sums 5-10 partials)
-              (16, 64, 16, 4), (16, 128, 8, 4), (16, 128, 8, 8)]
-# Not offered yet: the splits merged by a second kernel (config[5] = merge rows per program). Timed alone
-# (20 calls in a graph) it wins for the expert on the H200: 9.35 us vs 13.5 for the best in-kernel merge and
-# 16.0 for the heuristic (results/attention_breakdown_h200.json), so the picker chose (64, 32, 16, 4, 2, 4);
-# but the act stage did not get faster under the profiler (8323 us vs 7857-8276 us in earlier runs without
-# it): back-to-back calls of one attention overlap through PDL in a way the act chain (rotate -> attention
-# -> o GEMM) does not. Measure it in that chain (attention_breakdown.py's "chain x18" rows) first.
-MERGE_APART_CANDIDATES = [(64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4), (16, 32, 8, 4, 2, 8)]
+              (16, 64, 16, 4), (16, 128, 8, 4), (16, 128, 8, 8),
+              # the splits merged by a second kernel over 4 rows per program instead of one program per row
+              # block (H200: 9.35 us alone vs 13.5 for the best in-kernel merge; in an act-like chain of
+              # rotate -> attention over 18 layers with L2 evicted between them 570-597 us vs 664 us,
+              # results/attention_breakdown_h200.json and attention_chain_h200.json)
+              (64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4)]
 TIMED_CALLS = 10
 MATCH_REL = 2e-2  # a candidate's output vs the heuristic's, relative to its largest entry
 
