@@ -46,9 +46,11 @@ PATCHES = [
      "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b"),
     ("    if HAS_SECOND:  # the second", "    if HAS_SECOND and MODE < 3:  # the second"),
     ("    if NSPLIT > 1:\n", "    if NSPLIT > 1 and MODE != 4:\n"),
-    ("        if MERGE_APART:\n            pass\n",
-     "        if MERGE_APART or MODE == 2:\n            pass\n        elif MODE == 1:\n"
-     "            if last_of_split(C, tile, NSPLIT):\n                reset_ticket(C, tile)\n"),
+    ("        if not MERGE_APART:\n            tile = pid_m * tl.num_programs(1) + bh\n            if last_of_split",
+     "        if MODE == 1:\n            if last_of_split(C, pid_m * tl.num_programs(1) + bh, NSPLIT):\n"
+     "                reset_ticket(C, pid_m * tl.num_programs(1) + bh)\n"
+     "        elif not MERGE_APART and MODE != 2:\n            tile = pid_m * tl.num_programs(1) + bh\n"
+     "            if last_of_split"),
     ("num_warps=warps, num_stages=stages, **pdl_launch(q.device))",
      "num_warps=warps, num_stages=stages, MODE=mode, **pdl_launch(q.device))"),
     ("*, scale=None, out=None, config=None, rope=None):", "*, scale=None, out=None, config=None, rope=None, mode=0):"),

@@ -318,9 +318,9 @@ def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
 @pytest.mark.interpret
 @pytest.mark.parametrize("geglu", [False, True], ids=["linear", "geglu"])
 def test_every_gemm_candidate_computes_f_linear(dev, geglu):
-    """Each launch configuration the GEMM picker may choose (split-K, one K slice per program, the whole K in
-    one step) gives F.linear (GeGLU after it) on a small odd shape: the picker checks a candidate against
-    cuBLAS before timing it, this keeps unusable ones out of the list."""
+    """Each launch configuration the GEMM picker may choose (looped K, split-K, one K slice per program) gives
+    F.linear (GeGLU after it) on a small odd shape: the picker checks a candidate against cuBLAS before
+    timing it, this keeps unusable ones out of the list."""
     from flashrt_core.models.pi05.engine_gemm import CONFIGS
 
     g = torch.Generator().manual_seed(7 + geglu)

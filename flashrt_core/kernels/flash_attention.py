@@ -90,6 +90,27 @@ def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask, 
 
 
 @triton.jit
+def _merge_splits(PART, ML, row0, rows_per_split, ok, io_mask, d, DH, NSPLIT: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    """The normalized output of rows `row0` (their index in split 0; `ok` masks them) from the NSPLIT split
+    partials: PART [splits, rows, DH] unnormalized fp32, ML [2, splits, rows] (running max in log2 units, sum).
+    Every split is rescaled to the global max and summed in split order, so the result never depends on
+    which program merges. Loads bypass L1 (.cg): other programs of the same kernel may have written them."""
+    m_all = tl.full([ROWS], -1.0e30, dtype=tl.float32)
+    for i in tl.static_range(NSPLIT):
+        m_all = tl.maximum(m_all, tl.load(ML + i * rows_per_split + row0, mask=ok, other=-1.0e30,
+                                          cache_modifier=".cg"))
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
+    l_all = tl.zeros([ROWS], dtype=tl.float32)
+    for i in tl.static_range(NSPLIT):
+        wgt = tl.exp2(tl.load(ML + i * rows_per_split + row0, mask=ok, other=-1.0e30, cache_modifier=".cg") - m_all)
+        l_all += wgt * tl.load(ML + (NSPLIT + i) * rows_per_split + row0, mask=ok, other=0.0, cache_modifier=".cg")
+        acc += wgt[:, None] * tl.load(PART + (i * rows_per_split + row0)[:, None] * DH + d[None, :], mask=io_mask,
+                                      other=0.0, cache_modifier=".cg")
+    return acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
+
+
+@triton.jit
 def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, DH, qk_scale,
                       keys_per_split, n_rows, n_positions, pos_sb,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
@@ -142,29 +163,16 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
         tl.store(PART + row[:, None] * DH + d[None, :], acc, mask=io_mask)
         tl.store(ML + row, m_i, mask=t < T)
         tl.store(ML + n_rows + row, l_i, mask=t < T)
-        tile = pid_m * tl.num_programs(1) + bh
-        if MERGE_APART:
-            pass
-        elif last_of_split(C, tile, NSPLIT):
-            rows_per_split = n_rows // NSPLIT
-            row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
-            m_all = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-            for i in tl.static_range(NSPLIT):
-                m_all = tl.maximum(m_all, tl.load(ML + i * rows_per_split + row0, mask=t < T, other=-1.0e30,
-                                                  cache_modifier=".cg"))
-            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-            l_all = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for i in tl.static_range(NSPLIT):
-                wgt = tl.exp2(tl.load(ML + i * rows_per_split + row0, mask=t < T, other=-1.0e30,
-                                      cache_modifier=".cg") - m_all)
-                l_all += wgt * tl.load(ML + n_rows + i * rows_per_split + row0, mask=t < T, other=0.0,
-                                       cache_modifier=".cg")
-                acc += wgt[:, None] * tl.load(PART + (i * rows_per_split + row0)[:, None] * DH + d[None, :],
-                                              mask=io_mask, other=0.0, cache_modifier=".cg")
-            out = acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
-            tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
-                     out.to(O.dtype.element_ty), mask=io_mask)
-            reset_ticket(C, tile)
+        if not MERGE_APART:
+            tile = pid_m * tl.num_programs(1) + bh
+            if last_of_split(C, tile, NSPLIT):
+                rows_per_split = n_rows // NSPLIT
+                row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
+                out = _merge_splits(PART, ML, row0, rows_per_split, t < T, io_mask, d, DH, NSPLIT, BLOCK_M,
+                                    BLOCK_D)
+                tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+                         out.to(O.dtype.element_ty), mask=io_mask)
+                reset_ticket(C, tile)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
@@ -174,24 +182,15 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
 @triton.jit
 def _merge_kernel(PART, ML, O, n_rows, T, HQ, DH, o_sb, o_st, o_sh, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
                   BLOCK_D: tl.constexpr, PDL: tl.constexpr):
-    """The merge of `_attention_kernel`'s split partials (MERGE_APART) over BLOCK_R of the n_rows = B * T * HQ
-    rows (in (b, t, head) order) per program: the same arithmetic, in the same split order, as the in-kernel
-    merge, spread over many programs instead of one per row block."""
+    """`_attention_kernel`'s split merge as a kernel of its own (MERGE_APART): BLOCK_R of the n_rows = B * T * HQ
+    rows per split (in (b, t, head) order) per program, spread over many programs instead of one per row
+    block; the same `_merge_splits`, so the same result."""
     pdl_enter(PDL)
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ok = r < n_rows
     d = tl.arange(0, BLOCK_D)
     io = ok[:, None] & (d < DH)[None, :]
-    m_all = tl.full([BLOCK_R], -1.0e30, dtype=tl.float32)
-    for i in tl.static_range(NSPLIT):
-        m_all = tl.maximum(m_all, tl.load(ML + i * n_rows + r, mask=ok, other=-1.0e30))
-    acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    l_all = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for i in tl.static_range(NSPLIT):
-        wgt = tl.exp2(tl.load(ML + i * n_rows + r, mask=ok, other=-1.0e30) - m_all)
-        l_all += wgt * tl.load(ML + (NSPLIT + i) * n_rows + r, mask=ok, other=0.0)
-        acc += wgt[:, None] * tl.load(PART + (i * n_rows + r)[:, None] * DH + d[None, :], mask=io, other=0.0)
-    out = acc / tl.where(l_all > 0.0, l_all, 1.0)[:, None]
+    out = _merge_splits(PART, ML, r, n_rows, ok, io, d, DH, NSPLIT, BLOCK_R, BLOCK_D)
     head = r % HQ
     t = (r // HQ) % T
     b = (r // HQ // T).to(tl.int64)
@@ -287,11 +286,12 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
     splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
     n_rows = splits * b * t * hq
+    merge_apart = splits > 1 and merge_rows > 0
     grid = (triton.cdiv(t * group, block_m), b * hkv, splits)
     if splits > 1:  # per-call scratch: the caching allocator (and a CUDA graph's pool) makes it cheap
         part = torch.empty(n_rows * dh, dtype=torch.float32, device=q.device)
         ml = torch.empty(2 * n_rows, dtype=torch.float32, device=q.device)
-        tickets = q if merge_rows else semaphores(grid[0] * grid[1], q.device)
+        tickets = q if merge_apart else semaphores(grid[0] * grid[1], q.device)
     else:
         part = ml = tickets = q
     m_arg = key_mask if key_mask is not None else q
@@ -310,8 +310,8 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        MERGE_APART=splits > 1 and merge_rows > 0, num_warps=warps, num_stages=stages, **pdl_launch(q.device))
-    if splits > 1 and merge_rows:
+        MERGE_APART=merge_apart, num_warps=warps, num_stages=stages, **pdl_launch(q.device))
+    if merge_apart:
         rows = b * t * hq
         _merge_kernel[(triton.cdiv(rows, merge_rows),)](
             part, ml, out, rows, t, hq, dh, out.stride(0), out.stride(1), out.stride(2), NSPLIT=splits,
