@@ -107,6 +107,21 @@ def test_rope_tables_match_hf_gemma_formula():
 
 
 @pytest.mark.interpret
+def test_positions_outside_the_tables_are_left_unrotated(dev):
+    """A position outside the tables (a bad device value the host never sees) leaves its token unrotated, in
+    the kernel and in the reference alike; the other tokens rotate as usual."""
+    qkv, positions, cache = make(1, 5, 2, 1, 16, 7, torch.float32, dev, seed=11)
+    positions[0, 1], positions[0, 3] = 320, -2  # the tables below have 320 rows
+    q, q_ref, (k, v, k_ref, v_ref) = run_both(qkv, positions, cache, 1, 2, 1)
+    close(q, q_ref)
+    close(k, k_ref)
+    close(v, v_ref)
+    for t in (1, 3):
+        close(q[0, t].flatten(), qkv[0, t, :32])
+        close(k[0, 0, 1 + t], qkv[0, t, 32:48])
+
+
+@pytest.mark.interpret
 def test_rope_properties_without_the_reference(dev):
     """Position 0 is the identity, other positions rotate, and every rotation preserves the norm."""
     dh = 24

@@ -23,7 +23,7 @@ from flashrt_core.models.pi05 import reference as R  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
 from flashrt_core.kernels import reference as KR  # noqa: E402
-from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, RowNorm,  # noqa: E402
+from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm,  # noqa: E402
                                                   RowStats, skinny_linear)
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 
@@ -36,6 +36,10 @@ TOL = {
     "gemm_fp32": 1e-5,  # skinny GEMM vs F.linear, fp32 (relative to the output's max)
     "fused_gemm_fp32": 2e-5,  # skinny GEMM with a fused AdaRMS / gated residual / row stats vs separate ops, fp32
     "fused_gemm_bf16": 3e-2,  # ... bf16 (the scaled input is rounded before the product, not the norm)
+    # QKV GEMM with split / RoPE / K/V write in its epilogue vs F.linear + the rotation reference, relative to
+    # the output's max: fp32; bf16 (the epilogue rotates the fp32 product, the reference the bf16-rounded one)
+    "qkv_rope_fp32": 2e-5,
+    "qkv_rope_bf16": 2e-2,
     # relative L2: the graphed engine (GEMMs picked per shape: Triton skinny GEMM or cuBLAS) vs the eager one
     # with cuBLAS only; bf16 outputs of two accumulation orders (measured 1.02e-3 on an H200, 2026-12-02)
     "graph_vs_eager": 3e-3,
@@ -197,15 +201,18 @@ def test_triton_engine_matches_reference(dev, dtype):
 
 
 @pytest.mark.interpret
-def test_rope_in_attention_gives_the_split_kernel_path(dev):
-    """The expert's attention reading q/k/v straight from the QKV GEMM output and rotating on load gives the
-    actions of the path with the split/rotate kernel (same math; fp32)."""
+@pytest.mark.parametrize("flags", [{"rope_in_attention": True}, {"rope_in_gemm": True},
+                                   {"rope_in_gemm": True, "norm_in_gemm": True}], ids=lambda f: "+".join(f))
+def test_rope_elsewhere_gives_the_split_kernel_path(dev, flags):
+    """The rotation done elsewhere than the split/rotate kernel gives the actions of the path with it (same
+    math; fp32): by the expert's attention on load (q/k/v read straight from the QKV GEMM output), or by
+    the QKV GEMM's epilogue (with or without the AdaRMS fused into it); the torch route gives them too."""
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
     inputs = [t.to(dev) for t in micro_inputs(config, seed=2)]
     split = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False)
-    fused = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, rope_in_attention=True)
-    torch_path = Pi05Engine(weights, device=dev, backend="torch", graphs=False, rope_in_attention=True)
+    fused = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, **flags)
+    torch_path = Pi05Engine(weights, device=dev, backend="torch", graphs=False, **flags)
     with torch.no_grad():
         want = split.sample_actions(*inputs).cpu()
         assert (fused.sample_actions(*inputs).cpu() - want).abs().max() < TOL["fp32_vs_reference"]
@@ -245,9 +252,11 @@ def test_l2_prefetch_packs_the_expert_and_gives_the_same_actions(dev):
         assert plan["mlp_norm"][i][0].data_ptr() == buf.prefix_v[(i + 1) % n].data_ptr()
     with torch.no_grad():
         assert torch.equal(warm.sample_actions(*inputs), plain.sample_actions(*inputs))
-    for other in ("rope_in_attention", "norm_in_gemm"):
+    for other in ("rope_in_attention", "norm_in_gemm", "rope_in_gemm"):
         with pytest.raises(ValueError, match="l2_prefetch"):
             Pi05Engine(weights, device=dev, graphs=False, l2_prefetch=True, **{other: True})
+    with pytest.raises(ValueError, match="one place or the other"):
+        Pi05Engine(weights, device=dev, graphs=False, rope_in_attention=True, rope_in_gemm=True)
 
 
 @pytest.mark.interpret
@@ -412,6 +421,84 @@ def test_linear_picker_torch_route_gives_the_same_fusions():
     torch.testing.assert_close(emit.sums, chunk_sums(want), rtol=1e-6, atol=1e-5)
 
 
+def qkv_rope_case(bsz, t, k, hq, hkv, dh, dtype, dev, seed, cache_rows=None):
+    """Random rows x [B, T, K], a fused QKV weight, positions (one outside the tables: left unrotated) and
+    output buffers filled with a sentinel (k / v with spare rows that must stay untouched)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(bsz, t, k, generator=g) + 0.25).to(dev, dtype)
+    w = (torch.randn((hq + 2 * hkv) * dh, k, generator=g) / k ** 0.5).to(dev, dtype)
+    cos, sin = (v.to(dev) for v in KR.rope_cos_sin(3 * t, dh, 10000.0))
+    positions = torch.randint(0, 3 * t, (bsz, t), generator=g)
+    positions[-1, -1] = 3 * t + 4  # outside the tables
+    rows = cache_rows or t + 2
+    rope = QkvRope(positions.to(dev), cos, sin, torch.full((bsz, t, hq, dh), 7.0, device=dev, dtype=dtype),
+                   torch.full((bsz, hkv, rows, dh), 7.0, device=dev, dtype=dtype),
+                   torch.full((bsz, hkv, rows, dh), 7.0, device=dev, dtype=dtype), hq, hkv)
+    return x, w, rope
+
+
+def qkv_rope_want(x, w, rope, norm_input=None):
+    """F.linear in fp32, then the rotation reference into fresh caches (the same spare rows)."""
+    y = F.linear((norm_input if norm_input is not None else x).float(), w.float())
+    k, v = torch.full_like(rope.k, 7.0, dtype=torch.float32), torch.full_like(rope.v, 7.0, dtype=torch.float32)
+    q = KR.qkv_rope_cache_ref(y, rope.positions, rope.cos, rope.sin, k, v, 0, num_q_heads=rope.num_q_heads,
+                              num_kv_heads=rope.num_kv_heads)
+    return q, k, v
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bsz,t,k,hq,hkv,dh,block_n,split,normed", [
+    (1, 7, 40, 2, 1, 16, 16, 1, False), (2, 5, 72, 3, 1, 16, 16, 2, False), (1, 9, 64, 4, 2, 8, 16, 0, False),
+    (2, 3, 48, 2, 1, 32, 32, 0, True), (1, 6, 96, 2, 1, 16, 8, 3, True)], ids=lambda v: str(v))
+def test_skinny_linear_fuses_the_qkv_split_rope_and_cache_write(dev, dtype, bsz, t, k, hq, hkv, dh, block_n, split,
+                                                                  normed):
+    """rope=QkvRope: the fused QKV GEMM writes q rotated [B, T, Hq, Dh] and k rotated / v copied into rows
+    0..T-1 of their caches (spare rows untouched), as F.linear then the split/rotate reference; over tiles
+    that span heads (block_n > Dh / 2), split-K, one K slice per program and the fused AdaRMS (norm=)."""
+    x, w, rope = qkv_rope_case(bsz, t, k, hq, hkv, dh, dtype, dev, seed=bsz * 100 + t * 10 + k + dh)
+    norm, h = None, None
+    if normed:
+        raw, xs, w, (scale, shift), norm, *_ = fused_case(bsz * t, w.shape[0], k, False, dtype, dev, seed=t + k)
+        x, h = xs.view(bsz, t, k), KR.ada_rms_norm_ref(raw.view(bsz, t, k), scale, shift, 1e-6)
+    q_want, k_want, v_want = qkv_rope_want(x, w, rope, h)
+    got = skinny_linear(x, w, block_n=block_n, block_k=16, split_k=split, rope=rope, norm=norm)
+    assert got is rope.q
+    tol = TOL["qkv_rope_fp32" if dtype == torch.float32 else "qkv_rope_bf16"]
+    for name, out, want in (("q", rope.q, q_want), ("k", rope.k, k_want), ("v", rope.v, v_want)):
+        assert (out.float() - want).abs().max() <= tol * want.abs().max(), name
+    assert bool((rope.k[:, :, t:] == 7.0).all()) and bool((rope.v[:, :, t:] == 7.0).all())
+
+
+def test_linear_picker_torch_route_fuses_the_qkv_rope():
+    """On the CPU (cuBLAS route) qkv_rope is F.linear and the split/rotate reference, into the given buffers."""
+    x, w, rope = qkv_rope_case(2, 5, 24, 2, 1, 8, torch.float32, "cpu", seed=4)
+    q_want, k_want, v_want = qkv_rope_want(x, w, rope)
+    got = LinearPicker("cpu", mode="torch").qkv_rope(x, w, rope)
+    assert got is rope.q
+    for out, want in ((rope.q, q_want), (rope.k, k_want), (rope.v, v_want)):
+        torch.testing.assert_close(out, want, rtol=0, atol=TOL["qkv_rope_fp32"] * float(want.abs().max()))
+
+
+@pytest.mark.interpret
+def test_skinny_linear_rejects_a_mismatched_qkv_rope(dev):
+    from flashrt_core.kernels._common import KernelInputError
+
+    x, w, rope = qkv_rope_case(1, 5, 32, 2, 1, 8, torch.float32, dev, seed=2)
+    with pytest.raises(KernelInputError, match="no bias"):
+        skinny_linear(x, w, torch.ones(w.shape[0], device=dev), rope=rope)
+    with pytest.raises(KernelInputError, match="head dim rows"):
+        skinny_linear(x, w[:-4], rope=rope)  # head dim 7
+    with pytest.raises(KernelInputError, match="positions"):
+        skinny_linear(x, w, rope=dataclasses.replace(rope, positions=rope.positions[:, :-1].contiguous()))
+    with pytest.raises(KernelInputError, match="rope k"):
+        skinny_linear(x, w, rope=dataclasses.replace(rope, k=rope.k[:, :, :3]))
+    with pytest.raises(KernelInputError, match="rope q"):
+        skinny_linear(x, w, rope=dataclasses.replace(rope, q=rope.q.double()))
+    with pytest.raises(KernelInputError, match="rope cos"):
+        skinny_linear(x, w, rope=dataclasses.replace(rope, cos=rope.cos[:, :-1].contiguous()))
+
+
 @pytest.mark.interpret
 def test_skinny_linear_rejects_mismatched_fusion_inputs(dev):
     from flashrt_core.kernels._common import KernelInputError
@@ -501,11 +588,12 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch"])
+@pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
-    residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels) gives the default engine's actions, and LeRobot's
-    within the bf16 targets."""
+    residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V
+    write in the QKV GEMM's epilogue) gives the default engine's actions, and LeRobot's within the bf16
+    targets."""
     c = cuda_case(cases)
     default = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
     variant = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, **{flag: True})
@@ -513,6 +601,8 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
     b = variant.sample_actions(*_inputs(c), c["noise"])
     assert variant.captures == 2 and rel_l2(b, a) <= TOL["graph_vs_eager"]
     assert cosine(b, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(b, c["actions"]) <= TOL["bf16_rel_l2"]
+    if flag == "rope_in_gemm":  # the QKV GEMM with its epilogue was tuned
+        assert any("rope" in key for key in variant.linear.choices)
     if flag == "norm_in_gemm":  # the fused GEMM variants were tuned (not only the plain shapes)
         assert any("emit" in key for key in variant.linear.choices)
         assert any("norm" in key for key in variant.linear.choices)

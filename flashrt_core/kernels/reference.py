@@ -105,13 +105,17 @@ def rope_for_attention_ref(q, k2, positions, cos, sin):
 
 def qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads):
     """Split a fused [B, T, (Hq + 2 Hkv) * Dh] QKV, rotate q and k, write k/v into caches [B, Hkv, S, Dh]
-    at rows cache_offset + t (an int, or an int tensor [B]); return q as [B, T, Hq, Dh]."""
+    at rows cache_offset + t (an int, or an int tensor [B]); return q as [B, T, Hq, Dh]. A position outside
+    the tables leaves its token unrotated (as the kernel does)."""
     b, t, width = qkv.shape
     dh = width // (num_q_heads + 2 * num_kv_heads)
     heads = qkv.reshape(b, t, num_q_heads + 2 * num_kv_heads, dh)
     q, k, v = heads.split([num_q_heads, num_kv_heads, num_kv_heads], dim=2)
-    c = cos[positions.long()][:, :, None, :]
-    s = sin[positions.long()][:, :, None, :]
+    pos = positions.long()
+    ok = ((pos >= 0) & (pos < cos.shape[0]))[:, :, None, None]
+    idx = torch.where(ok[:, :, 0, 0], pos, 0)
+    c = torch.where(ok, cos[idx][:, :, None, :], 1.0)
+    s = torch.where(ok, sin[idx][:, :, None, :], 0.0)
     q = apply_rope_ref(q, c, s).to(qkv.dtype)
     k = apply_rope_ref(k, c, s)
     steps = torch.arange(t, device=qkv.device)

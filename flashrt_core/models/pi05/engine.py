@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
-from flashrt_core.models.pi05.engine_gemm import GatedResidual, LinearPicker, RowNorm, RowStats, stat_chunks
+from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm, RowStats,
+                                                  stat_chunks)
 from flashrt_core.models.pi05.engine_tuning import TuningCache
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
@@ -83,7 +84,7 @@ class Pi05Engine:
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
-                 l2_prefetch: bool = False):
+                 l2_prefetch: bool = False, rope_in_gemm: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -109,10 +110,15 @@ class Pi05Engine:
         (`_expert_prefetch`; sm_90+, elsewhere a no-op). Packs each expert layer's weights into one block.
         Needs the split/rotate and norm kernels (rope_in_attention and norm_in_gemm off). Off: slower on
         the H200 (act 11.5 vs 8.6 ms, `results/profile_pi05_w2_l2_ab.json`: the prefetch traffic slows the
-        GEMMs it was meant to feed, which already load their weights before the PDL wait)."""
-        if l2_prefetch and (rope_in_attention or norm_in_gemm):
+        GEMMs it was meant to feed, which already load their weights before the PDL wait).
+        rope_in_gemm: the action expert's QKV GEMM splits, rotates and writes q / k / v in its epilogue
+        (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel), one kernel less per layer
+        and flow step."""
+        if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
-                             "rope_in_attention / norm_in_gemm remove; use it with both off")
+                             "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
+        if rope_in_attention and rope_in_gemm:
+            raise ValueError("rope_in_attention and rope_in_gemm: the rotation is done in one place or the other")
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
@@ -132,6 +138,7 @@ class Pi05Engine:
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
         self.pdl = bool(pdl)
         self.rope_in_attention = bool(rope_in_attention)
+        self.rope_in_gemm = bool(rope_in_gemm)
         self.norm_in_gemm = bool(norm_in_gemm)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
         if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
@@ -211,6 +218,9 @@ class Pi05Engine:
         if not self.rope_in_attention:  # the split/rotate kernel's outputs (the other path reads the QKV output)
             suffix_k = torch.empty(b, e.kv_heads, chunk, e.head_dim, device=self.device, dtype=self.dtype)
             suffix_v = torch.empty_like(suffix_k)
+        if self.rope_in_gemm:  # what the QKV GEMM's epilogue writes
+            q_buf = torch.empty(b, chunk, e.heads, e.head_dim, device=self.device, dtype=self.dtype)
+            qkv_out = QkvRope(positions, self.cos, self.sin, q_buf, suffix_k, suffix_v, e.heads, e.kv_heads)
         x_t = buf.noise.clone()
         layers = w.expert_layers
         pf = _expert_prefetch(layers, buf) if self.l2_prefetch else None
@@ -226,20 +236,25 @@ class Pi05Engine:
                 mod = w.ada_attn[step, 0]
                 h = K.ada_rms_norm(x, mod[0], mod[1], eps, prefetch=pf and pf["start"], backend=be)
             for i, L in enumerate(layers):
-                if self.norm_in_gemm:
-                    qkv = lin(xs, L.qkv_w, norm=self._norm("qkv", sums, step, i), backend=be)
-                else:
-                    qkv = lin(h, L.qkv_w)
-                if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
-                    heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
-                    q, k2, v2 = (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
-                                 heads[:, :, e.heads + e.kv_heads:].transpose(1, 2))
-                    rope = (positions, self.cos, self.sin)
-                else:
-                    q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0,
-                                         num_q_heads=e.heads, num_kv_heads=e.kv_heads,
-                                         prefetch=pf and pf["rotate"][i], backend=be)
+                if self.rope_in_gemm:  # q, suffix_k and suffix_v straight from the GEMM's epilogue
+                    q = lin.qkv_rope(xs if self.norm_in_gemm else h, L.qkv_w, qkv_out,
+                                     norm=self._norm("qkv", sums, step, i) if self.norm_in_gemm else None, backend=be)
                     k2, v2, rope = suffix_k, suffix_v, None
+                else:
+                    if self.norm_in_gemm:
+                        qkv = lin(xs, L.qkv_w, norm=self._norm("qkv", sums, step, i), backend=be)
+                    else:
+                        qkv = lin(h, L.qkv_w)
+                    if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
+                        heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
+                        q, k2, v2 = (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
+                                     heads[:, :, e.heads + e.kv_heads:].transpose(1, 2))
+                        rope = (positions, self.cos, self.sin)
+                    else:
+                        q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0,
+                                             num_q_heads=e.heads, num_kv_heads=e.kv_heads,
+                                             prefetch=pf and pf["rotate"][i], backend=be)
+                        k2, v2, rope = suffix_k, suffix_v, None
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
                                 backend=be)

@@ -16,6 +16,7 @@ Reference: `F.linear` (and `kernels.geglu` after it); the fusions: `kernels.refe
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -61,12 +62,51 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
-    def _skinny_gemm_kernel(X, W, B, Y, P, C, SW, SSI, G, SCN, XS, SSO, M, N, K, k_per_split, sxm, swn, sym, sps,
-                            up_off, eps, n_chunks, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+    def _rope_store(a1, a2, rm, rn, m_ok, out_mask, POS, COS, SIN, QO, KO, VO, T, n_positions,
+                    q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, HQ: tl.constexpr, HKV: tl.constexpr,
+                    HALF: tl.constexpr):
+        """The QKV epilogue: dims j and j + HALF of each column's head (a1, a2, fp32), rotated for q and k heads
+        by the row's position, stored into q / k / v (see ROPE in the kernel)."""
+        head = rn // HALF
+        j = rn % HALF
+        pos = tl.load(POS + rm, mask=m_ok, other=-1).to(tl.int64)  # positions [B, T]: row b T + t
+        pos_ok = (pos >= 0) & (pos < n_positions)
+        turn = out_mask & pos_ok[:, None] & (head < HQ + HKV)[None, :]
+        idx = tl.where(turn, pos[:, None] * HALF + j[None, :], 0)
+        c = tl.load(COS + idx, mask=turn, other=1.0)
+        s = tl.load(SIN + idx, mask=turn, other=0.0)
+        y1 = a1 * c - a2 * s
+        y2 = a2 * c + a1 * s
+        b = (rm // T).to(tl.int64)[:, None]
+        t = (rm % T).to(tl.int64)[:, None]
+        is_q = out_mask & (head < HQ)[None, :]
+        is_k = out_mask & ((head >= HQ) & (head < HQ + HKV))[None, :]
+        is_v = out_mask & (head >= HQ + HKV)[None, :]
+        q_off = tl.where(is_q, b * q_sb + t * q_st + (head * q_sh + j)[None, :], 0)
+        tl.store(QO + q_off, y1.to(QO.dtype.element_ty), mask=is_q)
+        tl.store(QO + q_off + HALF, y2.to(QO.dtype.element_ty), mask=is_q)
+        k_off = tl.where(is_k, b * k_sb + t * k_ss + ((head - HQ) * k_sh + j)[None, :], 0)
+        tl.store(KO + k_off, y1.to(KO.dtype.element_ty), mask=is_k)
+        tl.store(KO + k_off + HALF, y2.to(KO.dtype.element_ty), mask=is_k)
+        v_off = tl.where(is_v, b * v_sb + t * v_ss + ((head - HQ - HKV) * v_sh + j)[None, :], 0)
+        tl.store(VO + v_off, a1.to(VO.dtype.element_ty), mask=is_v)
+        tl.store(VO + v_off + HALF, a2.to(VO.dtype.element_ty), mask=is_v)
+
+    @triton.jit
+    def _skinny_gemm_kernel(X, W, B, Y, P, C, SW, SSI, G, SCN, XS, SSO, POS, COS, SIN, QO, KO, VO,
+                            M, N, K, k_per_split, sxm, swn, sym, sps, up_rows, up_off, eps, n_chunks, T, n_positions,
+                            q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr, EMIT: tl.constexpr,
+                            ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                             CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_off rows.
+        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_rows rows.
+        ROPE (the fused QKV projection, heads of 2 HALF dims): output column n of N = (HQ + 2 HKV) HALF is dim
+        n % HALF of head n // HALF, and the second accumulator holds its rotate-half partner (weight row + HALF);
+        the epilogue rotates q and k heads by POS[row] (fp32 COS / SIN tables, [n_positions, HALF]; a position
+        outside them does not rotate) and stores q into QO [B, T, HQ, 2 HALF], k and v into KO / VO
+        [B, HKV, >= T, 2 HALF] at row t (row = b T + t); Y is not written.
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
         ONE_STEP (each program covers exactly one BLOCK_K slice): the weight tile is loaded before waiting for
@@ -90,13 +130,17 @@ if triton is not None:
         k_lo = pid_k * k_per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if ROPE:  # weight row of each output column (its partner: + HALF rows)
+            wr = (rn // HALF) * (2 * HALF) + rn % HALF
+        else:
+            wr = rn  # GEGLU: the up half's weights are up_rows (= up_off elements) further, as for ROPE
         if ONE_STEP:
             kk = k_lo + rk
             k_ok = kk < K
-            w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
+            w_ptr = W + wr[None, :].to(tl.int64) * swn + kk[:, None]
             w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # weights: never written
             wu = w
-            if GEGLU:
+            if GEGLU or ROPE:
                 wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             pdl_wait(PDL)
             x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -105,7 +149,7 @@ if triton is not None:
                 w = w.to(tl.float32)
                 wu = wu.to(tl.float32)
             acc = tl.dot(x, w, input_precision=PRECISION)
-            if GEGLU:
+            if GEGLU or ROPE:
                 acc_up = tl.dot(x, wu, input_precision=PRECISION)
         else:
             pdl_wait(PDL)
@@ -113,13 +157,13 @@ if triton is not None:
                 kk = k0 + rk
                 k_ok = kk < K
                 x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-                w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
+                w_ptr = W + wr[None, :].to(tl.int64) * swn + kk[:, None]
                 w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
                 if UPCAST:
                     x = x.to(tl.float32)
                     w = w.to(tl.float32)
                 acc += tl.dot(x, w, input_precision=PRECISION)
-                if GEGLU:
+                if GEGLU or ROPE:
                     wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
                     if UPCAST:
                         wu = wu.to(tl.float32)
@@ -129,7 +173,7 @@ if triton is not None:
         if SPLIT > 1:
             part = P + rm[:, None] * N + rn[None, :]
             tl.store(part + pid_k * sps, acc, mask=out_mask)
-            if GEGLU:  # the up half's partials follow the gate half's
+            if GEGLU or ROPE:  # the second accumulator's partials follow the first's
                 tl.store(part + (SPLIT + pid_k) * sps, acc_up, mask=out_mask)
             tile = pid_m * tl.num_programs(0) + pid_n
             last = last_of_split(C, tile, SPLIT)
@@ -138,7 +182,7 @@ if triton is not None:
                 acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
                 for s in tl.static_range(SPLIT):  # fixed order: the result does not depend on who finished last
                     acc += tl.load(part + s * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
-                    if GEGLU:
+                    if GEGLU or ROPE:
                         acc_up += tl.load(part + (SPLIT + s) * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
                 reset_ticket(C, tile)
         if last:
@@ -147,28 +191,32 @@ if triton is not None:
                 sums = tl.load(SSI + ch[:, None] * M + rm[None, :], mask=(ch < n_chunks)[:, None] & m_ok[None, :],
                                other=0.0)
                 rstd = tl.rsqrt(tl.sum(sums, 0) / K + eps)[:, None]
-                acc = acc * rstd + tl.load(SW + rn, mask=n_ok, other=0.0)[None, :]
+                acc = acc * rstd + tl.load(SW + wr, mask=n_ok, other=0.0)[None, :]
+                if GEGLU or ROPE:
+                    acc_up = acc_up * rstd + tl.load(SW + up_rows + wr, mask=n_ok, other=0.0)[None, :]
+            if ROPE:
+                _rope_store(acc, acc_up, rm, rn, m_ok, out_mask, POS, COS, SIN, QO, KO, VO, T, n_positions,
+                            q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, HQ, HKV, HALF)
+            else:
+                if HAS_BIAS:
+                    acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
                 if GEGLU:
-                    acc_up = acc_up * rstd + tl.load(SW + N + rn, mask=n_ok, other=0.0)[None, :]
-            if HAS_BIAS:
-                acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            if GEGLU:
-                acc = _gelu_tanh(acc) * acc_up
-            y_ptr = Y + rm[:, None] * sym + rn[None, :]
-            if RESID:
-                acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
-                    acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-            out = acc.to(Y.dtype.element_ty)
-            tl.store(y_ptr, out, mask=out_mask)
-            if EMIT:
-                v = tl.where(out_mask, out.to(tl.float32), 0.0)
-                sc = tl.load(SCN + rn, mask=n_ok, other=0.0).to(tl.float32)
-                tl.store(XS + rm[:, None] * N + rn[None, :], (v * (1.0 + sc[None, :])).to(XS.dtype.element_ty),
-                         mask=out_mask)
-                squares = tl.sum(tl.reshape(v * v, [BLOCK_M, BLOCK_N // 16, 16]), 2)  # 16 = STAT_CHUNK
-                chunk = pid_n * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
-                tl.store(SSO + chunk[None, :] * M + rm[:, None], squares,
-                         mask=m_ok[:, None] & (chunk < (N + 15) // 16)[None, :])
+                    acc = _gelu_tanh(acc) * acc_up
+                y_ptr = Y + rm[:, None] * sym + rn[None, :]
+                if RESID:
+                    acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
+                        acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                out = acc.to(Y.dtype.element_ty)
+                tl.store(y_ptr, out, mask=out_mask)
+                if EMIT:
+                    v = tl.where(out_mask, out.to(tl.float32), 0.0)
+                    sc = tl.load(SCN + rn, mask=n_ok, other=0.0).to(tl.float32)
+                    tl.store(XS + rm[:, None] * N + rn[None, :], (v * (1.0 + sc[None, :])).to(XS.dtype.element_ty),
+                             mask=out_mask)
+                    squares = tl.sum(tl.reshape(v * v, [BLOCK_M, BLOCK_N // 16, 16]), 2)  # 16 = STAT_CHUNK
+                    chunk = pid_n * (BLOCK_N // 16) + tl.arange(0, BLOCK_N // 16)
+                    tl.store(SSO + chunk[None, :] * M + rm[:, None], squares,
+                             mask=m_ok[:, None] & (chunk < (N + 15) // 16)[None, :])
 
 
 STAT_CHUNK = 16  # columns per partial sum of squares in RowStats.sums (every BLOCK_N is a multiple of it)
@@ -211,6 +259,54 @@ class GatedResidual:
     gate: torch.Tensor  # [N]
 
 
+@dataclass(frozen=True)
+class QkvRope:
+    """The fused QKV projection's split, RoPE and K/V write done in the GEMM's epilogue (what
+    `kernels.qkv_rope_cache` does after it otherwise, with cache offset 0): the weight is [(Hq + 2 Hkv) Dh, K]
+    (q heads, then k heads, then v heads); q heads are rotated by `positions` [B, T] (rows of the GEMM's input
+    are b T + t) into `q` [B, T, Hq, Dh], k heads rotated and v heads copied into `k` / `v` [B, Hkv, >= T, Dh]
+    at rows t (any strides, unit last stride). cos / sin: the fp32 [positions, Dh / 2] tables of
+    `kernels.rope_cos_sin`. The GEMM call returns `q`."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    num_q_heads: int
+    num_kv_heads: int
+
+    def check(self, x, w, b, geglu, residual, emit) -> int:
+        """Raise KernelInputError unless this fits the GEMM x [..., K] @ w^T; returns the head dim."""
+        heads = self.num_q_heads + 2 * self.num_kv_heads
+        m = x.numel() // x.shape[-1]
+        if b is not None or geglu or residual is not None or emit is not None:
+            raise KernelInputError("skinny_linear: rope= fuses only with norm= (no bias, geglu, residual, emit)")
+        if self.num_q_heads < 1 or self.num_kv_heads < 1 or w.shape[0] % heads or (w.shape[0] // heads) % 2:
+            raise KernelInputError(f"skinny_linear: rope= needs a weight of (num_q_heads + 2 num_kv_heads) x an even "
+                                   f"head dim rows, got {w.shape[0]} rows for {self.num_q_heads} + 2 x "
+                                   f"{self.num_kv_heads} heads")
+        dh = w.shape[0] // heads
+        pos = self.positions
+        if pos.dim() != 2 or pos.numel() != m or pos.dtype not in (torch.int32, torch.int64) \
+                or not pos.is_contiguous() or pos.device != x.device:
+            raise KernelInputError(f"skinny_linear: rope positions must be a contiguous int [B, T] tensor with "
+                                   f"B T = {m} rows on {x.device}, got {tuple(pos.shape)} {pos.dtype}")
+        bsz, t = pos.shape
+        _fp32_table("rope cos", self.cos, (self.cos.shape[0], dh // 2), x.device)
+        _fp32_table("rope sin", self.sin, tuple(self.cos.shape), x.device)
+        for name, out, shape in (("q", self.q, (bsz, t, self.num_q_heads, dh)),
+                                 ("k", self.k, (bsz, self.num_kv_heads, self.k.shape[2], dh)),
+                                 ("v", self.v, (bsz, self.num_kv_heads, self.k.shape[2], dh))):
+            if tuple(out.shape) != shape or out.dim() != 4 or out.stride(-1) != 1 or out.dtype != x.dtype \
+                    or out.device != x.device or out.shape[2] < (t if name != "q" else 0):
+                raise KernelInputError(f"skinny_linear: rope {name} must be a {x.dtype} {list(shape)} tensor (unit "
+                                       f"last stride, k / v with >= {t} rows) on {x.device}, got "
+                                       f"{tuple(out.shape)} {out.dtype}")
+        return dh
+
+
 def _vector(name, t, n, dev):
     if tuple(t.shape) != (n,) or t.device != dev or t.stride(-1) != 1:
         raise KernelInputError(f"skinny_linear: {name} must be a unit-stride [{n}] vector on {dev}, "
@@ -245,12 +341,14 @@ def _check_fusions(x, n, geglu, norm, residual, emit):
 
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
-                  norm: RowNorm | None = None, residual: GatedResidual | None = None, emit: RowStats | None = None):
+                  norm: RowNorm | None = None, residual: GatedResidual | None = None, emit: RowStats | None = None,
+                  rope: QkvRope | None = None):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
     program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait.
     norm: x is an AdaRMS input already scaled by its producer (RowNorm); residual: the result is added into
-    it (and it is returned); emit: also write the next AdaRMS's input and row sums (RowStats)."""
+    it (and it is returned); emit: also write the next AdaRMS's input and row sums (RowStats); rope: w is
+    the fused QKV weight, split, rotated and written into q / k / v (QkvRope; q is returned)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -264,9 +362,13 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     if not w.is_contiguous() or w.shape[1] != kdim:
         raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
     m = x2.shape[0]
-    n = w.shape[0] // 2 if geglu else w.shape[0]
-    _check_fusions(x, n, geglu, norm, residual, emit)
-    y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
+    n = w.shape[0] // 2 if geglu or rope is not None else w.shape[0]
+    dh = rope.check(x, w, b, geglu, residual, emit) if rope is not None else 2
+    _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit)
+    if rope is not None:
+        y = rope.q
+    else:
+        y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
     interp = interpreting()
     block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
     # Every split covers a whole number of BLOCK_K steps, so no K element is summed twice.
@@ -275,23 +377,30 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     split = triton.cdiv(kdim, k_per_split)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     if split > 1:
-        part = torch.empty((2 if geglu else 1) * split, m, n, device=x.device, dtype=torch.float32)
+        part = torch.empty((2 if geglu or rope is not None else 1) * split, m, n, device=x.device, dtype=torch.float32)
         tickets = semaphores(grid[0] * grid[1], x.device)
     else:
         part = tickets = y
+    up_rows = dh // 2 if rope is not None else n  # rows between the two accumulators' weights (GEGLU, ROPE)
+    rope_args, rope_ints = None, (1, 1) + (0,) * 9
+    if rope is not None:
+        rope_args = (rope.positions, rope.cos, rope.sin, rope.q, rope.k, rope.v)
+        rope_ints = (rope.positions.shape[1], rope.cos.shape[0], *rope.q.stride()[:3], *rope.k.stride()[:3],
+                     *rope.v.stride()[:3])
     _skinny_gemm_kernel[grid](
         x2, w, b if b is not None else w, y, part, tickets, norm.shift_w if norm is not None else w,
         norm.sums if norm is not None else w, residual.gate if residual is not None else w,
         emit.scale if emit is not None else w, emit.scaled if emit is not None else w,
-        emit.sums if emit is not None else w,
-        m, n, kdim, k_per_split, x2.stride(0), w.stride(0), n, m * n, n * kdim,
-        float(norm.eps) if norm is not None else 0.0, stat_chunks(kdim),
+        emit.sums if emit is not None else w, *(rope_args or (w,) * 6),
+        m, n, kdim, k_per_split, x2.stride(0), w.stride(0), n, m * n, up_rows, up_rows * w.stride(0),
+        float(norm.eps) if norm is not None else 0.0, stat_chunks(kdim), *rope_ints,
         HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=k_per_split == block_k,
-        NORM=norm is not None, RESID=residual is not None, EMIT=emit is not None,
+        NORM=norm is not None, RESID=residual is not None, EMIT=emit is not None, ROPE=rope is not None,
+        HQ=rope.num_q_heads if rope is not None else 1, HKV=rope.num_kv_heads if rope is not None else 1, HALF=dh // 2,
         CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and x.dtype != torch.float32,
         PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, num_warps=num_warps, num_stages=1 if interp else num_stages, **pdl_launch(x.device))
-    return y if residual is not None else y.view(*x.shape[:-1], n)
+    return y if residual is not None or rope is not None else y.view(*x.shape[:-1], n)
 
 
 def row_stats_ref(y: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -314,13 +423,18 @@ def _torch_fused(x, w, b, geglu, norm):
     return y.to(x.dtype)
 
 
-def _cublas(x, w, b, geglu, backend, norm=None, residual=None, emit=None):
+def _cublas(x, w, b, geglu, backend, norm=None, residual=None, emit=None, rope=None):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a fused norm / residual / row stats
-    done by torch ops and the gated-residual kernel around it."""
+    done by torch ops and the gated-residual kernel around it; rope: the split/rotate kernel after it."""
     if norm is not None:
         y = _torch_fused(x, w, b, geglu, norm)
     else:
         y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
+    if rope is not None:
+        bsz, t = rope.positions.shape
+        return K.qkv_rope_cache(y.reshape(bsz, t, -1), rope.positions, rope.cos, rope.sin, rope.k, rope.v, 0,
+                                num_q_heads=rope.num_q_heads, num_kv_heads=rope.num_kv_heads, q_out=rope.q,
+                                backend=backend)
     if residual is not None:
         y = K.gated_residual(residual.x, y, residual.gate, out=residual.x, backend=backend)
     if emit is not None:
@@ -337,19 +451,25 @@ class Fusion:
     norm: RowNorm | None = None
     residual: GatedResidual | None = None
     emit: RowStats | None = None
+    rope: QkvRope | None = None
 
     def tags(self) -> tuple:
         """Part of the tuning key: each fusion is another kernel specialization, tuned on its own."""
-        return tuple(name for name in ("norm", "residual", "emit") if getattr(self, name) is not None)
+        return tuple(name for name in ("norm", "residual", "emit", "rope") if getattr(self, name) is not None)
 
     def scratch(self) -> "Fusion":
         """The same call writing into copies (tuning trials must not change the engine's buffers)."""
-        r, e = self.residual, self.emit
+        r, e, q = self.residual, self.emit, self.rope
         return Fusion(self.norm, None if r is None else GatedResidual(r.x.clone(), r.gate),
-                      None if e is None else RowStats(e.scale, torch.empty_like(e.scaled), torch.empty_like(e.sums)))
+                      None if e is None else RowStats(e.scale, torch.empty_like(e.scaled), torch.empty_like(e.sums)),
+                      None if q is None else dataclasses.replace(q, q=torch.empty_like(q.q), k=q.k.clone(),
+                                                                 v=q.v.clone()))
 
     def outputs(self, y) -> list:
         """Everything the call writes, for comparing two routes."""
+        if self.rope is not None:  # y is rope.q; k / v: the rows written
+            t = self.rope.positions.shape[1]
+            return [y, self.rope.k[:, :, :t], self.rope.v[:, :, :t]]
         return [y] + ([self.emit.scaled, self.emit.sums] if self.emit is not None else [])
 
 
@@ -379,6 +499,11 @@ class LinearPicker:
 
     def geglu(self, x, w_gate_up, *, norm=None, backend=None):
         return self._run(x, w_gate_up, None, True, backend, Fusion(norm))
+
+    def qkv_rope(self, x, w_qkv, rope: QkvRope, *, norm=None, backend=None):
+        """The fused QKV projection with its split / RoPE / K/V write (QkvRope), returning q: in the skinny
+        GEMM's epilogue, or cuBLAS and the split/rotate kernel, whichever measures faster."""
+        return self._run(x, w_qkv, None, False, backend, Fusion(norm, rope=rope))
 
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
@@ -445,9 +570,9 @@ class LinearPicker:
 def _route(config, x, w, b, geglu, backend, fusion):
     """One GEMM call: cuBLAS (config None) or the skinny kernel with a CONFIGS entry."""
     if config is None:
-        return _cublas(x, w, b, geglu, backend, fusion.norm, fusion.residual, fusion.emit)
+        return _cublas(x, w, b, geglu, backend, fusion.norm, fusion.residual, fusion.emit, fusion.rope)
     return skinny_linear(x, w, b, geglu=geglu, norm=fusion.norm, residual=fusion.residual, emit=fusion.emit,
-                         **_kwargs(config))
+                         rope=fusion.rope, **_kwargs(config))
 
 
 def _outputs(config, x, w, b, geglu, backend, fusion) -> list:
