@@ -1,0 +1,52 @@
+"""The persistent-kernel probe (benchmarks/persistent_probe.py) reads every weight byte exactly once in each
+variant, under the Triton interpreter. The interpreter runs programs one after another, so a grid barrier
+can only be exercised with one program here (more would wait forever for programs that never run); the GPU
+round runs it with one and two programs per SM and checks the same sums."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from kernel_testing import dev  # noqa: E402,F401
+
+_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "persistent_probe.py"
+
+
+@pytest.fixture(scope="module")
+def probe():
+    spec = importlib.util.spec_from_file_location("persistent_probe", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.interpret
+def test_every_variant_sums_each_weight_once(dev, probe):
+    bounds = probe.phase_bounds(2, scale=1.3e-3)  # 2 layers, ~7 K elements per layer, ragged phase ends
+    assert bounds == sorted(bounds) and len(bounds) == 2 * len(probe.LAYER_PHASES_MB) + 1
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(bounds[-1], generator=g) + 0.1).to(dev, torch.bfloat16)
+    want = w.double().sum()
+    bounds_t = torch.tensor(bounds, dtype=torch.int64, device=dev)
+    bar = torch.zeros(1, dtype=torch.int64, device=dev)
+    acc = torch.zeros(1, dtype=torch.float32, device=dev)
+    for prefetch in (False, True):
+        got = probe.run_persistent(w, bounds_t, bar, acc, prefetch, 1).double().sum()
+        assert abs(got - want) <= 1e-4 * w.double().abs().sum(), prefetch
+    assert int(bar) == 2 * (len(bounds) - 1)  # one arrival per phase and launch
+    acc3 = torch.zeros(3, dtype=torch.float32, device=dev)
+    got = probe.run_launches(w, bounds, acc3, 3).double().sum()
+    assert abs(got - want) <= 1e-4 * w.double().abs().sum()
+
+
+@pytest.mark.interpret
+def test_the_barrier_counter_only_grows(dev, probe):
+    bar = torch.full((1,), 5, dtype=torch.int64, device=dev)  # left over from earlier launches
+    out = torch.zeros(1, dtype=torch.int64, device=dev)
+    probe._barrier_kernel[(1,)](bar, out, 7)
+    assert int(bar) == 12 and int(out) == 12
