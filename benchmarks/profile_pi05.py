@@ -168,13 +168,19 @@ def main(argv=None) -> int:
             f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in timing.items()))
         profiles["ab_timing"] = timing
     gemm_table(engine.linear.report())
+    if variant is not None:
+        print(f"{variant_name}'s own GEMM choices:")
+        gemm_table([r for r in variant.linear.report() if r not in engine.linear.report()])
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
                 "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),
                 "tune_attention": not args.no_attention_tuning, "reps": args.reps, "ab": args.ab,
                 "gemm_configs": [list(c) for c in engine_gemm.CONFIGS]}
-    write_result(args.json, workload, {"profiles": profiles},
-                 {"gemm_choices": engine.linear.report(), "attention_choices": engine.attend.report(),
-                  "ceilings": CEILINGS})
+    extra = {"gemm_choices": engine.linear.report(), "attention_choices": engine.attend.report(),
+             "ceilings": CEILINGS}
+    if variant is not None:  # the variant's own choices (the shapes / fusions it added were tuned anew)
+        extra["variant_gemm_choices"] = variant.linear.report()
+        extra["variant_attention_choices"] = variant.attend.report()
+    write_result(args.json, workload, {"profiles": profiles}, extra)
     print(f"wrote {args.json}")
     return 0
 

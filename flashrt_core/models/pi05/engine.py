@@ -113,7 +113,9 @@ class Pi05Engine:
         GEMMs it was meant to feed, which already load their weights before the PDL wait).
         rope_in_gemm: the action expert's QKV GEMM splits, rotates and writes q / k / v in its epilogue
         (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel), one kernel less per layer
-        and flow step."""
+        and flow step where a fused configuration wins. Off: on the H200 the picker kept cuBLAS + the
+        rotate kernel for that call over every fused candidate, and act got slower than the default's skinny
+        GEMM + rotate kernel (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")

@@ -7,12 +7,14 @@ with GEGLU=True it multiplies the gate and up halves of a merged [gate; up] weig
 writes gelu_tanh(gate) * up directly (the GeGLU kernel and its intermediate disappear). Optional fusions
 for the expert's AdaRMS blocks (`Pi05Engine(norm_in_gemm=True)`): a GEMM that produces the residual stream
 adds its gated residual in place (`GatedResidual`) and writes the next norm's scaled input and row sums
-(`RowStats`); the GEMM that reads that norm scales its rows after the product (`RowNorm`).
+(`RowStats`); the GEMM that reads that norm scales its rows after the product (`RowNorm`). With `QkvRope`
+the fused QKV GEMM splits its output into heads, rotates q and k and writes q / k / v where the attention
+reads them (`Pi05Engine(rope_in_gemm=True)`).
 `LinearPicker` times cuBLAS and a few Triton configurations per shape during the engine's warm-up (never
 inside graph capture) and keeps the fastest (remembered across processes by `engine_tuning.TuningCache`);
 on CPU it is plain torch.
 Reference: `F.linear` (and `kernels.geglu` after it); the fusions: `kernels.reference.ada_rms_norm_ref`,
-`gated_residual_ref` and `row_stats_ref` here.
+`gated_residual_ref` and `qkv_rope_cache_ref`, and `row_stats_ref` here.
 """
 from __future__ import annotations
 
@@ -545,6 +547,7 @@ class LinearPicker:
             try:
                 # A candidate must agree with cuBLAS to bf16 accuracy before its speed counts.
                 if not _same(_outputs(config, x, w, b, geglu, backend, fusion), want):
+                    times[name] = "mismatch: disagrees with cuBLAS"
                     continue
                 times[name] = graph_ms(lambda wi, c=config: _route(c, x, wi, b, geglu, backend, trial), ws)
             except Exception as exc:  # a configuration the compiler rejects on this GPU is simply skipped
