@@ -2,7 +2,8 @@
 graph-timed GEMM candidates at the action expert's shapes (GPU round).
 
   python benchmarks/profile_pi05.py --json benchmarks/results/profile_pi05_w2.json [--views 2] [--pdl 0]
-                                    [--ab norm_in_gemm|rope_in_attention|l2_prefetch|rope_in_gemm]
+                                    [--ab norm_in_gemm|rope_in_attention|l2_prefetch|rope_in_gemm|
+                                          attention_merge_apart]
 
 For each stage (`observe`, `act`) it replays the CUDA graph under torch.profiler (CUPTI records the kernels
 of a graph replay one by one) and prints, per kernel name: launches per replay, total and mean GPU time,
@@ -13,7 +14,8 @@ the JSON keeps every candidate's time).
 --ab FLAG also builds an engine with that `Pi05Engine` flag flipped from its default (`norm_in_gemm`: the
 expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`: the expert's attention
 rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
-next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v)
+next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v;
+`attention_merge_apart`: off, the attention tuning keeps to in-kernel split merges)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.
@@ -87,7 +89,8 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
               f"cublas {times.get('cublas', float('nan')) * 1e3:.2f} us")
 
 
-AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm")  # Pi05Engine flags an A/B may flip
+# Pi05Engine flags an A/B may flip
+AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart")
 
 
 def interleaved_ms(replays: dict, rounds: int = 30) -> dict:

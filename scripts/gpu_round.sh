@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|compile|profile|nopdl] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|compile|profile|nopdl|ab] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -9,6 +9,10 @@
 # .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
 # the profile separately).
+# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. rope_in_gemm, attention_merge_apart; ~4 min).
+# FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
+# .cache/tuning/ here and add ".cache/tuning" to the call's carry: a fresh machine then skips the ~215 s of
+# GEMM / attention tuning (the cache checks each choice once), which `compile` needs to fit in one call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-all}"; shift || true
@@ -61,6 +65,13 @@ if [[ "$what" == nopdl ]]; then  # the same A/B without PDL (GPUs before sm_90 h
 fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2
+fi
+if [[ "$what" == ab ]]; then
+  bench profile_pi05 560 --ab "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}" \
+    --json "$OUT/profile_pi05_w2_${FLASHRT_AB}_ab.json"
+fi
+if [[ -n "${FLASHRT_KEEP_TUNING:-}" ]]; then
+  mkdir -p "$OUT/tuning" && cp .cache/tuning/*.json "$OUT/tuning/" 2>/dev/null
 fi
 python3 scripts/summarize_results.py "$OUT" | tee -a "$LOG"
 exit $status

@@ -219,6 +219,16 @@ def test_rope_elsewhere_gives_the_split_kernel_path(dev, flags):
         assert (torch_path.sample_actions(*inputs).cpu() - want).abs().max() < TOL["fp32_vs_reference"]
 
 
+def test_attention_merge_apart_flag_reaches_the_picker():
+    config, state = pi05.build_tiny(5, micro_config())
+    weights = pi05.convert(config, state)
+    on = Pi05Engine(weights, device="cpu", graphs=False)
+    off = Pi05Engine(weights, device="cpu", graphs=False, attention_merge_apart=False)
+    assert any(len(c) == 6 and c[5] for c in on.attend.candidates)
+    assert not any(len(c) == 6 and c[5] for c in off.attend.candidates)
+    assert (on.attend.cache_name, off.attend.cache_name) == ("attention", "attention_in_kernel_merge")
+
+
 @pytest.mark.interpret
 def test_l2_prefetch_packs_the_expert_and_gives_the_same_actions(dev):
     """l2_prefetch: each expert layer's GEMM weights are adjacent views of one block in the order they run

@@ -84,7 +84,7 @@ class Pi05Engine:
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
-                 l2_prefetch: bool = False, rope_in_gemm: bool = False):
+                 l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -115,7 +115,10 @@ class Pi05Engine:
         (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel), one kernel less per layer
         and flow step where a fused configuration wins. Off: on the H200 the picker kept cuBLAS + the
         rotate kernel for that call over every fused candidate, and act got slower than the default's skinny
-        GEMM + rotate kernel (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`)."""
+        GEMM + rotate kernel (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`).
+        attention_merge_apart: the attention tuning may pick configurations whose key splits are merged by
+        a second kernel (`kernels.attention` config[5]); False keeps the in-kernel merges only (for a
+        same-process A/B: `profile_pi05.py --ab attention_merge_apart`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -148,7 +151,8 @@ class Pi05Engine:
         else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
             self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
         self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
-        self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache)
+        self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache,
+                                      merge_apart=attention_merge_apart)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may

@@ -42,8 +42,12 @@ class AttentionPicker:
     """`picker(q, k, v, key_mask, k2, v2, rope=..., backend=...)` = `kernels.attention`, with the launch
     configuration per shape chosen by timing while `tuning` is True (CUDA only)."""
 
-    def __init__(self, device, enabled: bool = True, cache=None):
+    def __init__(self, device, enabled: bool = True, cache=None, merge_apart: bool = True):
+        """merge_apart=False: leave out the candidates whose key splits are merged by a second kernel (for
+        A/Bs of the whole stage; their choices are cached apart from the full candidate set's)."""
         self.device, self.enabled, self.tuning, self.cache = torch.device(device), enabled, False, cache
+        self.candidates = [c for c in CANDIDATES if merge_apart or len(c) < 6 or not c[5]]
+        self.cache_name = "attention" if merge_apart else "attention_in_kernel_merge"
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
@@ -68,7 +72,7 @@ class AttentionPicker:
         def check(config):
             got = attention(q, k, v, key_mask, k2, v2, config=config, rope=rope)
             return agrees(got, attention(q, k, v, key_mask, k2, v2, rope=rope), MATCH_REL)
-        return reuse_or_tune(self.cache, "attention", key, CANDIDATES, check,
+        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates, check,
                              lambda: self._tune(key, q, k, v, key_mask, k2, v2, rope), self.timings, q.device)
 
     def _tune(self, key, q, k, v, key_mask, k2, v2, rope=None):
@@ -76,7 +80,7 @@ class AttentionPicker:
 
         want = attention(q, k, v, key_mask, k2, v2, rope=rope)
         times = {}
-        for config in [None, *CANDIDATES]:
+        for config in [None, *self.candidates]:
             name = "heuristic" if config is None else str(config)
             fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope))
             try:
@@ -90,7 +94,7 @@ class AttentionPicker:
         self.timings[key] = times
         valid = {n: t for n, t in times.items() if isinstance(t, float)}
         best = min(valid, key=valid.get)
-        return None if best == "heuristic" else next(c for c in CANDIDATES if str(c) == best)
+        return None if best == "heuristic" else next(c for c in self.candidates if str(c) == best)
 
     def report(self) -> list[dict]:
         """The chosen configuration per shape with every candidate's time (for benchmark JSON)."""
