@@ -9,16 +9,19 @@ barrier. This measures the two costs that decide it, on the expert's real byte c
   barrier    grid barriers back to back in one kernel: us per barrier (one program per SM, and two)
   persistent one kernel streams a flow step's weights (per layer: QKV 5.2 MB, o 4.2, gate|up 16.8, down
              8.4, and three phases without weights where the attention and norms would run) with a grid
-             barrier after every phase; `prefetch`: each program loads its first tile of the next phase
-             before it waits at the barrier (what the skinny GEMMs do before their PDL wait)
-  launches   the same phases as one kernel launch each, in a CUDA graph with PDL (the first tile loaded
-             before the PDL wait): the engine's launch structure with the work reduced to the weight stream
+             barrier after every phase; each program loads UNROLL tiles of 8 KB at a time, and with
+             PREFETCH = n loads its first n tiles of the next phase before it waits at the barrier, keeping
+             them in registers until after it (what the skinny GEMMs do before their PDL wait)
+  launches   the same phases as one kernel launch each, in a CUDA graph with PDL (the first PREFETCH tiles
+             loaded before the PDL wait): the engine's launch structure with the work reduced to the stream
 Every variant reads the same bytes and sums them (the sums are checked against each other), so the
 difference is the synchronization alone. It is a probe of the launch structure, not an engine path: the
 real phases also compute (GEMM tiles, attention, norms).
 The grid barrier: every program arrives with one acq_rel atomic add on a 64-bit counter that only grows
 (no reset between barriers or launches: a barrier's target is the next multiple of the grid size above
-the value a program drew), then polls it with acquire loads until all have arrived.
+the value a program drew), then polls it with acquire loads until all have arrived. Every program must be
+resident at once, or the first barrier waits forever: a persistent grid runs only where the compiled kernel
+fits that many programs per SM (`programs_per_sm`, from its registers and shared memory).
 """
 from __future__ import annotations
 
@@ -39,11 +42,14 @@ from _common import write_result  # noqa: E402
 from flashrt_core.kernels._common import pdl_launch  # noqa: E402
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait  # noqa: E402
 
-# Bytes of the expert's weights per layer, in the order the phases run (0: a phase without weights).
-LAYER_PHASES_MB = (("qkv", 5.24288), ("attention", 0.0), ("o", 4.194304), ("norm", 0.0), ("gate_up", 16.777216),
-                   ("down", 8.388608), ("norm", 0.0))
+# The expert's weights per layer (0: a phase without weights, where the attention or a norm would run).
+LAYER_PHASES = (("qkv", 2560 * 1024), ("attention", 0), ("o", 1024 * 2048), ("norm", 0), ("gate_up", 8192 * 1024),
+                ("down", 1024 * 4096), ("norm", 0))  # bf16 weight elements per phase, in the order they run
+ALIGN = 1024  # every phase is a multiple of this many elements (weight rows of K >= 1024): aligned loads
+_ALIGN = tl.constexpr(ALIGN)  # the same, as the kernels may read it
 LAYERS = 18
 BLOCK = 4096  # bf16 elements per tile: 8 KB
+WARPS = 4  # per program; the default configs compile without register spills at this size (sm_90)
 
 
 @triton.jit
@@ -70,72 +76,113 @@ def _barrier_kernel(BAR, OUT, n_barriers):
 
 
 @triton.jit
-def _tile_sum(W, lo, hi, t, BLOCK: tl.constexpr):
-    offs = lo + t * BLOCK + tl.arange(0, BLOCK)  # < 2^31 elements: int32 is enough
-    return tl.sum(tl.load(W + offs, mask=offs < hi, other=0.0).to(tl.float32), 0)
+def _tiles(W, lo, hi, t0, step, N: tl.constexpr, BLOCK: tl.constexpr):
+    """Tiles t0, t0 + step, ... (N of them) of W[lo:hi] as one [N, BLOCK] load; zeros past hi."""
+    j = tl.arange(0, N)
+    offs = lo + (t0 + j[:, None] * step) * BLOCK + tl.arange(0, BLOCK)[None, :]  # < 2^31 elements: int32
+    return tl.load(W + offs, mask=offs < hi, other=0.0)
 
 
 @triton.jit
-def _persistent_kernel(W, BOUNDS, BAR, ACC, n_phases, PREFETCH: tl.constexpr, BLOCK: tl.constexpr):
-    """Phase p streams W[BOUNDS[p]:BOUNDS[p + 1]] (tiles dealt round-robin to the programs), then a barrier."""
+def _sum(tiles):
+    return tl.sum(tl.sum(tiles.to(tl.float32), 1), 0)
+
+
+@triton.jit
+def _persistent_kernel(W, BOUNDS, BAR, ACC, n_phases, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Phase p streams W[BOUNDS[p]:BOUNDS[p + 1]] (tiles dealt round-robin to the programs, UNROLL tiles per
+    load), then a grid barrier. PREFETCH > 0: before the barrier each program loads its first PREFETCH
+    tiles of the next phase and keeps them in registers, summing them only after the barrier (the loads
+    are in flight while it waits)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     total = 0.0
-    first = 0.0
-    if PREFETCH:
-        first = _tile_sum(W, tl.load(BOUNDS), tl.load(BOUNDS + 1), pid, BLOCK)
+    if PREFETCH > 0:
+        ahead = _tiles(W, tl.multiple_of(tl.load(BOUNDS), _ALIGN), tl.multiple_of(tl.load(BOUNDS + 1), _ALIGN), pid,
+                       nprog, PREFETCH, BLOCK)
     for p in range(n_phases):
-        lo = tl.load(BOUNDS + p)
-        hi = tl.load(BOUNDS + p + 1)
+        lo = tl.multiple_of(tl.load(BOUNDS + p), _ALIGN)
+        hi = tl.multiple_of(tl.load(BOUNDS + p + 1), _ALIGN)
         tiles = tl.cdiv(hi - lo, BLOCK)
         start = pid
-        if PREFETCH:
-            total += first
-            start = pid + nprog
-        for t in range(start, tiles, nprog):
-            total += _tile_sum(W, lo, hi, t, BLOCK)
-        if PREFETCH:  # the next phase's first tile is in flight while this program waits
-            if p + 1 < n_phases:
-                first = _tile_sum(W, hi, tl.load(BOUNDS + p + 2), pid, BLOCK)
+        if PREFETCH > 0:
+            total += _sum(ahead)
+            start = pid + PREFETCH * nprog
+        for t in range(start, tiles, nprog * UNROLL):
+            total += _sum(_tiles(W, lo, hi, t, nprog, UNROLL, BLOCK))
+        if PREFETCH > 0:  # past the last phase: an empty range
+            following = tl.multiple_of(tl.load(BOUNDS + p + 2, mask=p + 1 < n_phases, other=0), _ALIGN)
+            ahead = _tiles(W, hi, tl.maximum(following, hi), pid, nprog, PREFETCH, BLOCK)
         grid_barrier(BAR, nprog)
     tl.store(ACC + pid, total)
 
 
 @triton.jit
-def _phase_kernel(W, lo, hi, ACC, PDL: tl.constexpr, BLOCK: tl.constexpr):
-    """One phase as its own launch: the first tile before the PDL wait, the rest after; the program's sum
-    is added to ACC[pid] (the previous launch's write is complete after the wait)."""
+def _phase_kernel(W, lo, hi, ACC, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+                  BLOCK: tl.constexpr):  # lo, hi: multiples of ALIGN (Triton sees them divisible by 16)
+    """One phase as its own launch: the first PREFETCH tiles loaded before the PDL wait, the rest after;
+    the program's sum is added to ACC[pid] (the previous launch's write is complete after the wait)."""
     pdl_trigger(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    total = _tile_sum(W, lo, hi, pid, BLOCK)
+    total = 0.0
+    start = pid
+    if PREFETCH > 0:
+        ahead = _tiles(W, lo, hi, pid, nprog, PREFETCH, BLOCK)
+        start = pid + PREFETCH * nprog
     pdl_wait(PDL)
-    for t in range(pid + nprog, tl.cdiv(hi - lo, BLOCK), nprog):
-        total += _tile_sum(W, lo, hi, t, BLOCK)
+    if PREFETCH > 0:
+        total += _sum(ahead)
+    for t in range(start, tl.cdiv(hi - lo, BLOCK), nprog * UNROLL):
+        total += _sum(_tiles(W, lo, hi, t, nprog, UNROLL, BLOCK))
     tl.store(ACC + pid, tl.load(ACC + pid) + total)
 
 
 def phase_bounds(layers: int, scale: float = 1.0) -> list[int]:
-    """Element offsets of each phase's weights in one flat bf16 buffer (layers x LAYER_PHASES_MB)."""
+    """Element offsets of each phase's weights in one flat bf16 buffer (layers x LAYER_PHASES), each phase
+    scaled by `scale` (tests) and kept a multiple of ALIGN elements (the kernels promise the compiler that)."""
     bounds = [0]
     for _ in range(layers):
-        for _, mb in LAYER_PHASES_MB:
-            bounds.append(bounds[-1] + int(mb * scale * 2 ** 20) // 2)
+        for _, n in LAYER_PHASES:
+            bounds.append(bounds[-1] + (max(1, round(n * scale / ALIGN)) * ALIGN if n else 0))
     return bounds
 
 
-def run_persistent(w, bounds_t, bar, acc, prefetch: bool, grid: int):
+def run_persistent(w, bounds_t, bar, acc, grid: int, unroll: int = 1, prefetch: int = 0):
     acc.zero_()
-    _persistent_kernel[(grid,)](w, bounds_t, bar, acc, len(bounds_t) - 1, PREFETCH=prefetch, BLOCK=BLOCK,
-                                num_warps=4)
+    launch_persistent(w, bounds_t, bar, acc, grid, unroll, prefetch)
     return acc
 
 
-def run_launches(w, bounds, acc, grid: int):
+def launch_persistent(w, bounds_t, bar, acc, grid: int, unroll: int, prefetch: int):
+    """One launch of the persistent kernel; returns what Triton's launcher returns (the compiled kernel)."""
+    return _persistent_kernel[(grid,)](w, bounds_t, bar, acc, len(bounds_t) - 1, UNROLL=unroll, PREFETCH=prefetch,
+                                       BLOCK=BLOCK, num_warps=WARPS)
+
+
+def run_launches(w, bounds, acc, grid: int, unroll: int = 1, prefetch: int = 0):
     acc.zero_()
     for lo, hi in zip(bounds[:-1], bounds[1:]):
-        _phase_kernel[(grid,)](w, lo, hi, acc, BLOCK=BLOCK, num_warps=4, **pdl_launch(w.device))
+        _phase_kernel[(grid,)](w, lo, hi, acc, UNROLL=unroll, PREFETCH=prefetch, BLOCK=BLOCK, num_warps=WARPS,
+                               **pdl_launch(w.device))
     return acc
+
+
+def programs_per_sm(kernel, device) -> int:
+    """How many programs of a compiled kernel fit on one SM at once (registers, warps, shared memory): a
+    persistent grid larger than SMs x this would wait at its first barrier forever. 1 when the launcher
+    does not say how many registers the kernel uses."""
+    regs = getattr(kernel, "n_regs", 0) or 0
+    if not regs:
+        return 1
+    props = torch.cuda.get_device_properties(device)
+    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp in units of 256
+    fit = min(getattr(props, "regs_per_multiprocessor", 65536) // (per_warp * WARPS), 64 // WARPS)
+    shared = getattr(getattr(kernel, "metadata", None), "shared", 0) or 0
+    if shared:
+        fit = min(fit, getattr(props, "shared_memory_per_multiprocessor", 228 * 1024) // shared)
+    return max(1, fit)
 
 
 def graph_time_ms(fn, reps: int = 20) -> float:
@@ -160,6 +207,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default="benchmarks/results/persistent_probe_h200.json")
     p.add_argument("--barriers", type=int, default=2000)
+    p.add_argument("--configs", default="1,0 1,1 2,2 2,4 4,0 4,4",
+                   help="UNROLL,PREFETCH pairs: tiles per load, and next-phase tiles loaded before each barrier "
+                        "(persistent) or before the PDL wait (launches)")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -176,25 +226,37 @@ def main(argv=None) -> int:
     bounds_t = torch.tensor(bounds, dtype=torch.int64, device=dev)
     nbytes = bounds[-1] * 2
     want = float(w.float().sum())
+    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split()]
     results = {}
+    fits = {}
+    for unroll, prefetch in configs:  # one program per SM always fits; it also compiles the kernel
+        kernel = launch_persistent(w, bounds_t, bar, torch.zeros(sms, device=dev), sms, unroll, prefetch)
+        fits[(unroll, prefetch)] = programs_per_sm(kernel, dev)
     for per_sm in (1, 2):
         grid = sms * per_sm
         acc = torch.zeros(grid, dtype=torch.float32, device=dev)
-        variants = {f"persistent_grid{grid}": lambda: run_persistent(w, bounds_t, bar, acc, False, grid),
-                    f"persistent_prefetch_grid{grid}": lambda: run_persistent(w, bounds_t, bar, acc, True, grid),
-                    f"launches_pdl_grid{grid}": lambda: run_launches(w, bounds, acc, grid)}
-        for name, fn in variants.items():
-            got = float(fn().sum())
-            if abs(got - want) > 1e-3 * abs(want) + 1.0:
-                raise SystemExit(f"{name}: sum {got} != {want}: the variant did not read every byte once")
-            ms = graph_time_ms(fn)
-            results[name] = {"ms_per_flow_step": ms, "us_per_layer": ms * 1e3 / LAYERS,
-                             "tb_per_s": nbytes / ms / 1e9}
-            print(f"{name:32s} {ms * 1e3:8.0f} us per flow step  {ms * 1e3 / LAYERS:6.1f} us per layer  "
-                  f"{nbytes / ms / 1e9:5.2f} TB/s")
-    workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES_MB],
-                "mb_per_layer": sum(mb for _, mb in LAYER_PHASES_MB), "block_elems": BLOCK,
-                "barriers": args.barriers, "sms": sms}
+        for unroll, prefetch in configs:
+            tag = f"u{unroll}_p{prefetch}_grid{grid}"
+            variants = {f"launches_pdl_{tag}": lambda u=unroll, f=prefetch: run_launches(w, bounds, acc, grid, u, f)}
+            if per_sm <= fits[(unroll, prefetch)]:
+                variants[f"persistent_{tag}"] = lambda u=unroll, f=prefetch: run_persistent(w, bounds_t, bar, acc,
+                                                                                         grid, u, f)
+            else:
+                results[f"persistent_{tag}"] = {"skipped": f"{fits[(unroll, prefetch)]} program(s) per SM fit"}
+                print(f"persistent_{tag}: skipped, only {fits[(unroll, prefetch)]} program(s) per SM fit")
+            for name, fn in variants.items():
+                got = float(fn().sum())
+                if abs(got - want) > 1e-3 * abs(want) + 1.0:
+                    raise SystemExit(f"{name}: sum {got} != {want}: the variant did not read every byte once")
+                ms = graph_time_ms(fn)
+                results[name] = {"ms_per_flow_step": ms, "us_per_layer": ms * 1e3 / LAYERS,
+                                 "tb_per_s": nbytes / ms / 1e9, "unroll": unroll, "prefetch_tiles": prefetch,
+                                 "grid": grid}
+                print(f"{name:36s} {ms * 1e3:8.0f} us per flow step  {ms * 1e3 / LAYERS:6.1f} us per layer  "
+                      f"{nbytes / ms / 1e9:5.2f} TB/s")
+    workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES],
+                "mb_per_layer": sum(2 * n for _, n in LAYER_PHASES) / 1e6, "block_elems": BLOCK,
+                "barriers": args.barriers, "sms": sms, "configs": configs}
     write_result(args.json, workload, {"barrier": rows, "stream": results})
     print(f"wrote {args.json}")
     return 0

@@ -27,21 +27,25 @@ def probe():
 
 @pytest.mark.interpret
 def test_every_variant_sums_each_weight_once(dev, probe):
-    bounds = probe.phase_bounds(2, scale=1.3e-3)  # 2 layers, ~7 K elements per layer, ragged phase ends
-    assert bounds == sorted(bounds) and len(bounds) == 2 * len(probe.LAYER_PHASES_MB) + 1
+    bounds = probe.phase_bounds(2, scale=1.3e-3)  # 2 layers, ~20 K elements per layer; tiles past phase ends
+    assert bounds == sorted(bounds) and len(bounds) == 2 * len(probe.LAYER_PHASES) + 1
+    assert all(b % probe.ALIGN == 0 for b in bounds)
+    assert probe.phase_bounds(1)[-1] * 2 == 34603008  # a layer's weights: 34.6 MB
     g = torch.Generator().manual_seed(3)
     w = (torch.randn(bounds[-1], generator=g) + 0.1).to(dev, torch.bfloat16)
     want = w.double().sum()
     bounds_t = torch.tensor(bounds, dtype=torch.int64, device=dev)
     bar = torch.zeros(1, dtype=torch.int64, device=dev)
     acc = torch.zeros(1, dtype=torch.float32, device=dev)
-    for prefetch in (False, True):
-        got = probe.run_persistent(w, bounds_t, bar, acc, prefetch, 1).double().sum()
-        assert abs(got - want) <= 1e-4 * w.double().abs().sum(), prefetch
-    assert int(bar) == 2 * (len(bounds) - 1)  # one arrival per phase and launch
+    configs = [(1, 0), (1, 1), (2, 2), (4, 8)]  # (tiles per load, next-phase tiles before the barrier)
+    for unroll, prefetch in configs:
+        got = probe.run_persistent(w, bounds_t, bar, acc, 1, unroll, prefetch).double().sum()
+        assert abs(got - want) <= 1e-4 * w.double().abs().sum(), (unroll, prefetch)
+    assert int(bar) == len(configs) * (len(bounds) - 1)  # one arrival per phase and launch
     acc3 = torch.zeros(3, dtype=torch.float32, device=dev)
-    got = probe.run_launches(w, bounds, acc3, 3).double().sum()
-    assert abs(got - want) <= 1e-4 * w.double().abs().sum()
+    for unroll, prefetch in configs:
+        got = probe.run_launches(w, bounds, acc3, 3, unroll, prefetch).double().sum()
+        assert abs(got - want) <= 1e-4 * w.double().abs().sum(), (unroll, prefetch)
 
 
 @pytest.mark.interpret
