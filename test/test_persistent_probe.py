@@ -54,3 +54,23 @@ def test_the_barrier_counter_only_grows(dev, probe):
     out = torch.zeros(1, dtype=torch.int64, device=dev)
     probe._barrier_kernel[(1,)](bar, out, 7)
     assert int(bar) == 12 and int(out) == 12
+
+
+def test_persistent_grids_run_only_where_every_program_is_resident(probe, monkeypatch):
+    """A persistent grid larger than the SMs hold at once would wait at its first barrier forever: the probe
+    counts how many programs fit per SM from the compiled kernel's registers and shared memory."""
+    import types
+
+    props = types.SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=228 * 1024)
+    monkeypatch.setattr(probe.torch.cuda, "get_device_properties", lambda device: props)
+
+    def kernel(regs, shared=0):
+        return types.SimpleNamespace(n_regs=regs, metadata=types.SimpleNamespace(shared=shared))
+    assert probe.WARPS == 4
+    assert probe.programs_per_sm(kernel(24), "cuda") == 16  # 64 warps per SM at most
+    assert probe.programs_per_sm(kernel(56), "cuda") == 9  # 1792 registers per warp
+    assert probe.programs_per_sm(kernel(128), "cuda") == 4
+    assert probe.programs_per_sm(kernel(209), "cuda") == 2  # 216 registers allocated per thread
+    assert probe.programs_per_sm(kernel(255), "cuda") == 2
+    assert probe.programs_per_sm(kernel(56, shared=100 * 1024), "cuda") == 2
+    assert probe.programs_per_sm(types.SimpleNamespace(), "cuda") == 1  # unknown: one per SM only
