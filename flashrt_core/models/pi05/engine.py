@@ -113,9 +113,10 @@ class Pi05Engine:
         GEMMs it was meant to feed, which already load their weights before the PDL wait).
         rope_in_gemm: the action expert's QKV GEMM splits, rotates and writes q / k / v in its epilogue
         (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel), one kernel less per layer
-        and flow step where a fused configuration wins. Off: on the H200 the picker kept cuBLAS + the
-        rotate kernel for that call over every fused candidate, and act got slower than the default's skinny
-        GEMM + rotate kernel (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`).
+        and flow step where a fused configuration wins. Off until measured: in the one H200 A/B (a short
+        candidate list without the fused form of the plain QKV's best tiling) the picker kept cuBLAS + the
+        rotate kernel for that call, and act was slower than with the default's skinny GEMM + rotate kernel
+        (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`).
         attention_merge_apart: the attention tuning may pick configurations whose key splits are merged by
         a second kernel (`kernels.attention` config[5]); False keeps the in-kernel merges only (for a
         same-process A/B: `profile_pi05.py --ab attention_merge_apart`)."""
