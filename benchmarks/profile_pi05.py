@@ -173,7 +173,9 @@ def main(argv=None) -> int:
     gemm_table(engine.linear.report())
     if variant is not None:
         print(f"{variant_name}'s own GEMM choices:")
-        gemm_table([r for r in variant.linear.report() if r not in engine.linear.report()])
+        ident = ("m", "weight", "bias", "geglu", "dtype", "fused")
+        shared = {tuple(str(r[k]) for k in ident) for r in engine.linear.report()}
+        gemm_table([r for r in variant.linear.report() if tuple(str(r[k]) for k in ident) not in shared])
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,
                 "dtype": "bfloat16", "gemm_mode": args.gemm, "pdl": bool(args.pdl),
                 "tune_attention": not args.no_attention_tuning, "reps": args.reps, "ab": args.ab,

@@ -433,6 +433,7 @@ def _cublas(x, w, b, geglu, backend, norm=None, residual=None, emit=None, rope=N
     else:
         y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
     if rope is not None:
+        rope.check(x, w, b, geglu, residual, emit)  # what the skinny route refuses, this one does too
         bsz, t = rope.positions.shape
         return K.qkv_rope_cache(y.reshape(bsz, t, -1), rope.positions, rope.cos, rope.sin, rope.k, rope.v, 0,
                                 num_q_heads=rope.num_q_heads, num_kv_heads=rope.num_kv_heads, q_out=rope.q,
