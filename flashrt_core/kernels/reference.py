@@ -112,8 +112,8 @@ def qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset,
     heads = qkv.reshape(b, t, num_q_heads + 2 * num_kv_heads, dh)
     q, k, v = heads.split([num_q_heads, num_kv_heads, num_kv_heads], dim=2)
     pos = positions.long()
-    ok = ((pos >= 0) & (pos < cos.shape[0]))[:, :, None, None]
-    idx = torch.where(ok[:, :, 0, 0], pos, 0)
+    valid = (pos >= 0) & (pos < cos.shape[0])
+    ok, idx = valid[:, :, None, None], torch.where(valid, pos, 0)
     c = torch.where(ok, cos[idx][:, :, None, :], 1.0)
     s = torch.where(ok, sin[idx][:, :, None, :], 0.0)
     q = apply_rope_ref(q, c, s).to(qkv.dtype)

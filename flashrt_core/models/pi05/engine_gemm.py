@@ -68,7 +68,8 @@ if triton is not None:
                     q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, HQ: tl.constexpr, HKV: tl.constexpr,
                     HALF: tl.constexpr):
         """The QKV epilogue: dims j and j + HALF of each column's head (a1, a2, fp32), rotated for q and k heads
-        by the row's position, stored into q / k / v (see ROPE in the kernel)."""
+        by the row's position (v heads take cos 1, sin 0: unchanged), stored into q / k / v (see ROPE in the
+        kernel)."""
         head = rn // HALF
         j = rn % HALF
         pos = tl.load(POS + rm, mask=m_ok, other=-1).to(tl.int64)  # positions [B, T]: row b T + t
@@ -77,22 +78,15 @@ if triton is not None:
         idx = tl.where(turn, pos[:, None] * HALF + j[None, :], 0)
         c = tl.load(COS + idx, mask=turn, other=1.0)
         s = tl.load(SIN + idx, mask=turn, other=0.0)
-        y1 = a1 * c - a2 * s
-        y2 = a2 * c + a1 * s
         b = (rm // T).to(tl.int64)[:, None]
         t = (rm % T).to(tl.int64)[:, None]
-        is_q = out_mask & (head < HQ)[None, :]
-        is_k = out_mask & ((head >= HQ) & (head < HQ + HKV))[None, :]
-        is_v = out_mask & (head >= HQ + HKV)[None, :]
-        q_off = tl.where(is_q, b * q_sb + t * q_st + (head * q_sh + j)[None, :], 0)
-        tl.store(QO + q_off, y1.to(QO.dtype.element_ty), mask=is_q)
-        tl.store(QO + q_off + HALF, y2.to(QO.dtype.element_ty), mask=is_q)
-        k_off = tl.where(is_k, b * k_sb + t * k_ss + ((head - HQ) * k_sh + j)[None, :], 0)
-        tl.store(KO + k_off, y1.to(KO.dtype.element_ty), mask=is_k)
-        tl.store(KO + k_off + HALF, y2.to(KO.dtype.element_ty), mask=is_k)
-        v_off = tl.where(is_v, b * v_sb + t * v_ss + ((head - HQ - HKV) * v_sh + j)[None, :], 0)
-        tl.store(VO + v_off, a1.to(VO.dtype.element_ty), mask=is_v)
-        tl.store(VO + v_off + HALF, a2.to(VO.dtype.element_ty), mask=is_v)
+        is_q = (head < HQ)[None, :]
+        is_k = (head < HQ + HKV)[None, :]  # and not q
+        dst = tl.where(is_q, QO + (b * q_sb + t * q_st + (head * q_sh + j)[None, :]),
+                       tl.where(is_k, KO + (b * k_sb + t * k_ss + ((head - HQ) * k_sh + j)[None, :]),
+                                VO + (b * v_sb + t * v_ss + ((head - HQ - HKV) * v_sh + j)[None, :])))
+        tl.store(dst, (a1 * c - a2 * s).to(QO.dtype.element_ty), mask=out_mask)
+        tl.store(dst + HALF, (a2 * c + a1 * s).to(QO.dtype.element_ty), mask=out_mask)
 
     @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, SW, SSI, G, SCN, XS, SSO, POS, COS, SIN, QO, KO, VO,
