@@ -15,7 +15,7 @@ the JSON keeps every candidate's time).
 expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`: the expert's attention
 rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
 next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v;
-`attention_merge_apart`: off, the attention tuning keeps to in-kernel split merges)
+`attention_merge_apart`: on, the attention tuning may also pick two-kernel split merges)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.

@@ -222,8 +222,8 @@ def test_rope_elsewhere_gives_the_split_kernel_path(dev, flags):
 def test_attention_merge_apart_flag_reaches_the_picker():
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
-    on = Pi05Engine(weights, device="cpu", graphs=False)
-    off = Pi05Engine(weights, device="cpu", graphs=False, attention_merge_apart=False)
+    on = Pi05Engine(weights, device="cpu", graphs=False, attention_merge_apart=True)
+    off = Pi05Engine(weights, device="cpu", graphs=False)  # the default: in-kernel merges only
     assert any(len(c) == 6 and c[5] for c in on.attend.candidates)
     assert not any(len(c) == 6 and c[5] for c in off.attend.candidates)
     assert (on.attend.cache_name, off.attend.cache_name) == ("attention", "attention_in_kernel_merge")

@@ -84,7 +84,7 @@ class Pi05Engine:
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
-                 l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = True):
+                 l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -117,9 +117,11 @@ class Pi05Engine:
         candidate list without the fused form of the plain QKV's best tiling) the picker kept cuBLAS + the
         rotate kernel for that call, and act was slower than with the default's skinny GEMM + rotate kernel
         (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`).
-        attention_merge_apart: the attention tuning may pick configurations whose key splits are merged by
-        a second kernel (`kernels.attention` config[5]); False keeps the in-kernel merges only (for a
-        same-process A/B: `profile_pi05.py --ab attention_merge_apart`)."""
+        attention_merge_apart: the attention tuning may also pick configurations whose key splits are merged
+        by a second kernel (`kernels.attention` config[5]). Off: timed alone such a configuration wins the
+        expert's attention (9.8 vs 12.3 us for W2), but in the act graph it lost (interleaved act p50 8478
+        vs 8279 us with the in-kernel merge, H200, `results/profile_pi05_w2_attention_merge_apart_ab.json`):
+        the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
