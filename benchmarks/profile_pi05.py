@@ -3,7 +3,7 @@ graph-timed GEMM candidates at the action expert's shapes (GPU round).
 
   python benchmarks/profile_pi05.py --json benchmarks/results/profile_pi05_w2.json [--views 2] [--pdl 0]
                                     [--ab norm_in_gemm|rope_in_attention|l2_prefetch|rope_in_gemm|
-                                          attention_merge_apart]
+                                          attention_merge_apart|gemm_preload]
 
 For each stage (`observe`, `act`) it replays the CUDA graph under torch.profiler (CUPTI records the kernels
 of a graph replay one by one) and prints, per kernel name: launches per replay, total and mean GPU time,
@@ -15,7 +15,8 @@ the JSON keeps every candidate's time).
 expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`: the expert's attention
 rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
 next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v;
-`attention_merge_apart`: on, the attention tuning may also pick two-kernel split merges)
+`attention_merge_apart`: on, the attention tuning may also pick two-kernel split merges; `gemm_preload`:
+off, no skinny GEMM candidate requests weight tiles before the PDL wait in its K loop)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.
@@ -90,7 +91,8 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
 
 
 # Pi05Engine flags an A/B may flip
-AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart")
+AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart",
+            "gemm_preload")
 
 
 def interleaved_ms(replays: dict, rounds: int = 30) -> dict:
@@ -172,8 +174,8 @@ def main(argv=None) -> int:
         profiles["ab_timing"] = timing
     gemm_table(engine.linear.report())
     if variant is not None:
-        print(f"{variant_name}'s own GEMM choices:")
-        ident = ("m", "weight", "bias", "geglu", "dtype", "fused")
+        print(f"{variant_name}'s own GEMM choices (shapes it adds, or where it chose otherwise):")
+        ident = ("m", "weight", "bias", "geglu", "dtype", "fused", "choice")
         shared = {tuple(str(r[k]) for k in ident) for r in engine.linear.report()}
         gemm_table([r for r in variant.linear.report() if tuple(str(r[k]) for k in ident) not in shared])
     workload = {"model": "pi05", "views": args.views, "prompt_len": 48, "steps": 10, "chunk": 50,

@@ -206,6 +206,27 @@ def test_attention_picker_without_merge_apart_keeps_its_own_cache_entries(dev):
 
 
 @pytest.mark.interpret
+def test_linear_picker_without_preload_keeps_its_own_cache_entries(dev):
+    """preload=False offers no configuration that requests weight tiles before the PDL wait in its K loop,
+    and its choices live apart from the full candidate set's (an A/B engine leaves the default's alone)."""
+    g = torch.Generator().manual_seed(16)
+    x, w = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72)))
+    key = (50, (40, 72), False, False, x.dtype)
+    early = next(c for c in CONFIGS if len(c) == 6 and c[5])
+    cache = T.TuningCache(None, CONTEXT)
+    cache.put("linear", key, early)
+    picker = LinearPicker(dev, cache=cache, preload=False)
+    assert picker.candidates and all(len(c) < 6 or not c[5] for c in picker.candidates)
+    assert len(picker.candidates) < len(CONFIGS) == len(LinearPicker(dev).candidates)
+    calls = _recording_tune(picker, picker.candidates[3])
+    assert picker._cached(key, x, w, None, False, None) == picker.candidates[3] and calls == [key]
+    assert cache.get("linear", key)[:2] == (True, early)  # the default's entry is untouched
+    assert cache.get("linear_no_preload", key)[:2] == (True, picker.candidates[3])
+    # the default picker reuses the preloading choice after checking it against cuBLAS
+    assert LinearPicker(dev, cache=cache)._cached(key, x, w, None, False, None) == early
+
+
+@pytest.mark.interpret
 def test_attention_picker_retunes_a_cached_choice_that_computes_wrong(dev, monkeypatch):
     from flashrt_core.kernels import flash_attention
 

@@ -315,17 +315,21 @@ def test_run_stage_hooks_give_the_staged_results(dev):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("m,n,k,bias,geglu,split", [
-    (50, 40, 72, True, False, 1), (7, 33, 129, False, False, 2), (50, 24, 300, True, False, 4),
-    (13, 2 * 20, 40, False, True, 1), (1, 16, 8, True, False, 1), (130, 24, 100, True, False, 4),
-    (13, 2 * 20, 70, False, True, 2), (50, 24, 96, True, False, 0), (9, 2 * 16, 64, False, True, 0)],
+@pytest.mark.parametrize("m,n,k,bias,geglu,split,preload", [
+    (50, 40, 72, True, False, 1, 0), (7, 33, 129, False, False, 2, 0), (50, 24, 300, True, False, 4, 0),
+    (13, 2 * 20, 40, False, True, 1, 0), (1, 16, 8, True, False, 1, 0), (130, 24, 100, True, False, 4, 0),
+    (13, 2 * 20, 70, False, True, 2, 0), (50, 24, 96, True, False, 0, 0), (9, 2 * 16, 64, False, True, 0, 0),
+    # preload: the first tiles before the PDL wait; more than a split holds (300 / 4 -> 96 = 3 steps < 4),
+    # a ragged last split (129 = 2 x 96 - 63), all of a split (2 steps), GEGLU with a loop left after it
+    (50, 24, 300, True, False, 4, 4), (7, 33, 129, False, False, 2, 2), (50, 40, 72, True, False, 1, 1),
+    (13, 2 * 20, 200, False, True, 1, 2), (19, 24, 128, False, False, 2, 2), (1, 16, 8, True, False, 1, 2)],
     ids=lambda v: str(v))
-def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
-    g = torch.Generator().manual_seed(m * n + k)
+def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split, preload):
+    g = torch.Generator().manual_seed(m * n + k + preload)
     x = torch.randn(m, k, generator=g).to(dev)
     w = torch.randn(n, k, generator=g).to(dev)
     b = torch.randn(n, generator=g).to(dev) if bias else None
-    got = skinny_linear(x[None], w, b, geglu=geglu, block_n=16, block_k=32, split_k=split)
+    got = skinny_linear(x[None], w, b, geglu=geglu, block_n=16, block_k=32, split_k=split, preload=preload)
     want = F.linear(x, w, b)
     if geglu:
         gate, up = want.chunk(2, dim=-1)
@@ -337,10 +341,11 @@ def test_skinny_linear_matches_f_linear(dev, m, n, k, bias, geglu, split):
 @pytest.mark.interpret
 @pytest.mark.parametrize("geglu", [False, True], ids=["linear", "geglu"])
 def test_every_gemm_candidate_computes_f_linear(dev, geglu):
-    """Each launch configuration the GEMM picker may choose (looped K, split-K, one K slice per program) gives
+    """Each launch configuration the GEMM picker may choose (looped K, split-K, one K slice per program, weight
+    tiles requested before the PDL wait) gives
     F.linear (GeGLU after it) on a small odd shape: the picker checks a candidate against cuBLAS before
     timing it, this keeps unusable ones out of the list."""
-    from flashrt_core.models.pi05.engine_gemm import CONFIGS
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS, _kwargs
 
     g = torch.Generator().manual_seed(7 + geglu)
     m, n, k = 11, 40, 1096  # k: more than one step of every BLOCK_K, with a ragged last step
@@ -351,10 +356,9 @@ def test_every_gemm_candidate_computes_f_linear(dev, geglu):
     if geglu:
         gate, up = want.chunk(2, dim=-1)
         want = F.gelu(gate, approximate="tanh") * up
-    for bn, bk, split, warps, stages in CONFIGS:
-        got = skinny_linear(x, w, b, geglu=geglu, block_n=bn, block_k=bk, split_k=split, num_warps=warps,
-                            num_stages=stages)
-        assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max(), (bn, bk, split)
+    for config in CONFIGS:
+        got = skinny_linear(x, w, b, geglu=geglu, **_kwargs(config))
+        assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max(), config
 
 
 def chunk_sums(v):
@@ -384,15 +388,16 @@ def fused_case(m, n, k, geglu, dtype, dev, seed):
     (9, 16, 64, False, True, 0, "norm"), (50, 24, 96, True, False, 0, "norm"),
     (50, 40, 72, False, False, 1, "residual"), (7, 33, 100, True, False, 4, "residual"),
     (13, 24, 64, False, False, 0, "residual+emit"), (19, 40, 50, True, False, 2, "emit"),
-    (50, 33, 40, False, False, 1, "residual+emit")], ids=lambda v: str(v))
+    (50, 33, 40, False, False, 1, "residual+emit"), (13, 20, 130, False, True, 1, "norm+preload"),
+    (7, 33, 200, True, False, 2, "residual+emit+preload")], ids=lambda v: str(v))
 def test_skinny_linear_fuses_adarms_and_the_gated_residual(dev, dtype, m, n, k, bias, geglu, split, fuse):
     """norm=RowNorm: the GEMM of AdaRMS(x) from x * (1 + scale) and x's row sums (the product scaled per row,
     the shift as w @ shift); residual=GatedResidual: res += gate * result in place; emit=RowStats: also the
     next norm's scaled input and row sums of the result as stored. Against the separate reference ops,
-    over every split mode (one program per K, split-K, one BLOCK_K slice per program)."""
+    over every split mode (one program per K, split-K, one BLOCK_K slice per program, tiles preloaded)."""
     x, xs, w, (scale, shift), norm, res, gate, following = fused_case(m, n, k, geglu, dtype, dev, seed=m + 7 * n + k)
     b = torch.randn(n).to(dev, dtype) if bias else None
-    normed = fuse == "norm"
+    normed = fuse.startswith("norm")
     h = KR.ada_rms_norm_ref(x, scale, shift, 1e-6) if normed else x
     want = F.linear(h.float(), w.float(), None if b is None else b.float())
     if geglu:
@@ -404,7 +409,8 @@ def test_skinny_linear_fuses_adarms_and_the_gated_residual(dev, dtype, m, n, k, 
     emit = RowStats(following, torch.full_like(res, 7.0), torch.full((-(-n // 16), m), 7.0, device=dev)) \
         if "emit" in fuse else None
     got = skinny_linear(xs if normed else x, w, b, geglu=geglu, block_n=16, block_k=32, split_k=split,
-                        norm=norm if normed else None, residual=residual, emit=emit)
+                        preload=2 if "preload" in fuse else 0, norm=norm if normed else None, residual=residual,
+                        emit=emit)
     if residual is not None:
         assert got is res  # updated in place
     tol = TOL["fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"]
@@ -460,7 +466,8 @@ def qkv_rope_want(x, w, rope, norm_input=None):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bsz,t,k,hq,hkv,dh,block_n,split,normed", [
     (1, 7, 40, 2, 1, 16, 16, 1, False), (2, 5, 72, 3, 1, 16, 16, 2, False), (1, 9, 64, 4, 2, 8, 16, 0, False),
-    (2, 3, 48, 2, 1, 32, 32, 0, True), (1, 6, 96, 2, 1, 16, 8, 3, True)], ids=lambda v: str(v))
+    (2, 3, 48, 2, 1, 32, 32, 0, True), (1, 6, 96, 2, 1, 16, 8, 3, True), (2, 5, 72, 3, 1, 16, 16, -2, False),
+    (1, 6, 96, 2, 1, 16, 8, -1, True)], ids=lambda v: str(v))
 def test_skinny_linear_fuses_the_qkv_split_rope_and_cache_write(dev, dtype, bsz, t, k, hq, hkv, dh, block_n, split,
                                                                   normed):
     """rope=QkvRope: the fused QKV GEMM writes q rotated [B, T, Hq, Dh] and k rotated / v copied into rows
@@ -472,7 +479,9 @@ def test_skinny_linear_fuses_the_qkv_split_rope_and_cache_write(dev, dtype, bsz,
         raw, xs, w, (scale, shift), norm, *_ = fused_case(bsz * t, w.shape[0], k, False, dtype, dev, seed=t + k)
         x, h = xs.view(bsz, t, k), KR.ada_rms_norm_ref(raw.view(bsz, t, k), scale, shift, 1e-6)
     q_want, k_want, v_want = qkv_rope_want(x, w, rope, h)
-    got = skinny_linear(x, w, block_n=block_n, block_k=16, split_k=split, rope=rope, norm=norm)
+    preload = 2 if split < 0 else 0  # split -s: split-K s with the first two weight tiles before the PDL wait
+    got = skinny_linear(x, w, block_n=block_n, block_k=16, split_k=abs(split), rope=rope, norm=norm,
+                        preload=preload)
     assert got is rope.q
     tol = TOL["qkv_rope_fp32" if dtype == torch.float32 else "qkv_rope_bf16"]
     for name, out, want in (("q", rope.q, q_want), ("k", rope.k, k_want), ("v", rope.v, v_want)):

@@ -84,7 +84,8 @@ class Pi05Engine:
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
-                 l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False):
+                 l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
+                 gemm_preload: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -121,7 +122,10 @@ class Pi05Engine:
         by a second kernel (`kernels.attention` config[5]). Off: timed alone such a configuration wins the
         expert's attention (9.8 vs 12.3 us for W2), but in the act graph it lost (interleaved act p50 8478
         vs 8279 us with the in-kernel merge, H200, `results/profile_pi05_w2_attention_merge_apart_ab.json`):
-        the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses."""
+        the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses.
+        gemm_preload: the GEMM tuning may pick skinny configurations that request their first weight tiles
+        before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element); False keeps
+        to the others (for a same-process A/B: `profile_pi05.py --ab gemm_preload`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -153,7 +157,7 @@ class Pi05Engine:
             self.tuning_cache = tuning_cache or None
         else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
             self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
-        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
+        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache, preload=gemm_preload)
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache,
                                       merge_apart=attention_merge_apart)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)

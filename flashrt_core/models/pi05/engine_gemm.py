@@ -33,7 +33,7 @@ from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
 MATCH_REL = 3e-2  # a candidate's outputs vs cuBLAS's, relative to their largest entry
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
-# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) tried per shape on CUDA.
+# (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, preload]) tried per shape on CUDA.
 CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256, 1, 4, 4),
            (32, 128, 2, 4, 4), (32, 128, 4, 4, 4), (64, 128, 2, 4, 4), (16, 256, 4, 4, 3),
            (32, 128, 8, 4, 4), (64, 128, 4, 4, 4),
@@ -42,7 +42,13 @@ CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256,
            (32, 512, 0, 4, 1),
            # for the N = 1024 outputs (o_proj, down), the slowest per byte on the H200 (0.7-1.1 TB/s)
            (16, 512, 0, 4, 1), (64, 512, 0, 8, 1), (16, 128, 0, 4, 1), (16, 256, 2, 4, 3), (32, 256, 2, 4, 3),
-           (16, 128, 8, 4, 3)]
+           (16, 128, 8, 4, 3),
+           # a 6th entry: BLOCK_K weight tiles each program requests before the PDL wait in the looped modes
+           # (`preload`). A stream of the expert's weights alone ran fastest with ~32 KB per program in flight
+           # across each kernel boundary and two programs per SM (`benchmarks/persistent_probe.py`, H200).
+           (32, 256, 1, 4, 3, 1), (32, 256, 1, 4, 3, 2), (16, 256, 1, 4, 4, 2), (32, 128, 1, 4, 4, 2),
+           (16, 256, 2, 4, 3, 2), (32, 256, 2, 4, 3, 2), (16, 256, 4, 4, 3, 2), (32, 128, 4, 4, 4, 4),
+           (16, 128, 8, 4, 3, 2), (64, 128, 4, 4, 4, 2), (16, 256, 8, 4, 3, 2)]
 # Tried and left out (H200, 2026-12-03): the whole K = 1024 in one step, (32, 1024, 0, 8, 1) and
 # (16, 1024, 0, 8, 1): QKV 5.44 / 9.52 us vs 4.57, o 5.41 vs 5.01, down 7.60 vs 7.41, gate|up out of shared
 # memory or 14.3 vs 7.14 (each program then reads all of x, 100 KB, after the PDL wait).
@@ -96,7 +102,8 @@ if triton is not None:
                             ONE_STEP: tl.constexpr, NORM: tl.constexpr, RESID: tl.constexpr, EMIT: tl.constexpr,
                             ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                             CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
+                            PDL: tl.constexpr):
         """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_rows rows.
         ROPE (the fused QKV projection, heads of 2 HALF dims): output column n of N = (HQ + 2 HKV) HALF is dim
         n % HALF of head n // HALF, and the second accumulator holds its rotate-half partner (weight row + HALF);
@@ -106,7 +113,9 @@ if triton is not None:
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
         ONE_STEP (each program covers exactly one BLOCK_K slice): the weight tile is loaded before waiting for
-        the previous kernel (PDL), so the weight stream overlaps that kernel's tail.
+        the previous kernel (PDL), so the weight stream overlaps that kernel's tail. PRE_K > 0 (not ONE_STEP):
+        the first PRE_K weight columns of the program's K range likewise, as one tile before the wait; the
+        K loop covers the rest.
         NORM (AdaRMS of the rows, X already scaled by (1 + scale) by the kernel that produced it, see EMIT):
         the product is scaled by each row's rsqrt(mean(x^2) + eps), with sum(x^2) the sum of SSI[:, row]
         ([n_chunks, M] partial sums, CHUNKS >= n_chunks), and the shift enters as SW = W @ shift (fp32, [N];
@@ -148,8 +157,26 @@ if triton is not None:
             if GEGLU or ROPE:
                 acc_up = tl.dot(x, wu, input_precision=PRECISION)
         else:
-            pdl_wait(PDL)
-            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+            if PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
+                kp = k_lo + tl.arange(0, PRE_K)
+                kp_ok = (kp < K) & (kp < k_lo + k_per_split)
+                wp_ptr = W + wr[None, :].to(tl.int64) * swn + kp[:, None]
+                wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+                wpu = wp
+                if GEGLU or ROPE:
+                    wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+                pdl_wait(PDL)
+                xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
+                if UPCAST:
+                    xp = xp.to(tl.float32)
+                    wp = wp.to(tl.float32)
+                    wpu = wpu.to(tl.float32)
+                acc += tl.dot(xp, wp, input_precision=PRECISION)
+                if GEGLU or ROPE:
+                    acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
+            else:
+                pdl_wait(PDL)
+            for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
                 x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -337,11 +364,12 @@ def _check_fusions(x, n, geglu, norm, residual, emit):
 
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
-                  norm: RowNorm | None = None, residual: GatedResidual | None = None, emit: RowStats | None = None,
-                  rope: QkvRope | None = None):
+                  preload=0, norm: RowNorm | None = None, residual: GatedResidual | None = None,
+                  emit: RowStats | None = None, rope: QkvRope | None = None):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
-    program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait.
+    program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait. preload (0 or a power of
+    two; split_k >= 1): each program loads its first `preload` BLOCK_K weight tiles before the PDL wait.
     norm: x is an AdaRMS input already scaled by its producer (RowNorm); residual: the result is added into
     it (and it is returned); emit: also write the next AdaRMS's input and row sums (RowStats); rope: w is
     the fused QKV weight, split, rotated and written into q / k / v (QkvRope; q is returned)."""
@@ -349,6 +377,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
         raise KernelInputError(f"skinny_linear: split_k must be >= 0, got {split_k}")
+    if preload < 0 or preload & (preload - 1):
+        raise KernelInputError(f"skinny_linear: preload must be 0 or a power of two, got {preload}")
     if emit is not None and block_n % STAT_CHUNK:
         raise KernelInputError(f"skinny_linear: row stats need a block_n multiple of {STAT_CHUNK}, got {block_n}")
     kdim = x.shape[-1]
@@ -372,6 +402,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     k_per_split = triton.cdiv(triton.cdiv(kdim, splits_wanted), block_k) * block_k
     split = triton.cdiv(kdim, k_per_split)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    one_step = k_per_split == block_k
+    pre_k = 0 if one_step or not preload else min(preload * block_k, triton.next_power_of_2(k_per_split))
     if split > 1:
         part = torch.empty((2 if geglu or rope is not None else 1) * split, m, n, device=x.device, dtype=torch.float32)
         tickets = semaphores(grid[0] * grid[1], x.device)
@@ -390,12 +422,12 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         emit.sums if emit is not None else w, *(rope_args or (w,) * 6),
         m, n, kdim, k_per_split, x2.stride(0), w.stride(0), n, m * n, up_rows, up_rows * w.stride(0),
         float(norm.eps) if norm is not None else 0.0, stat_chunks(kdim), *rope_ints,
-        HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=k_per_split == block_k,
+        HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=one_step,
         NORM=norm is not None, RESID=residual is not None, EMIT=emit is not None, ROPE=rope is not None,
         HQ=rope.num_q_heads if rope is not None else 1, HKV=rope.num_kv_heads if rope is not None else 1, HALF=dh // 2,
         CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and x.dtype != torch.float32,
         PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=num_warps, num_stages=1 if interp else num_stages, **pdl_launch(x.device))
+        BLOCK_K=block_k, PRE_K=pre_k, num_warps=num_warps, num_stages=1 if interp else num_stages, **pdl_launch(x.device))
     return y if residual is not None or rope is not None else y.view(*x.shape[:-1], n)
 
 
@@ -482,12 +514,16 @@ class LinearPicker:
     when that measures faster. mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always
     the first skinny configuration where M is small: for tests)."""
 
-    def __init__(self, device, mode: str = "auto", cache=None):
+    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = True):
         """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
-        instead of timing the candidates again; new choices are put into it."""
+        instead of timing the candidates again; new choices are put into it. preload=False: leave out the
+        candidates that request weight tiles before the PDL wait in their K loop (for A/Bs of the whole
+        stage; their choices are cached apart from the full candidate set's)."""
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
         self.device, self.mode, self.tuning, self.cache = torch.device(device), mode, False, cache
+        self.candidates = [c for c in CONFIGS if preload or len(c) < 6 or not c[5]]
+        self.cache_name = "linear" if preload else "linear_no_preload"
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
@@ -521,7 +557,7 @@ class LinearPicker:
         def check(config):
             return _same(_outputs(config, x, w, b, geglu, backend, fusion),
                          _outputs(None, x, w, b, geglu, backend, fusion))
-        return reuse_or_tune(self.cache, "linear", key, CONFIGS, check,
+        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates, check,
                              lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
     def _tune(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
@@ -531,7 +567,7 @@ class LinearPicker:
         overflow L2 (a decision streams every weight from HBM once per flow step). Fused outputs (residual
         stream, row stats) are never touched here: every trial writes into copies."""
         candidates = {"cublas": None}
-        for c in CONFIGS:
+        for c in self.candidates:
             candidates[str(c)] = c
         copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
@@ -584,5 +620,6 @@ def _same(got: list, want: list) -> bool:
 
 
 def _kwargs(config):
-    bn, bk, split, warps, stages = config
-    return {"block_n": bn, "block_k": bk, "split_k": split, "num_warps": warps, "num_stages": stages}
+    bn, bk, split, warps, stages, *pre = config
+    return {"block_n": bn, "block_k": bk, "split_k": split, "num_warps": warps, "num_stages": stages,
+            "preload": pre[0] if pre else 0}
