@@ -41,9 +41,10 @@ from flashrt_core.kernels.reference import attention_ref  # noqa: E402
 
 # Source edits that turn the shipped kernel into the ablation variants (each must match exactly once).
 PATCHES = [
-    ("PDL: tl.constexpr):\n    pdl_enter(PDL)\n", "PDL: tl.constexpr, MODE: tl.constexpr):\n    pdl_enter(PDL)\n"),
-    ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b",
-     "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b"),
+    ("ALIGN: tl.constexpr, PDL: tl.constexpr):\n    \"\"\"ALIGN: every",
+     "ALIGN: tl.constexpr, PDL: tl.constexpr, MODE: tl.constexpr):\n    \"\"\"ALIGN: every"),
+    ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b",
+     "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b"),
     ("    if HAS_SECOND:  # the second", "    if HAS_SECOND and MODE < 3:  # the second"),
     ("    if NSPLIT > 1:\n", "    if NSPLIT > 1 and MODE != 4:\n"),
     ("        if not MERGE_APART:\n            tile = pid_m * tl.num_programs(1) + bh\n            if last_of_split",

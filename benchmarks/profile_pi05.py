@@ -16,7 +16,7 @@ expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`:
 rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
 next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v;
 `attention_merge_apart`: on, the attention tuning may also pick two-kernel split merges; `gemm_preload`:
-off, no skinny GEMM candidate requests weight tiles before the PDL wait in its K loop)
+on, skinny GEMM candidates that request weight tiles before the PDL wait in their K loop join the tuning)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.

@@ -206,24 +206,28 @@ def test_attention_picker_without_merge_apart_keeps_its_own_cache_entries(dev):
 
 
 @pytest.mark.interpret
-def test_linear_picker_without_preload_keeps_its_own_cache_entries(dev):
-    """preload=False offers no configuration that requests weight tiles before the PDL wait in its K loop,
-    and its choices live apart from the full candidate set's (an A/B engine leaves the default's alone)."""
+def test_linear_picker_preload_keeps_its_own_cache_entries(dev):
+    """preload=False (the default) offers no configuration that requests weight tiles before the PDL wait in
+    its K loop; preload=True offers them too, and its choices live apart from the default's (an A/B engine
+    neither reads nor overwrites the default's entry)."""
     g = torch.Generator().manual_seed(16)
     x, w = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72)))
     key = (50, (40, 72), False, False, x.dtype)
     early = next(c for c in CONFIGS if len(c) == 6 and c[5])
+    plain = LinearPicker(dev)
+    assert plain.candidates and all(len(c) < 6 or not c[5] for c in plain.candidates)
+    assert len(plain.candidates) < len(CONFIGS) == len(LinearPicker(dev, preload=True).candidates)
     cache = T.TuningCache(None, CONTEXT)
-    cache.put("linear", key, early)
-    picker = LinearPicker(dev, cache=cache, preload=False)
-    assert picker.candidates and all(len(c) < 6 or not c[5] for c in picker.candidates)
-    assert len(picker.candidates) < len(CONFIGS) == len(LinearPicker(dev).candidates)
-    calls = _recording_tune(picker, picker.candidates[3])
-    assert picker._cached(key, x, w, None, False, None) == picker.candidates[3] and calls == [key]
-    assert cache.get("linear", key)[:2] == (True, early)  # the default's entry is untouched
-    assert cache.get("linear_no_preload", key)[:2] == (True, picker.candidates[3])
-    # the default picker reuses the preloading choice after checking it against cuBLAS
-    assert LinearPicker(dev, cache=cache)._cached(key, x, w, None, False, None) == early
+    cache.put("linear", key, CONFIGS[3])
+    picker = LinearPicker(dev, cache=cache, preload=True)
+    calls = _recording_tune(picker, early)
+    assert picker._cached(key, x, w, None, False, None) == early and calls == [key]  # tuned, runs (checked)
+    assert cache.get("linear", key)[:2] == (True, CONFIGS[3])  # the default's entry is untouched
+    assert cache.get("linear_preload", key)[:2] == (True, early)
+    # a restarted preload picker reuses its choice after checking it against cuBLAS
+    again = LinearPicker(dev, cache=cache, preload=True)
+    calls = _recording_tune(again, CONFIGS[0])
+    assert again._cached(key, x, w, None, False, None) == early and calls == []
 
 
 @pytest.mark.interpret

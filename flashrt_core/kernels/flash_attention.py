@@ -54,21 +54,23 @@ def _rotate(x, x_partner, pos, pos_ok, COS, SIN, half, d, d_mask, AXIS: tl.const
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask, P, COS, SIN, half, n_positions,
-            HAS_MASK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-            UPCAST: tl.constexpr):
+def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask, P, COS, SIN, half,
+            n_positions, HAS_MASK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+            UPCAST: tl.constexpr, ALIGN: tl.constexpr):
     """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows. ROPE: rotate
-    each key tile with the positions P[n] of its keys."""
+    each key tile with the positions P[n] of its keys. Key n's row starts at K + k_base + n k_ss (V alike),
+    a multiple of ALIGN elements: the offsets carry that hint, so the tiles load in 16-byte pieces."""
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         in_range = n < hi
         valid = in_range
         if HAS_MASK:
             valid = valid & (tl.load(M + n, mask=in_range, other=0) != 0)
-        k = tl.load(K + n[None, :] * k_ss + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
+        k_rows = tl.multiple_of(k_base + n * k_ss, ALIGN)
+        k = tl.load(K + k_rows[None, :] + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
         if ROPE:
             partner = tl.where(d < half, d + half, d - half)
-            k_p = tl.load(K + n[None, :] * k_ss + partner[:, None], mask=in_range[None, :] & d_mask[:, None],
+            k_p = tl.load(K + k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None],
                           other=0.0)
             pos = tl.load(P + n, mask=in_range, other=0).to(tl.int64)
             k = _rotate(k, k_p, pos, in_range & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 0)
@@ -81,7 +83,8 @@ def _attend(acc, m_i, l_i, q, K, V, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask, 
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + n[:, None] * v_ss + d[None, :], mask=in_range[:, None] & d_mask[None, :], other=0.0)
+        v_rows = tl.multiple_of(v_base + n * v_ss, ALIGN)
+        v = tl.load(V + v_rows[:, None] + d[None, :], mask=in_range[:, None] & d_mask[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -111,14 +114,17 @@ def _merge_splits(PART, ML, row0, rows_per_split, ok, io_mask, d, DH, NSPLIT: tl
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, DH, qk_scale,
+def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, qk_scale,
                       keys_per_split, n_rows, n_positions, pos_sb,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, MERGE_APART: tl.constexpr,
-                      PDL: tl.constexpr):
+                      DH: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr):
+    """ALIGN: every stride (and so every row offset) is a multiple of it, in elements (host-checked); DH is a
+    compile-time constant, so the head-dim mask is known in 8-element pieces: with both, a head dim such as
+    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time."""
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -131,7 +137,7 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
     d = tl.arange(0, BLOCK_D)
     d_mask = d < DH
     io_mask = (t < T)[:, None] & d_mask[None, :]
-    q_rows = Q + b * q_sb + t[:, None] * q_st + head[:, None] * q_sh
+    q_rows = Q + tl.multiple_of(b * q_sb + t * q_st + head * q_sh, ALIGN)[:, None]
     q = tl.load(q_rows + d[None, :], mask=io_mask, other=0.0)
     half = DH // 2
     if ROPE:
@@ -145,15 +151,15 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     lo = split * keys_per_split
     hi = lo + keys_per_split
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K + b * k_sb + kvh * k_sh, V + b * v_sb + kvh * v_sh,
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b * k_sb + kvh * k_sh, b * v_sb + kvh * v_sh,
                             M + b * m_sb, k_ss, v_ss, tl.minimum(lo, S), tl.minimum(hi, S), qk_scale, d, d_mask,
-                            POS, COS, SIN, half, n_positions, HAS_MASK, False, BLOCK_N, PRECISION, UPCAST)
+                            POS, COS, SIN, half, n_positions, HAS_MASK, False, BLOCK_N, PRECISION, UPCAST, ALIGN)
     if HAS_SECOND:  # the second key set continues the key index after the first one
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2 + b * k2_sb + kvh * k2_sh, V2 + b * v2_sb + kvh * v2_sh,
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2, V2, b * k2_sb + kvh * k2_sh, b * v2_sb + kvh * v2_sh,
                                 M, k2_ss, v2_ss, tl.minimum(tl.maximum(lo - S, 0), S2),
                                 tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask,
                                 POS + b * pos_sb, COS, SIN, half, n_positions, False, ROPE, BLOCK_N,
-                                PRECISION, UPCAST)
+                                PRECISION, UPCAST, ALIGN)
     if NSPLIT > 1:
         # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
         # max in log2 units, and sum). MERGE_APART: `_merge_kernel` runs next and merges them; else the last of
@@ -170,18 +176,18 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
                 row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
                 out = _merge_splits(PART, ML, row0, rows_per_split, t < T, io_mask, d, DH, NSPLIT, BLOCK_M,
                                     BLOCK_D)
-                tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+                tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
                          out.to(O.dtype.element_ty), mask=io_mask)
                 reset_ticket(C, tile)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-        tl.store(O + b * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+        tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
                  out.to(O.dtype.element_ty), mask=io_mask)
 
 
 @triton.jit
-def _merge_kernel(PART, ML, O, n_rows, T, HQ, DH, o_sb, o_st, o_sh, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _merge_kernel(PART, ML, O, n_rows, T, HQ, o_sb, o_st, o_sh, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
+                  BLOCK_D: tl.constexpr, DH: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr):
     """`_attention_kernel`'s split merge as a kernel of its own (MERGE_APART): BLOCK_R of the n_rows = B * T * HQ
     rows per split (in (b, t, head) order) per program, spread over many programs instead of one per row
     block; the same `_merge_splits`, so the same result."""
@@ -194,7 +200,7 @@ def _merge_kernel(PART, ML, O, n_rows, T, HQ, DH, o_sb, o_st, o_sh, NSPLIT: tl.c
     head = r % HQ
     t = (r // HQ) % T
     b = (r // HQ // T).to(tl.int64)
-    tl.store(O + b[:, None] * o_sb + t[:, None] * o_st + head[:, None] * o_sh + d[None, :],
+    tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
              out.to(O.dtype.element_ty), mask=io)
 
 
@@ -213,6 +219,18 @@ def _blocks(rows, batch_heads, keys, block_d):
     while programs * splits < 132 and triton.cdiv(keys, splits * 2) >= 2 * block_n:
         splits *= 2
     return block_m, block_n, splits, 4 if block_d <= 128 else 8
+
+
+def _row_alignment(*tensors) -> int:
+    """The largest power of two up to 16 that divides every batch / token / head stride of the tensors, in
+    elements: a hint that lets the kernel load a row's head dim in 16-byte pieces (base pointers are
+    specialized on 16-byte alignment by Triton itself)."""
+    g = 16
+    for t in tensors:
+        for size, st in zip(t.shape[:3], t.stride()[:3]):
+            if size > 1:  # a dim of size 1 is only ever indexed at 0: its stride never enters an offset
+                g = math.gcd(g, int(st))
+    return g
 
 
 def _rope_args(op, rope, q, k2, dh):
@@ -297,8 +315,9 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     m_arg = key_mask if key_mask is not None else q
     k2_arg, v2_arg = (k2, v2) if k2 is not None else (k, v)
     upcast = interpreting() and q.dtype != torch.float32
+    align = _row_alignment(q, k, v, k2_arg, v2_arg, out)
     _attention_kernel[grid](
-        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv, dh,
+        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
         scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
@@ -310,10 +329,10 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        MERGE_APART=merge_apart, num_warps=warps, num_stages=stages, **pdl_launch(q.device))
+        MERGE_APART=merge_apart, DH=dh, ALIGN=align, num_warps=warps, num_stages=stages, **pdl_launch(q.device))
     if merge_apart:
         rows = b * t * hq
         _merge_kernel[(triton.cdiv(rows, merge_rows),)](
-            part, ml, out, rows, t, hq, dh, out.stride(0), out.stride(1), out.stride(2), NSPLIT=splits,
-            BLOCK_R=merge_rows, BLOCK_D=block_d, num_warps=4, **pdl_launch(q.device))
+            part, ml, out, rows, t, hq, out.stride(0), out.stride(1), out.stride(2), NSPLIT=splits,
+            BLOCK_R=merge_rows, BLOCK_D=block_d, DH=dh, ALIGN=align, num_warps=4, **pdl_launch(q.device))
     return out

@@ -85,7 +85,7 @@ class Pi05Engine:
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
-                 gemm_preload: bool = True):
+                 gemm_preload: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -123,9 +123,10 @@ class Pi05Engine:
         expert's attention (9.8 vs 12.3 us for W2), but in the act graph it lost (interleaved act p50 8478
         vs 8279 us with the in-kernel merge, H200, `results/profile_pi05_w2_attention_merge_apart_ab.json`):
         the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses.
-        gemm_preload: the GEMM tuning may pick skinny configurations that request their first weight tiles
-        before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element); False keeps
-        to the others (for a same-process A/B: `profile_pi05.py --ab gemm_preload`)."""
+        gemm_preload: the GEMM tuning may also pick skinny configurations that request their first weight
+        tiles before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element; the PTX
+        check `test_kernels_ptx.py` shows the loads before the wait). Off until measured in the act graph
+        (`profile_pi05.py --ab gemm_preload`); it also lengthens the first tuning by the 11 extra candidates."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")

@@ -514,16 +514,16 @@ class LinearPicker:
     when that measures faster. mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always
     the first skinny configuration where M is small: for tests)."""
 
-    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = True):
+    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = False):
         """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
-        instead of timing the candidates again; new choices are put into it. preload=False: leave out the
-        candidates that request weight tiles before the PDL wait in their K loop (for A/Bs of the whole
-        stage; their choices are cached apart from the full candidate set's)."""
+        instead of timing the candidates again; new choices are put into it. preload: also offer the
+        candidates that request weight tiles before the PDL wait in their K loop (off: their choices are
+        cached apart from the full candidate set's, so an A/B engine never reads the other's)."""
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
         self.device, self.mode, self.tuning, self.cache = torch.device(device), mode, False, cache
         self.candidates = [c for c in CONFIGS if preload or len(c) < 6 or not c[5]]
-        self.cache_name = "linear" if preload else "linear_no_preload"
+        self.cache_name = "linear_preload" if preload else "linear"
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 

@@ -1,0 +1,138 @@
+"""Compile the project's Triton kernels for an H100 / H200 (sm_90) on a machine without a GPU, and report
+what their PTX does: how wide the global loads are, whether tiles stream through cp.async, and what a kernel
+reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these structural facts do not.
+
+    python test/ptx_testing.py            # JSON report of every case below
+
+It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
+interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
+launch becomes a compile-only warm-up whose compiled kernel is kept. Inputs are CPU tensors: only their
+shapes, strides, dtypes and 16-byte alignment reach the compiler. Used by `test_kernels_ptx.py`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on"):
+    sys.exit("ptx_testing: run without TRITON_INTERPRET (kernels must compile, not interpret)")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+class _Sm90:
+    """The driver calls a compile-only warm-up makes."""
+
+    def get_current_target(self):
+        return TARGET
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+COMPILED: list = []  # (kernel name, compiled kernel) of every launch, in order
+_launch = JITFunction.run
+
+
+def _compile_only(self, *args, grid, warmup, **kwargs):
+    kernel = _launch(self, *args, grid=grid, warmup=True, **kwargs)
+    COMPILED.append((self.fn.__name__, kernel))
+    return kernel
+
+
+driver.set_active(_Sm90())
+JITFunction.run = _compile_only
+_PDL = {"PDL": True, "launch_pdl": True}
+
+from flashrt_core.kernels import _common  # noqa: E402
+from flashrt_core.kernels import flash_attention as fa  # noqa: E402
+from flashrt_core.models.pi05 import engine_gemm  # noqa: E402
+
+_common.pdl_launch = fa.pdl_launch = engine_gemm.pdl_launch = lambda device: dict(_PDL)
+
+_OPS = re.compile(r"^\s*(?:@%p\d+\s+)?((?:ld|st)\.global[.\w]*|cp\.async\.c[ag][.\w]*|griddepcontrol\.wait)", re.M)
+
+
+def summarize(ptx: str) -> dict:
+    """Counts of global loads / stores and cp.async by their PTX form (e.g. ld.global.v4.b32 moves 16 bytes),
+    in the whole kernel and before its first griddepcontrol.wait (all of it when there is none)."""
+    ops = _OPS.findall(ptx)
+    wait = ops.index("griddepcontrol.wait") if "griddepcontrol.wait" in ops else len(ops)
+
+    def count(seq):
+        out: dict[str, int] = {}
+        for op in seq:
+            if op != "griddepcontrol.wait":
+                out[op] = out.get(op, 0) + 1
+        return out
+    return {"all": count(ops), "before_wait": count(ops[:wait]), "has_wait": wait < len(ops)}
+
+
+def _last(name: str) -> dict:
+    kernel_name, kernel = COMPILED[-1]
+    assert kernel_name == name, (kernel_name, name)
+    return summarize(kernel.asm["ptx"])
+
+
+def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False) -> dict:
+    """The attention kernel as the engine calls it: q token-major [B, T, Hq, Dh]; k, v views [B, Hkv, S, Dh] of
+    a token-major fused buffer (SigLIP's q / k / v come out of one QKV GEMM); `second` own keys (expert)."""
+    b, t, hq, dh = q_shape
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(b, max(t, keys), hq + 2 * kv_heads, dh, generator=g).to(torch.bfloat16)
+    q = qkv[:, :t, :hq]
+    k = qkv[:, :keys, hq:hq + kv_heads].transpose(1, 2)
+    v = qkv[:, :keys, hq + kv_heads:].transpose(1, 2)
+    key_mask = torch.ones(b, keys, dtype=torch.bool) if mask else None
+    k2 = v2 = None
+    if second:
+        own = torch.randn(b, kv_heads, 2 * second, dh, generator=g).to(torch.bfloat16)
+        k2, v2 = own[:, :, :second], own[:, :, second:]
+    fa.attention(q, k, v, key_mask, k2, v2, config=config)
+    return _last("_attention_kernel")
+
+
+def gemm_case(m, n, k, config, *, geglu=False) -> dict:
+    """The skinny GEMM with one `engine_gemm.CONFIGS`-style configuration."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = torch.randn((2 if geglu else 1) * n, k, generator=g).to(torch.bfloat16)
+    engine_gemm.skinny_linear(x, w, geglu=geglu, **engine_gemm._kwargs(config))
+    return _last("_skinny_gemm_kernel")
+
+
+CASES = {
+    # SigLIP: head dim 72, q / k / v strided views of the QKV output (head stride 72)
+    "attention_siglip": lambda: attention_case((2, 256, 16, 72), 16, 256, (64, 64, 1, 4)),
+    # Gemma prefix: 8 query heads over 1 kv head, head dim 256, padded keys
+    "attention_prefix": lambda: attention_case((1, 560, 8, 256), 1, 560, (64, 64, 1, 4), mask=True),
+    # action expert: 50 queries over the cached prefix and their own keys, split keys merged in-kernel
+    "attention_expert": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 4), second=50, mask=True),
+    # expert QKV GEMM: K loop without and with its first two weight tiles requested before the PDL wait
+    "gemm_qkv_loop": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3)),
+    "gemm_qkv_preload2": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3, 2)),
+    "gemm_up_preload2": lambda: gemm_case(50, 8192, 1024, (32, 128, 1, 4, 4, 2), geglu=True),
+    # one BLOCK_K slice per program: the whole weight tile before the wait
+    "gemm_o_one_step": lambda: gemm_case(50, 1024, 2048, (64, 512, 0, 8, 1)),
+}
+
+
+def report(names=None) -> dict:
+    return {name: CASES[name]() for name in (names or CASES)}
+
+
+if __name__ == "__main__":
+    print(json.dumps(report(sys.argv[1:] or None), indent=1))

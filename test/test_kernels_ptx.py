@@ -1,0 +1,58 @@
+"""The kernels' compiled form for sm_90 (H100 / H200), checked without a GPU (`ptx_testing.py` compiles them in
+a process of its own): properties that decide their speed on the GPU but that no CPU parity test can see.
+Counts are per thread of one program, from the PTX (ld.global.v4.b32 moves 16 bytes)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py")], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _loads(ops: dict, width: str) -> int:
+    return sum(n for op, n in ops.items() if op.startswith("ld.global") and op.endswith(width))
+
+
+def test_siglip_attention_loads_its_head_dim_72_in_16_byte_pieces(ptx):
+    """q / k / v are strided views with a head stride of 72 elements, which Triton cannot prove 16-byte
+    aligned by itself: the kernel's alignment hint and compile-time head dim must turn its tile loads into
+    vectors streamed through cp.async (before both, every element was its own 2-byte load)."""
+    ops = ptx["attention_siglip"]["all"]
+    assert _loads(ops, ".b16") == 0 and _loads(ops, ".v4.b32") > 0, ops
+    assert ops.get("cp.async.cg.shared.global", 0) > 0, ops
+
+
+@pytest.mark.parametrize("case", ["attention_prefix", "attention_expert"])
+def test_attention_streams_its_key_tiles_through_cp_async(ptx, case):
+    ops = ptx[case]["all"]
+    assert ops.get("cp.async.cg.shared.global", 0) >= 32, ops
+    assert _loads(ops, ".b16") <= 8, ops  # at most the key mask's bytes, two at a time
+    assert not ptx[case]["before_wait"]  # nothing is read before the previous kernel has finished
+
+
+def test_gemm_preload_requests_its_first_weight_tiles_before_the_pdl_wait(ptx):
+    """preload=2 with BLOCK_N 32, BLOCK_K 256, 4 warps: 32 rows x 512 weights x 2 bytes = 32 KB per program,
+    16 loads of 16 bytes per thread, all issued before griddepcontrol.wait; the plain K loop issues none
+    (its weights come after the wait, through cp.async). GeGLU (BLOCK_K 128): gate and up tiles, 32 KB too."""
+    assert ptx["gemm_qkv_loop"]["has_wait"] and not ptx["gemm_qkv_loop"]["before_wait"]
+    for case in ("gemm_qkv_preload2", "gemm_up_preload2"):
+        assert ptx[case]["has_wait"]
+        assert ptx[case]["before_wait"] == {"ld.global.v4.b32": 16}, (case, ptx[case])
+
+
+def test_one_step_gemm_requests_its_whole_weight_tile_before_the_pdl_wait(ptx):
+    """BLOCK_N 64 x BLOCK_K 512 x 2 bytes = 64 KB per program over 8 warps: 16 loads of 16 bytes per thread."""
+    assert ptx["gemm_o_one_step"]["before_wait"] == {"ld.global.v4.b32": 16}, ptx["gemm_o_one_step"]
