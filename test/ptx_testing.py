@@ -3,6 +3,7 @@ what their PTX does: how wide the global loads are, whether tiles stream through
 reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these structural facts do not.
 
     python test/ptx_testing.py            # JSON report of every case below
+    python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -57,11 +58,20 @@ driver.set_active(_Sm90())
 JITFunction.run = _compile_only
 _PDL = {"PDL": True, "launch_pdl": True}
 
-from flashrt_core.kernels import _common  # noqa: E402
+import importlib  # noqa: E402
+import pkgutil  # noqa: E402
+
+import flashrt_core.kernels as K  # noqa: E402
 from flashrt_core.kernels import flash_attention as fa  # noqa: E402
 from flashrt_core.models.pi05 import engine_gemm  # noqa: E402
 
-_common.pdl_launch = fa.pdl_launch = engine_gemm.pdl_launch = lambda device: dict(_PDL)
+# Every kernel is compiled as the H200 launches it (with PDL), and CPU tensors go to the compile-only kernels.
+for _info in pkgutil.iter_modules(K.__path__):
+    _module = importlib.import_module(f"flashrt_core.kernels.{_info.name}")
+    if hasattr(_module, "pdl_launch"):
+        _module.pdl_launch = lambda device: dict(_PDL)
+engine_gemm.pdl_launch = lambda device: dict(_PDL)
+K.available = lambda device=None: True
 
 _OPS = re.compile(r"^\s*(?:@%p\d+\s+)?((?:ld|st)\.global[.\w]*|cp\.async\.c[ag][.\w]*|griddepcontrol\.wait)", re.M)
 
@@ -134,5 +144,35 @@ def report(names=None) -> dict:
     return {name: CASES[name]() for name in (names or CASES)}
 
 
+def engine_scan() -> dict:
+    """Every kernel a W2-shaped pi0.5 decision launches (full widths and head dims, one layer per tower, a
+    small vocabulary; skinny GEMMs with CONFIGS[0]), each distinct compiled form once: {kernel: [summaries]}."""
+    import dataclasses
+
+    from flashrt_core import bench
+    from flashrt_core.models import pi05
+    from flashrt_core.models.pi05.engine import Pi05Engine
+
+    full = pi05.Pi05Config.full()
+    config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512,
+                                 vision=dataclasses.replace(full.vision, layers=1),
+                                 vlm=dataclasses.replace(full.vlm, depth=1),
+                                 expert=dataclasses.replace(full.expert, depth=1))
+    engine = Pi05Engine(pi05.convert(config, bench.random_state(config, 0, "cpu")), device="cpu",
+                        dtype=torch.bfloat16, backend="triton", graphs=False, gemm="triton", tuning_cache=None)
+    inputs = bench.random_inputs(config, 0, "cpu")
+    start = len(COMPILED)
+    engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask", "noise")))
+    out: dict[str, list] = {}
+    for name, kernel in COMPILED[start:]:
+        summary = summarize(kernel.asm["ptx"])
+        if summary not in out.setdefault(name, []):
+            out[name].append(summary)
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(report(sys.argv[1:] or None), indent=1))
+    if sys.argv[1:] == ["--engine"]:
+        print(json.dumps(engine_scan(), indent=1))
+    else:
+        print(json.dumps(report(sys.argv[1:] or None), indent=1))

@@ -56,3 +56,19 @@ def test_gemm_preload_requests_its_first_weight_tiles_before_the_pdl_wait(ptx):
 def test_one_step_gemm_requests_its_whole_weight_tile_before_the_pdl_wait(ptx):
     """BLOCK_N 64 x BLOCK_K 512 x 2 bytes = 64 KB per program over 8 warps: 16 loads of 16 bytes per thread."""
     assert ptx["gemm_o_one_step"]["before_wait"] == {"ld.global.v4.b32": 16}, ptx["gemm_o_one_step"]
+
+
+def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_loads():
+    """The whole decision at W2's widths and head dims (one layer per tower): every Triton kernel compiles for
+    sm_90 with PDL, and none moves bf16 data one element at a time (at most a key mask's bytes in pairs)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--engine"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = json.loads(done.stdout)
+    assert {"_layer_norm_kernel", "_attention_kernel", "_bias_gelu_kernel", "_rms_norm_kernel",
+            "_qkv_rope_cache_kernel", "_skinny_gemm_kernel", "_ada_rms_norm_kernel"} <= set(kernels)
+    for name, forms in kernels.items():
+        for form in forms:
+            assert form["has_wait"], name  # launched with PDL: every kernel waits for the one before
+            assert _loads(form["all"], ".b16") <= 8, (name, form)
