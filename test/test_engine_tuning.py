@@ -187,22 +187,23 @@ def test_attention_picker_uses_a_checked_cached_choice(dev, tmp_path):
 
 @pytest.mark.interpret
 def test_attention_picker_without_merge_apart_keeps_its_own_cache_entries(dev):
-    """merge_apart=False offers no configuration whose splits a second kernel merges, and its choices live
-    apart from the full candidate set's: an A/B engine neither reads nor overwrites the default's entry."""
+    """merge_apart=False (the default) offers no configuration whose splits a second kernel merges, and its
+    choices live apart from the full candidate set's: an A/B engine neither reads nor overwrites the other's."""
     g = torch.Generator().manual_seed(15)
     q = (torch.randn(1, 3, 2, 16, generator=g) + 0.1).to(dev)
     k, v = ((torch.randn(1, 1, 9, 16, generator=g) + 0.1).to(dev) for _ in range(2))
     key = (tuple(q.shape), tuple(k.shape), False, None, q.dtype)
     apart = next(c for c in CANDIDATES if len(c) == 6 and c[5])
     cache = T.TuningCache(None, CONTEXT)
-    cache.put("attention", key, apart)
+    cache.put("attention_merge_apart", key, apart)
     picker = AttentionPicker(dev, cache=cache, merge_apart=False)
     assert picker.candidates and all(len(c) < 6 or not c[5] for c in picker.candidates)
-    assert len(picker.candidates) < len(CANDIDATES) == len(AttentionPicker(dev).candidates)
+    assert len(picker.candidates) < len(CANDIDATES) == len(AttentionPicker(dev, merge_apart=True).candidates)
+    assert AttentionPicker(dev).candidates == picker.candidates
     calls = _recording_tune(picker, picker.candidates[0])
     assert picker._cached(key, q, k, v, None, None, None) == picker.candidates[0] and calls == [key]
-    assert cache.get("attention", key)[:2] == (True, apart)  # the default's entry is untouched
-    assert cache.get("attention_in_kernel_merge", key)[:2] == (True, picker.candidates[0])
+    assert cache.get("attention_merge_apart", key)[:2] == (True, apart)  # the other set's entry is untouched
+    assert cache.get("attention", key)[:2] == (True, picker.candidates[0])
 
 
 @pytest.mark.interpret

@@ -226,7 +226,7 @@ def test_attention_merge_apart_flag_reaches_the_picker():
     off = Pi05Engine(weights, device="cpu", graphs=False)  # the default: in-kernel merges only
     assert any(len(c) == 6 and c[5] for c in on.attend.candidates)
     assert not any(len(c) == 6 and c[5] for c in off.attend.candidates)
-    assert (on.attend.cache_name, off.attend.cache_name) == ("attention", "attention_in_kernel_merge")
+    assert (on.attend.cache_name, off.attend.cache_name) == ("attention_merge_apart", "attention")
 
 
 @pytest.mark.interpret

@@ -29,10 +29,15 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 32, 4, 4), (6
               (16, 64, 1, 4), (32, 64, 1, 4), (16, 64, 2, 4), (32, 64, 2, 8),
               # one key tile per program (no serial key loop; the merge sums 5-10 partials)
               (16, 64, 16, 4), (16, 128, 8, 4), (16, 128, 8, 8),
+              # the same with one pipeline stage: a one-tile loop needs no second buffer, so the shared memory
+              # halves (expert shape, sm_90: 76-88 KB instead of 140 KB, two programs per SM; no spills,
+              # `test/ptx_testing.py`)
+              (16, 128, 8, 8, 1), (32, 128, 8, 8, 1), (32, 64, 16, 8, 1),
               # the splits merged by a second kernel over 4 rows per program instead of one program per row
               # block (H200: 9.35 us alone vs 13.5 for the best in-kernel merge; in an act-like chain of
               # rotate -> attention over 18 layers with L2 evicted between them 570-597 us vs 664 us,
-              # results/attention_breakdown_h200.json and attention_chain_h200.json)
+              # results/attention_breakdown_h200.json and attention_chain_h200.json; but in the act graph
+              # itself slower, profile_pi05_w2_attention_merge_apart_ab.json: offered only with merge_apart)
               (64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4)]
 TIMED_CALLS = 10
 MATCH_REL = 2e-2  # a candidate's output vs the heuristic's, relative to its largest entry
@@ -42,12 +47,12 @@ class AttentionPicker:
     """`picker(q, k, v, key_mask, k2, v2, rope=..., backend=...)` = `kernels.attention`, with the launch
     configuration per shape chosen by timing while `tuning` is True (CUDA only)."""
 
-    def __init__(self, device, enabled: bool = True, cache=None, merge_apart: bool = True):
-        """merge_apart=False: leave out the candidates whose key splits are merged by a second kernel (for
-        A/Bs of the whole stage; their choices are cached apart from the full candidate set's)."""
+    def __init__(self, device, enabled: bool = True, cache=None, merge_apart: bool = False):
+        """merge_apart: also offer the candidates whose key splits are merged by a second kernel (off by
+        default: they lose in the act graph; the two candidate sets' choices are cached apart)."""
         self.device, self.enabled, self.tuning, self.cache = torch.device(device), enabled, False, cache
         self.candidates = [c for c in CANDIDATES if merge_apart or len(c) < 6 or not c[5]]
-        self.cache_name = "attention" if merge_apart else "attention_in_kernel_merge"
+        self.cache_name = "attention_merge_apart" if merge_apart else "attention"
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
