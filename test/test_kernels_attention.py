@@ -182,36 +182,12 @@ def test_full_shapes_on_cuda(dtype):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("s,s2,block_n,splits", [(37, 7, 16, 2), (37, 7, 16, 3), (37, 7, 16, 5), (560, 50, 128, 8),
-                                                  (560, 50, 64, 16), (560, 50, 32, 4), (0, 50, 64, 4), (0, 0, 16, 2),
-                                                  (256, None, 64, 4), (0, None, 16, 3), (50, 0, 16, 2)])
-def test_split_plan_never_mixes_the_two_key_sets(s, s2, block_n, splits):
-    """Every key of both sets is in exactly one split, each split holds at most keys_per_split keys (a multiple
-    of BLOCK_N) of one set only, and only an all-empty problem has an empty split. W2's expert: 560 prefix + 50
-    own keys over (16, 128, 8, 4) -> 5 prefix splits of 128 (the last 48) and 1 of 50, where splitting the 610
-    keys evenly put 48 prefix and 50 own keys, two key tiles one after the other, into one split."""
-    from flashrt_core.kernels.flash_attention import split_plan
-
-    kps, first, n = split_plan(s, s2, block_n, splits)
-    assert kps % block_n == 0 and 1 <= n and 0 <= first <= n
-    spans = [(0, i * kps, min(s, (i + 1) * kps)) for i in range(first)]
-    spans += [(1, (i - first) * kps, min(s2 or 0, (i - first + 1) * kps)) for i in range(first, n)]
-    covered = {0: [], 1: []}
-    for which, lo, hi in spans:
-        assert hi - lo <= kps and (hi > lo or s + (s2 or 0) == 0), (which, lo, hi)
-        covered[which] += list(range(lo, hi))
-    assert covered[0] == list(range(s)) and covered[1] == list(range(s2 or 0))
-    if (s, s2, block_n, splits) == (560, 50, 128, 8):
-        assert (kps, first, n) == (128, 5, 6)
-
-
 @pytest.mark.parametrize("splits", [2, 3, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_split_keys_flash_decoding(dev, splits, dtype):
     """Keys split across programs and merged in-kernel by the last program of each row block (the heuristic
-    splits on GPU for the expert's few queries); split counts whose even division would straddle the prefix /
-    suffix boundary (the plan gives the suffix splits of its own), and fully masked slices. The tickets of a
-    shared workspace are all zero again after each call."""
+    splits on GPU for the expert's few queries); splits straddle the prefix / suffix boundary and fully
+    masked slices. The tickets of a shared workspace are all zero again after each call."""
     from flashrt_core.kernels._common import new_semaphore_workspace, semaphore_workspace
     from flashrt_core.kernels.flash_attention import attention as attention_kernel
 

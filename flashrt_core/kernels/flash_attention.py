@@ -115,7 +115,7 @@ def _merge_splits(PART, ML, row0, rows_per_split, ok, io_mask, d, DH, NSPLIT: tl
 
 @triton.jit
 def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, qk_scale,
-                      keys_per_split, first_splits, n_rows, n_positions, pos_sb,
+                      keys_per_split, n_rows, n_positions, pos_sb,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
@@ -149,19 +149,15 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    # Splits 0 .. first_splits - 1 fold keys of the first set, the rest keys of the second (never both: a split
-    # that straddled the two sets would walk two key tiles one after the other, the others one).
     lo = split * keys_per_split
     hi = lo + keys_per_split
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b * k_sb + kvh * k_sh, b * v_sb + kvh * v_sh,
                             M + b * m_sb, k_ss, v_ss, tl.minimum(lo, S), tl.minimum(hi, S), qk_scale, d, d_mask,
                             POS, COS, SIN, half, n_positions, HAS_MASK, False, BLOCK_N, PRECISION, UPCAST, ALIGN)
-    if HAS_SECOND:  # splits from first_splits on: the second key set (empty range for the earlier splits)
-        lo2 = tl.maximum(split - first_splits, 0) * keys_per_split
-        hi2 = (split - first_splits + 1) * keys_per_split
+    if HAS_SECOND:  # the second key set continues the key index after the first one
         acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2, V2, b * k2_sb + kvh * k2_sh, b * v2_sb + kvh * v2_sh,
-                                M, k2_ss, v2_ss, tl.minimum(lo2, S2), tl.maximum(tl.minimum(hi2, S2), 0), qk_scale,
-                                d, d_mask,
+                                M, k2_ss, v2_ss, tl.minimum(tl.maximum(lo - S, 0), S2),
+                                tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask,
                                 POS + b * pos_sb, COS, SIN, half, n_positions, False, ROPE, BLOCK_N,
                                 PRECISION, UPCAST, ALIGN)
     if NSPLIT > 1:
@@ -237,20 +233,6 @@ def _row_alignment(*tensors) -> int:
     return g
 
 
-def split_plan(s: int, s2: int | None, block_n: int, splits: int) -> tuple[int, int, int]:
-    """(keys_per_split, first_splits, splits) for `splits` wanted over s keys (+ s2 of a second set, None
-    without one): each split covers keys_per_split keys (a multiple of block_n) of ONE set, splits
-    0 .. first_splits - 1 the first set, the others the second, so no program walks the tail of the first
-    set and then the second one after it; no split is empty unless there are no keys at all (then one)."""
-    total = s + (s2 or 0)
-    keys_per_split = triton.cdiv(triton.cdiv(max(total, 1), splits), block_n) * block_n
-    if s2 is None:
-        first = triton.cdiv(max(s, 1), keys_per_split)
-        return keys_per_split, first, first
-    first = triton.cdiv(s, keys_per_split)
-    return keys_per_split, first, max(1, first + triton.cdiv(s2, keys_per_split))
-
-
 def _rope_args(op, rope, q, k2, dh):
     """(positions, cos, sin) for the kernel; stand-ins that are never read when rope is None."""
     if rope is None:
@@ -319,7 +301,8 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     merge_rows = rest[1] if len(rest) > 1 else 0
     if merge_rows < 0 or merge_rows & (merge_rows - 1):
         raise KernelInputError(f"{op}: merge_rows must be 0 or a power of two, got {merge_rows}")
-    keys_per_split, first_splits, splits = split_plan(s, s2 if k2 is not None else None, block_n, splits)
+    keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
+    splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
     n_rows = splits * b * t * hq
     merge_apart = splits > 1 and merge_rows > 0
     grid = (triton.cdiv(t * group, block_m), b * hkv, splits)
@@ -335,7 +318,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     align = _row_alignment(q, k, v, k2_arg, v2_arg, out)
     _attention_kernel[grid](
         q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
-        scale * _LOG2E, keys_per_split, first_splits, n_rows, cos.shape[0], positions.stride(0),
+        scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
         k2_arg.stride(0), k2_arg.stride(1), k2_arg.stride(2), v2_arg.stride(0), v2_arg.stride(1), v2_arg.stride(2),
