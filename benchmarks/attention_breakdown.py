@@ -45,7 +45,6 @@ PATCHES = [
      "ALIGN: tl.constexpr, PDL: tl.constexpr, MODE: tl.constexpr):\n    \"\"\"ALIGN: every"),
     ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b",
      "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b"),
-    ("    if HAS_SECOND:  # the second", "    if HAS_SECOND and MODE < 3:  # the second"),
     ("    if NSPLIT > 1:\n", "    if NSPLIT > 1 and MODE != 4:\n"),
     ("        if not MERGE_APART:\n            tile = pid_m * tl.num_programs(1) + bh\n            if last_of_split",
      "        if MODE == 1:\n            if last_of_split(C, pid_m * tl.num_programs(1) + bh, NSPLIT):\n"

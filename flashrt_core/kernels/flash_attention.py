@@ -54,26 +54,41 @@ def _rotate(x, x_partner, pos, pos_ok, COS, SIN, half, d, d_mask, AXIS: tl.const
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, M, k_ss, v_ss, lo, hi, qk_scale, d, d_mask, P, COS, SIN, half,
-            n_positions, HAS_MASK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-            UPCAST: tl.constexpr, ALIGN: tl.constexpr):
-    """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows. ROPE: rotate
-    each key tile with the positions P[n] of its keys. Key n's row starts at K + k_base + n k_ss (V alike),
-    a multiple of ALIGN elements: the offsets carry that hint, so the tiles load in 16-byte pieces."""
+def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M, k_ss, v_ss, k2_ss, v2_ss, S, lo, hi,
+            qk_scale, d, d_mask, P, COS, SIN, half, n_positions, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
+            ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+            ALIGN: tl.constexpr):
+    """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows. Key n < S is
+    row n of the first set, at K + k_base + n k_ss (V alike; valid where M[n] != 0 with HAS_MASK); key n >= S
+    (HAS_SECOND) is row n - S of the second set, at K + k2_base + (n - S) k2_ss (k2_base: the second set's
+    address relative to K, in elements; V alike), always valid, rotated by its position P[n - S] with ROPE.
+    One key tile may hold keys of both sets (each column reads its own rows), so a split never walks the
+    first set's last tile and then the second set's as two serial steps. The columns pick an integer row
+    offset, not a pointer (a select of pointers loses the alignment and contiguity Triton needs for 16-byte
+    and cp.async loads); row offsets are multiples of ALIGN elements and carry that hint."""
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         in_range = n < hi
+        if HAS_SECOND:
+            first = n < S
+            n2 = tl.maximum(n - S, 0)
+            k_rows = K + tl.multiple_of(tl.where(first, k_base + n.to(tl.int64) * k_ss, k2_base + n2 * k2_ss), ALIGN)
+            v_rows = V + tl.multiple_of(tl.where(first, v_base + n.to(tl.int64) * v_ss, v2_base + n2 * v2_ss), ALIGN)
+            mask_keys = in_range & first
+        else:
+            k_rows = K + tl.multiple_of(k_base + n * k_ss, ALIGN)
+            v_rows = V + tl.multiple_of(v_base + n * v_ss, ALIGN)
+            mask_keys = in_range
         valid = in_range
-        if HAS_MASK:
-            valid = valid & (tl.load(M + n, mask=in_range, other=0) != 0)
-        k_rows = tl.multiple_of(k_base + n * k_ss, ALIGN)
-        k = tl.load(K + k_rows[None, :] + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
-        if ROPE:
+        if HAS_MASK:  # keys of the second set are always valid (other=1)
+            valid = valid & (tl.load(M + n, mask=mask_keys, other=1) != 0)
+        k = tl.load(k_rows[None, :] + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
+        if ROPE and HAS_SECOND:
             partner = tl.where(d < half, d + half, d - half)
-            k_p = tl.load(K + k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None],
-                          other=0.0)
-            pos = tl.load(P + n, mask=in_range, other=0).to(tl.int64)
-            k = _rotate(k, k_p, pos, in_range & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 0)
+            k_p = tl.load(k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
+            turn = in_range & (n >= S)
+            pos = tl.load(P + n2, mask=turn, other=0).to(tl.int64)
+            k = _rotate(k, k_p, pos, turn & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 0)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
@@ -83,8 +98,7 @@ def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, M, k_ss, v_ss, lo, hi, qk_sc
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_rows = tl.multiple_of(v_base + n * v_ss, ALIGN)
-        v = tl.load(V + v_rows[:, None] + d[None, :], mask=in_range[:, None] & d_mask[None, :], other=0.0)
+        v = tl.load(v_rows[:, None] + d[None, :], mask=in_range[:, None] & d_mask[None, :], other=0.0)
         if UPCAST:
             v = v.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
@@ -114,7 +128,7 @@ def _merge_splits(PART, ML, row0, rows_per_split, ok, io_mask, d, DH, NSPLIT: tl
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, qk_scale,
+def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, qk_scale,
                       keys_per_split, n_rows, n_positions, pos_sb,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
@@ -152,14 +166,10 @@ def _attention_kernel(Q, K, V, M, K2, V2, O, PART, ML, C, POS, COS, SIN, B, T, S
     lo = split * keys_per_split
     hi = lo + keys_per_split
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b * k_sb + kvh * k_sh, b * v_sb + kvh * v_sh,
-                            M + b * m_sb, k_ss, v_ss, tl.minimum(lo, S), tl.minimum(hi, S), qk_scale, d, d_mask,
-                            POS, COS, SIN, half, n_positions, HAS_MASK, False, BLOCK_N, PRECISION, UPCAST, ALIGN)
-    if HAS_SECOND:  # the second key set continues the key index after the first one
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, K2, V2, b * k2_sb + kvh * k2_sh, b * v2_sb + kvh * v2_sh,
-                                M, k2_ss, v2_ss, tl.minimum(tl.maximum(lo - S, 0), S2),
-                                tl.minimum(tl.maximum(hi - S, 0), S2), qk_scale, d, d_mask,
-                                POS + b * pos_sb, COS, SIN, half, n_positions, False, ROPE, BLOCK_N,
-                                PRECISION, UPCAST, ALIGN)
+                            k2_delta + b * k2_sb + kvh * k2_sh, v2_delta + b * v2_sb + kvh * v2_sh, M + b * m_sb,
+                            k_ss, v_ss, k2_ss, v2_ss, S, tl.minimum(lo, S + S2), tl.minimum(hi, S + S2), qk_scale,
+                            d, d_mask, POS + b * pos_sb, COS, SIN, half, n_positions, HAS_MASK, HAS_SECOND, ROPE,
+                            BLOCK_N, PRECISION, UPCAST, ALIGN)
     if NSPLIT > 1:
         # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
         # max in log2 units, and sum). MERGE_APART: `_merge_kernel` runs next and merges them; else the last of
@@ -314,10 +324,14 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         part = ml = tickets = q
     m_arg = key_mask if key_mask is not None else q
     k2_arg, v2_arg = (k2, v2) if k2 is not None else (k, v)
+    # The second key set is addressed from k / v: its offset in elements (one flat address space; a multiple
+    # of the alignment below when both are 16-byte aligned, else the hint drops to what holds).
+    k2_delta = (k2_arg.data_ptr() - k.data_ptr()) // k.element_size()
+    v2_delta = (v2_arg.data_ptr() - v.data_ptr()) // v.element_size()
     upcast = interpreting() and q.dtype != torch.float32
-    align = _row_alignment(q, k, v, k2_arg, v2_arg, out)
+    align = math.gcd(_row_alignment(q, k, v, k2_arg, v2_arg, out), k2_delta, v2_delta)
     _attention_kernel[grid](
-        q, k, v, m_arg, k2_arg, v2_arg, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
+        q, k, v, m_arg, k2_delta, v2_delta, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
         scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
