@@ -41,8 +41,8 @@ from flashrt_core.kernels.reference import attention_ref  # noqa: E402
 
 # Source edits that turn the shipped kernel into the ablation variants (each must match exactly once).
 PATCHES = [
-    ("ALIGN: tl.constexpr, PDL: tl.constexpr):\n    \"\"\"ALIGN: every",
-     "ALIGN: tl.constexpr, PDL: tl.constexpr, MODE: tl.constexpr):\n    \"\"\"ALIGN: every"),
+    ("SAME_STRIDE: tl.constexpr, PDL: tl.constexpr):\n    \"\"\"ALIGN: every",
+     "SAME_STRIDE: tl.constexpr, PDL: tl.constexpr, MODE: tl.constexpr):\n    \"\"\"ALIGN: every"),
     ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b",
      "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b"),
     ("    if NSPLIT > 1:\n", "    if NSPLIT > 1 and MODE != 4:\n"),

@@ -97,20 +97,24 @@ def _last(name: str) -> dict:
     return summarize(kernel.asm["ptx"])
 
 
-def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False) -> dict:
-    """The attention kernel as the engine calls it: q token-major [B, T, Hq, Dh]; k, v views [B, Hkv, S, Dh] of
-    a token-major fused buffer (SigLIP's q / k / v come out of one QKV GEMM); `second` own keys (expert)."""
+def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cache=False) -> dict:
+    """The attention kernel as the engine calls it: q token-major [B, T, Hq, Dh]; k, v [B, Hkv, S, Dh] either
+    views of a token-major fused QKV output (SigLIP: q / k / v come out of one GEMM) or, with `cache`, the
+    prefix K/V cache's own contiguous buffers (Gemma prefix and the expert); `second` own keys [B, Hkv, second,
+    Dh] in buffers of their own (the expert's suffix K/V)."""
     b, t, hq, dh = q_shape
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(b, max(t, keys), hq + 2 * kv_heads, dh, generator=g).to(torch.bfloat16)
     q = qkv[:, :t, :hq]
-    k = qkv[:, :keys, hq:hq + kv_heads].transpose(1, 2)
-    v = qkv[:, :keys, hq + kv_heads:].transpose(1, 2)
+    if cache:
+        k, v = (torch.randn(b, kv_heads, keys, dh, generator=g).to(torch.bfloat16) for _ in range(2))
+    else:
+        k = qkv[:, :keys, hq:hq + kv_heads].transpose(1, 2)
+        v = qkv[:, :keys, hq + kv_heads:].transpose(1, 2)
     key_mask = torch.ones(b, keys, dtype=torch.bool) if mask else None
     k2 = v2 = None
     if second:
-        own = torch.randn(b, kv_heads, 2 * second, dh, generator=g).to(torch.bfloat16)
-        k2, v2 = own[:, :, :second], own[:, :, second:]
+        k2, v2 = (torch.randn(b, kv_heads, second, dh, generator=g).to(torch.bfloat16) for _ in range(2))
     fa.attention(q, k, v, key_mask, k2, v2, config=config)
     return _last("_attention_kernel")
 
@@ -128,9 +132,10 @@ CASES = {
     # SigLIP: head dim 72, q / k / v strided views of the QKV output (head stride 72)
     "attention_siglip": lambda: attention_case((2, 256, 16, 72), 16, 256, (64, 64, 1, 4)),
     # Gemma prefix: 8 query heads over 1 kv head, head dim 256, padded keys
-    "attention_prefix": lambda: attention_case((1, 560, 8, 256), 1, 560, (64, 64, 1, 4), mask=True),
+    "attention_prefix": lambda: attention_case((1, 560, 8, 256), 1, 560, (64, 64, 1, 4), mask=True, cache=True),
     # action expert: 50 queries over the cached prefix and their own keys, split keys merged in-kernel
-    "attention_expert": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 4), second=50, mask=True),
+    "attention_expert": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 4), second=50, mask=True,
+                                               cache=True),
     # expert QKV GEMM: K loop without and with its first two weight tiles requested before the PDL wait
     "gemm_qkv_loop": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3)),
     "gemm_qkv_preload2": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3, 2)),

@@ -182,6 +182,25 @@ def test_full_shapes_on_cuda(dtype):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_key_tiles_that_hold_both_key_sets_with_their_own_strides(dev, splits):
+    """One key loop walks [first set | second set]: a tile holding keys of both reads each column from its own
+    tensor. With the second set's rows at another stride than the first's (a strided view), the columns pick
+    whole offsets instead of a base; both must give the reference, split or not."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    b, sp, ts, hq, dh = 2, 21, 6, 4, 16
+    q = randn(b, ts, hq, dh, dev=dev, seed=50, std=2.0)
+    kp, vp = randn(b, 1, sp, dh, dev=dev, seed=51), randn(b, 1, sp, dh, dev=dev, seed=52)
+    wide = randn(b, 1, ts, 3 * dh, dev=dev, seed=53)
+    ks, vs = wide[..., :dh], wide[..., 2 * dh:]  # rows 3 dh apart, not dh
+    assert ks.stride(2) != kp.stride(2)
+    mask = pad_mask(b, sp, dev, seed=54)
+    want = R.attention_ref(q, kp, vp, mask, ks, vs)
+    close(attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4)), want)
+    close(attention_kernel(q, kp, vp, mask, ks.contiguous(), vs.contiguous(), config=(16, 16, splits, 4)), want)
+
+
 @pytest.mark.parametrize("splits", [2, 3, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_split_keys_flash_decoding(dev, splits, dtype):
