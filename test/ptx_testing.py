@@ -4,6 +4,7 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
 
     python test/ptx_testing.py            # JSON report of every case below
     python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
+    python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -91,10 +92,27 @@ def summarize(ptx: str) -> dict:
     return {"all": count(ops), "before_wait": count(ops[:wait]), "has_wait": wait < len(ops)}
 
 
+def resources(kernel) -> dict:
+    """Registers and stack (spill) bytes per thread and shared memory per program of a compiled kernel, from
+    its cubin (`cuobjdump -res-usage`, shipped with Triton)."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", text), re.search(r"STACK:(\d+)", text)
+    return {"regs": int(regs.group(1)), "stack_bytes": int(stack.group(1)), "shared_bytes": kernel.metadata.shared}
+
+
 def _last(name: str) -> dict:
     kernel_name, kernel = COMPILED[-1]
     assert kernel_name == name, (kernel_name, name)
-    return summarize(kernel.asm["ptx"])
+    return {**summarize(kernel.asm["ptx"]), **resources(kernel)}
 
 
 def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cache=False) -> dict:
@@ -142,11 +160,36 @@ CASES = {
     "gemm_up_preload2": lambda: gemm_case(50, 8192, 1024, (32, 128, 1, 4, 4, 2), geglu=True),
     # one BLOCK_K slice per program: the whole weight tile before the wait
     "gemm_o_one_step": lambda: gemm_case(50, 1024, 2048, (64, 512, 0, 8, 1)),
+    # the one-stage attention candidates at the expert's shape (engine_attention.CANDIDATES)
+    "attention_expert_16x128_1stage": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 8, 1), second=50,
+                                                             mask=True, cache=True),
+    "attention_expert_32x128_1stage": lambda: attention_case((1, 50, 8, 256), 1, 560, (32, 128, 8, 8, 1), second=50,
+                                                             mask=True, cache=True),
 }
 
 
 def report(names=None) -> dict:
     return {name: CASES[name]() for name in (names or CASES)}
+
+
+# The action expert's GEMMs (M = 50 rows): (N, K, GeGLU)
+EXPERT_GEMMS = {"qkv": (2560, 1024, False), "o": (1024, 2048, False), "gate_up": (4096, 1024, True),
+                "down": (1024, 4096, False)}
+
+
+def preload_resources() -> dict:
+    """Registers / spills of every preloading GEMM candidate at each expert shape: {"config shape": {...}}."""
+    out = {}
+    for config in engine_gemm.CONFIGS:
+        if len(config) == 6 and config[5]:
+            for shape, (n, k, geglu) in EXPERT_GEMMS.items():
+                out[f"{config} {shape}"] = resources_of(lambda: gemm_case(50, n, k, config, geglu=geglu))
+    return out
+
+
+def resources_of(launch) -> dict:
+    launch()
+    return resources(COMPILED[-1][1])
 
 
 def engine_scan() -> dict:
@@ -179,5 +222,7 @@ def engine_scan() -> dict:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--engine"]:
         print(json.dumps(engine_scan(), indent=1))
+    elif sys.argv[1:] == ["--preload"]:
+        print(json.dumps(preload_resources(), indent=1))
     else:
         print(json.dumps(report(sys.argv[1:] or None), indent=1))

@@ -62,6 +62,26 @@ def test_one_step_gemm_requests_its_whole_weight_tile_before_the_pdl_wait(ptx):
     assert ptx["gemm_o_one_step"]["before_wait"] == {"ld.global.v4.b32": 16}, ptx["gemm_o_one_step"]
 
 
+def test_one_stage_attention_candidates_halve_the_shared_memory_without_spills(ptx):
+    """engine_attention's one-stage forms of the one-key-tile configurations: two programs fit an SM's
+    228 KB (the two-stage (16, 128, 8, 4) takes 140 KB), and no register spills (stack 0)."""
+    two_stage = ptx["attention_expert"]["shared_bytes"]
+    for case in ("attention_expert_16x128_1stage", "attention_expert_32x128_1stage"):
+        r = ptx[case]
+        assert 2 * r["shared_bytes"] <= 228 * 1024 < 2 * two_stage and r["stack_bytes"] == 0, (case, r)
+    assert ptx["attention_expert"]["stack_bytes"] == 0  # W2's pick so far: no spills with the one key loop
+
+
+def test_gemm_preload_candidates_do_not_spill_at_the_expert_shapes():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--preload"], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert len(found) >= 4 * 8  # every preloading candidate at the four expert shapes
+    assert not {case: r for case, r in found.items() if r["stack_bytes"]}
+
+
 def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_loads():
     """The whole decision at W2's widths and head dims (one layer per tower): every Triton kernel compiles for
     sm_90 with PDL, and none moves bf16 data one element at a time (at most a key mask's bytes in pairs)."""

@@ -126,7 +126,7 @@ class Pi05Engine:
         gemm_preload: the GEMM tuning may also pick skinny configurations that request their first weight
         tiles before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element; the PTX
         check `test_kernels_ptx.py` shows the loads before the wait). Off until measured in the act graph
-        (`profile_pi05.py --ab gemm_preload`); it also lengthens the first tuning by the 11 extra candidates."""
+        (`profile_pi05.py --ab gemm_preload`); it also lengthens the first tuning by the 10 extra candidates."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")

@@ -48,7 +48,9 @@ CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256,
            # across each kernel boundary and two programs per SM (`benchmarks/persistent_probe.py`, H200).
            (32, 256, 1, 4, 3, 1), (32, 256, 1, 4, 3, 2), (16, 256, 1, 4, 4, 2), (32, 128, 1, 4, 4, 2),
            (16, 256, 2, 4, 3, 2), (32, 256, 2, 4, 3, 2), (16, 256, 4, 4, 3, 2), (32, 128, 4, 4, 4, 4),
-           (16, 128, 8, 4, 3, 2), (64, 128, 4, 4, 4, 2), (16, 256, 8, 4, 3, 2)]
+           (16, 128, 8, 4, 3, 2), (16, 256, 8, 4, 3, 2)]
+# (none of these spills at the expert's shapes on sm_90: `test_kernels_ptx.py`; (64, 128, 4, 4, 4, 2) did at
+# gate|up and was left out)
 # Tried and left out (H200, 2026-12-03): the whole K = 1024 in one step, (32, 1024, 0, 8, 1) and
 # (16, 1024, 0, 8, 1): QKV 5.44 / 9.52 us vs 4.57, o 5.41 vs 5.01, down 7.60 vs 7.41, gate|up out of shared
 # memory or 14.3 vs 7.14 (each program then reads all of x, 100 KB, after the PDL wait).
