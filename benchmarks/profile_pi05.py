@@ -92,7 +92,16 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
 
 # Pi05Engine flags an A/B may flip
 AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart",
-            "gemm_preload")
+            "gemm_preload", "early_modulation")
+
+
+def ab_flags(text: str) -> list[str]:
+    """--ab: one Pi05Engine flag or several, comma-separated (the variant flips them all)."""
+    flags = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in flags if f not in AB_FLAGS]
+    if not flags or unknown:
+        raise argparse.ArgumentTypeError(f"--ab: flags from {', '.join(AB_FLAGS)}; got {text!r}")
+    return flags
 
 
 def interleaved_ms(replays: dict, rounds: int = 30) -> dict:
@@ -126,7 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--gemm", default="auto", help="engine GEMM mode: auto, torch, triton")
     p.add_argument("--pdl", type=int, default=1, help="1: programmatic dependent launch (default), 0: off")
     p.add_argument("--no-attention-tuning", action="store_true")
-    p.add_argument("--ab", choices=sorted(AB_FLAGS), help="also profile act with this engine flag flipped")
+    p.add_argument("--ab", type=ab_flags, help="also profile act with this engine flag (or these, comma-separated) "
+                                               f"flipped: {', '.join(AB_FLAGS)}")
     p.add_argument("--gemm-configs", help="only these skinny GEMM candidates, e.g. '[(32, 256, 1, 4, 3)]' (a "
                    "shorter tuning when device time is short; the JSON records them)")
     args = p.parse_args(argv)
@@ -143,10 +153,10 @@ def main(argv=None) -> int:
     engine = Pi05Engine(w32, device="cuda", **options)
     # The variant shares the engine's tuning cache: only the shapes / fusions it adds are tuned anew.
     variant, variant_name = None, None
-    if args.ab:  # flipped from the engine's own default
-        flipped = not inspect.signature(Pi05Engine).parameters[args.ab].default
-        variant_name = f"act_{args.ab}_{'on' if flipped else 'off'}"
-        variant = Pi05Engine(w32, device="cuda", tuning_cache=engine.tuning_cache, **{args.ab: flipped}, **options)
+    if args.ab:  # flipped from the engine's own defaults
+        flipped = {f: not inspect.signature(Pi05Engine).parameters[f].default for f in args.ab}
+        variant_name = "act_" + "_".join(f"{f}_{'on' if v else 'off'}" for f, v in flipped.items())
+        variant = Pi05Engine(w32, device="cuda", tuning_cache=engine.tuning_cache, **flipped, **options)
     del w32
     inputs = random_inputs(config, 0, "cuda")
     names = ("images", "image_masks", "lang_tokens", "lang_mask", "noise")

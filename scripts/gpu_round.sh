@@ -9,7 +9,8 @@
 # .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
 # the profile separately).
-# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. rope_in_gemm, attention_merge_apart; ~4 min).
+# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. rope_in_gemm, gemm_preload, or several comma-separated,
+# flipped together; ~4 min with the tuning cache carried, ~7 min without).
 # FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
 # .cache/tuning/ here and add ".cache/tuning" to the call's carry: a fresh machine then skips the ~215 s of
 # GEMM / attention tuning (the cache checks each choice once), which `compile` needs to fit in one call.
@@ -68,7 +69,7 @@ if [[ "$what" == compile ]]; then
 fi
 if [[ "$what" == ab ]]; then
   bench profile_pi05 560 --ab "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}" \
-    --json "$OUT/profile_pi05_w2_${FLASHRT_AB}_ab.json"
+    --json "$OUT/profile_pi05_w2_${FLASHRT_AB//,/-}_ab.json"
 fi
 if [[ -n "${FLASHRT_KEEP_TUNING:-}" ]]; then
   mkdir -p "$OUT/tuning" && cp .cache/tuning/*.json "$OUT/tuning/" 2>/dev/null

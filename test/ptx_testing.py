@@ -146,6 +146,15 @@ def gemm_case(m, n, k, config, *, geglu=False) -> dict:
     return _last("_skinny_gemm_kernel")
 
 
+def norm_case(constant_mod: bool) -> dict:
+    """The expert's gated residual + AdaRMS (50 rows of 1024), modulation vectors from a precomputed table."""
+    g = torch.Generator().manual_seed(2)
+    x, h = (torch.randn(1, 50, 1024, generator=g).to(torch.bfloat16) for _ in range(2))
+    table = torch.randn(3, 1024, generator=g).to(torch.bfloat16)
+    K.gated_residual_ada_rms_norm(x, h, table[2], table[0], table[1], constant_mod=constant_mod, backend="triton")
+    return _last("_ada_rms_norm_kernel")
+
+
 CASES = {
     # SigLIP: head dim 72, q / k / v strided views of the QKV output (head stride 72)
     "attention_siglip": lambda: attention_case((2, 256, 16, 72), 16, 256, (64, 64, 1, 4)),
@@ -160,6 +169,9 @@ CASES = {
     "gemm_up_preload2": lambda: gemm_case(50, 8192, 1024, (32, 128, 1, 4, 4, 2), geglu=True),
     # one BLOCK_K slice per program: the whole weight tile before the wait
     "gemm_o_one_step": lambda: gemm_case(50, 1024, 2048, (64, 512, 0, 8, 1)),
+    # the expert's norms: modulation vectors read after / before the PDL wait
+    "norm_mod_after_wait": lambda: norm_case(False),
+    "norm_mod_before_wait": lambda: norm_case(True),
     # the one-stage attention candidates at the expert's shape (engine_attention.CANDIDATES)
     "attention_expert_16x128_1stage": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 8, 1), second=50,
                                                              mask=True, cache=True),

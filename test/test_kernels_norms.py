@@ -71,12 +71,14 @@ def test_add_rms_norm_and_in_place(dev, dtype):
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("per_batch", [True, False], ids=["mod[B,D]", "mod[D]"])
-def test_ada_rms_norm(dev, dtype, per_batch):
+@pytest.mark.parametrize("constant_mod", [False, True], ids=["mod-after-wait", "mod-before-wait"])
+def test_ada_rms_norm(dev, dtype, per_batch, constant_mod):
     b, t, d = 3, 5, 40
     x = randn(b, t, d, dtype=dtype, dev=dev, seed=8)
     mshape = (b, d) if per_batch else (d,)
     scale, shift = randn(*mshape, dtype=dtype, dev=dev, seed=9), randn(*mshape, dtype=dtype, dev=dev, seed=10)
-    close(K.ada_rms_norm(x, scale, shift, backend="triton"), R.ada_rms_norm_ref(x, scale, shift))
+    close(K.ada_rms_norm(x, scale, shift, constant_mod=constant_mod, backend="triton"),
+          R.ada_rms_norm_ref(x, scale, shift))
 
 
 @pytest.mark.interpret
@@ -99,13 +101,14 @@ def test_ada_rms_norm_reads_strided_views_of_a_modulation_table(dev):
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("x_shape", [(3, 5, 40), (3, 40)], ids=str)
-def test_gated_residual_and_fused(dev, dtype, x_shape):
+@pytest.mark.parametrize("constant_mod", [False, True], ids=["mod-after-wait", "mod-before-wait"])
+def test_gated_residual_and_fused(dev, dtype, x_shape, constant_mod):
     d = x_shape[-1]
     x, h = randn(*x_shape, dtype=dtype, dev=dev, seed=14), randn(*x_shape, dtype=dtype, dev=dev, seed=15)
     gate, scale, shift = (randn(3, d, dtype=dtype, dev=dev, seed=s) for s in (16, 17, 18))
     close(K.gated_residual(x, h, gate, backend="triton"), R.gated_residual_ref(x, h, gate))
     close(K.gated_residual(x, h, gate[0], backend="triton"), R.gated_residual_ref(x, h, gate[0]))
-    new_x, y = K.gated_residual_ada_rms_norm(x, h, gate, scale, shift, backend="triton")
+    new_x, y = K.gated_residual_ada_rms_norm(x, h, gate, scale, shift, constant_mod=constant_mod, backend="triton")
     ref_x, ref_y = R.gated_residual_ada_rms_norm_ref(x, h, gate, scale, shift)
     close(new_x, ref_x)
     close(y, ref_y)

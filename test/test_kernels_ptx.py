@@ -62,6 +62,14 @@ def test_one_step_gemm_requests_its_whole_weight_tile_before_the_pdl_wait(ptx):
     assert ptx["gemm_o_one_step"]["before_wait"] == {"ld.global.v4.b32": 16}, ptx["gemm_o_one_step"]
 
 
+def test_norm_reads_constant_modulation_before_the_pdl_wait(ptx):
+    """constant_mod: the gate, scale and shift rows (3 x 1024 bf16, 4 warps: 3 x 16-byte loads per thread) are
+    requested before griddepcontrol.wait; without it nothing is."""
+    assert ptx["norm_mod_after_wait"]["has_wait"] and not ptx["norm_mod_after_wait"]["before_wait"]
+    assert ptx["norm_mod_before_wait"]["before_wait"] == {"ld.global.v4.b32": 3}, ptx["norm_mod_before_wait"]
+    assert _loads(ptx["norm_mod_before_wait"]["all"], "") == _loads(ptx["norm_mod_after_wait"]["all"], "")
+
+
 def test_one_stage_attention_candidates_halve_the_shared_memory_without_spills(ptx):
     """engine_attention's one-stage forms of the one-key-tile configurations: two programs fit an SM's
     228 KB (the two-stage (16, 128, 8, 4) takes 140 KB), and no register spills (stack 0)."""

@@ -219,6 +219,20 @@ def test_rope_elsewhere_gives_the_split_kernel_path(dev, flags):
         assert (torch_path.sample_actions(*inputs).cpu() - want).abs().max() < TOL["fp32_vs_reference"]
 
 
+@pytest.mark.interpret
+def test_early_modulation_gives_the_same_actions(dev):
+    """early_modulation only moves the AdaRMS kernels' reads of the modulation table before their PDL wait:
+    bit-for-bit the same actions as without (fp32, Triton kernels), and the flag reaches the engine."""
+    config, state = pi05.build_tiny(5, micro_config())
+    weights = pi05.convert(config, state)
+    inputs = [t.to(dev) for t in micro_inputs(config, seed=3)]
+    plain = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False)
+    early = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, early_modulation=True)
+    assert early.early_modulation and not plain.early_modulation
+    with torch.no_grad():
+        assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
+
+
 def test_attention_merge_apart_flag_reaches_the_picker():
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
@@ -607,12 +621,13 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm"])
+@pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
+                                  "early_modulation"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V
-    write in the QKV GEMM's epilogue) gives the default engine's actions, and LeRobot's within the bf16
-    targets."""
+    write in the QKV GEMM's epilogue; GEMM candidates that load weights before the PDL wait; the norms'
+    modulation read before it) gives the default engine's actions, and LeRobot's within the bf16 targets."""
     c = cuda_case(cases)
     default = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
     variant = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, **{flag: True})

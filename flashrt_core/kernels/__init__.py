@@ -91,11 +91,14 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, weight_offset=1.0, out=None, 
     return _into(residual_out, new_residual), _into(out, y)
 
 
-def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None, backend=None):
+def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None, constant_mod=False, backend=None):
     """prefetch (here and below): tensors a later kernel reads, warmed into L2 by the Triton kernel on
-    sm_90+ (`_prefetch`); results are the same with or without, and the torch references ignore it."""
+    sm_90+ (`_prefetch`); results are the same with or without, and the torch references ignore it.
+    constant_mod (here and below): the modulation vectors are weights that no kernel writes, so the Triton
+    kernel reads them before it waits for the previous kernel (PDL); same results."""
     if _use_triton("ada_rms_norm", backend, x.device):
-        return _kernel("adarms", "ada_rms_norm")(x, scale, shift, eps, out=out, prefetch=prefetch)
+        return _kernel("adarms", "ada_rms_norm")(x, scale, shift, eps, out=out, prefetch=prefetch,
+                                                  constant_mod=constant_mod)
     return _into(out, reference.ada_rms_norm_ref(x, scale, shift, eps))
 
 
@@ -106,11 +109,12 @@ def gated_residual(x, h, gate, *, out=None, backend=None):
 
 
 def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None,
-                                backend=None):
+                                constant_mod=False, backend=None):
     """Returns (x + h * gate, AdaRMS(x + h * gate))."""
     if _use_triton("gated_residual_ada_rms_norm", backend, x.device):
         return _kernel("adarms", "gated_residual_ada_rms_norm")(x, h, gate, scale, shift, eps,
-                                                                      out=out, x_out=x_out, prefetch=prefetch)
+                                                                      out=out, x_out=x_out, prefetch=prefetch,
+                                                                      constant_mod=constant_mod)
     new_x, y = reference.gated_residual_ada_rms_norm_ref(x, h, gate, scale, shift, eps)
     return _into(x_out, new_x), _into(out, y)
 

@@ -4,7 +4,9 @@ Every expert sublayer ends with `x = x + h * gate` and the next thing that reads
 (the next sublayer's, or the final norm), so the fused op does both in one pass over the row:
     new_x = x + h * gate;  y = rms(new_x) * (1 + scale) + shift.
 scale / shift / gate are [D] or [B, D] (one vector per batch element) and may be strided views into a
-precomputed modulation table, as long as their last dim is contiguous.
+precomputed modulation table, as long as their last dim is contiguous. `constant_mod=True` declares them
+weights that no kernel writes (the expert's precomputed table): they are then requested before the kernel
+waits for the previous one (PDL), off the critical path after it.
 Reference: `reference.ada_rms_norm_ref`, `gated_residual_ref`, `gated_residual_ada_rms_norm_ref`.
 """
 import torch
@@ -12,7 +14,7 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch, row_warps
-from flashrt_core.kernels._pdl import pdl_enter
+from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
 from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 
 
@@ -20,24 +22,34 @@ from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
                          g_stride, sc_stride, sh_stride, rows_per_batch, D, eps, PF_A0, PF_N0, PF_A1, PF_N1,
                          HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-                         PREFETCH: tl.constexpr):
-    pdl_enter(PDL)
-    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
+                         PREFETCH: tl.constexpr, EARLY_MOD: tl.constexpr):
+    """EARLY_MOD: gate / scale / shift are weights (never written by a kernel), loaded before the PDL wait."""
+    pdl_trigger(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // rows_per_batch
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
+    if EARLY_MOD:
+        if HAS_GATED:
+            g = tl.load(G_ptr + b * g_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        if DO_NORM:
+            sc = tl.load(SC_ptr + b * sc_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            sh = tl.load(SH_ptr + b * sh_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    pdl_wait(PDL)
+    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     x = tl.load(X_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_GATED:
         h = tl.load(H_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(G_ptr + b * g_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        if not EARLY_MOD:
+            g = tl.load(G_ptr + b * g_stride + cols, mask=mask, other=0.0).to(tl.float32)
         x_stored = (x + h * g).to(XO_ptr.dtype.element_ty)
         tl.store(XO_ptr + row * D + cols, x_stored, mask=mask)
         x = x_stored.to(tl.float32)
     if DO_NORM:
         rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-        sc = tl.load(SC_ptr + b * sc_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        sh = tl.load(SH_ptr + b * sh_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        if not EARLY_MOD:
+            sc = tl.load(SC_ptr + b * sc_stride + cols, mask=mask, other=0.0).to(tl.float32)
+            sh = tl.load(SH_ptr + b * sh_stride + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(Y_ptr + row * D + cols, (x * rstd * (1.0 + sc) + sh).to(Y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -55,7 +67,7 @@ def _mod(op, name, t, x):
     return t.stride(0)
 
 
-def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None):
+def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None, constant_mod=False):
     check(op, "x", x, contiguous=True)
     pf = prefetch_args(op, x.device, prefetch)
     d = x.shape[-1]
@@ -77,14 +89,15 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None):
             shift if do_norm else x, out if do_norm else x, x_out if has_gated else x,
             g_stride, sc_stride, sh_stride, rows // batch, d, float(eps),
             HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block), **pf,
-            **pdl_launch(x.device))
+            EARLY_MOD=bool(constant_mod), **pdl_launch(x.device))
     return out, x_out
 
 
-def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None):
+def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None, constant_mod=False):
     """rms(x) * (1 + scale) + shift over contiguous x [B, ..., D]; scale/shift [D] or [B, D].
-    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`)."""
-    return _launch("ada_rms_norm", x, None, None, scale, shift, eps, out, None, prefetch)[0]
+    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`).
+    constant_mod: scale / shift are weights no kernel writes (read before the PDL wait)."""
+    return _launch("ada_rms_norm", x, None, None, scale, shift, eps, out, None, prefetch, constant_mod)[0]
 
 
 def gated_residual(x, h, gate, *, out=None):
@@ -92,8 +105,10 @@ def gated_residual(x, h, gate, *, out=None):
     return _launch("gated_residual", x, h, gate, None, None, 0.0, None, out)[1]
 
 
-def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None):
+def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None,
+                                constant_mod=False):
     """Returns (x + h * gate, AdaRMS of it). Pass x_out=x to update the residual stream in place.
-    prefetch: as in `ada_rms_norm`."""
-    out, x_out = _launch("gated_residual_ada_rms_norm", x, h, gate, scale, shift, eps, out, x_out, prefetch)
+    prefetch, constant_mod: as in `ada_rms_norm` (constant_mod covers the gate too)."""
+    out, x_out = _launch("gated_residual_ada_rms_norm", x, h, gate, scale, shift, eps, out, x_out, prefetch,
+                         constant_mod)
     return x_out, out

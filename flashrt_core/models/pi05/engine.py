@@ -85,7 +85,7 @@ class Pi05Engine:
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
-                 gemm_preload: bool = False):
+                 gemm_preload: bool = False, early_modulation: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -126,7 +126,10 @@ class Pi05Engine:
         gemm_preload: the GEMM tuning may also pick skinny configurations that request their first weight
         tiles before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element; the PTX
         check `test_kernels_ptx.py` shows the loads before the wait). Off until measured in the act graph
-        (`profile_pi05.py --ab gemm_preload`); it also lengthens the first tuning by the 10 extra candidates."""
+        (`profile_pi05.py --ab gemm_preload`); it also lengthens the first tuning by the 10 extra candidates.
+        early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
+        precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
+        read leaves the critical path; same results. Off until `profile_pi05.py --ab early_modulation`."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -153,6 +156,7 @@ class Pi05Engine:
         self.rope_in_attention = bool(rope_in_attention)
         self.rope_in_gemm = bool(rope_in_gemm)
         self.norm_in_gemm = bool(norm_in_gemm)
+        self.early_modulation = bool(early_modulation)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
         if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
             self.tuning_cache = tuning_cache or None
@@ -248,7 +252,8 @@ class Pi05Engine:
             else:
                 x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
                 mod = w.ada_attn[step, 0]
-                h = K.ada_rms_norm(x, mod[0], mod[1], eps, prefetch=pf and pf["start"], backend=be)
+                h = K.ada_rms_norm(x, mod[0], mod[1], eps, prefetch=pf and pf["start"],
+                                   constant_mod=self.early_modulation, backend=be)
             for i, L in enumerate(layers):
                 if self.rope_in_gemm:  # q, suffix_k and suffix_v straight from the GEMM's epilogue
                     q = lin.qkv_rope(xs if self.norm_in_gemm else h, L.qkv_w, qkv_out,
@@ -283,12 +288,14 @@ class Pi05Engine:
                 o = lin(a.flatten(2), L.o_w)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
                 x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x,
-                                                     prefetch=pf and pf["attn_norm"][i], backend=be)
+                                                     prefetch=pf and pf["attn_norm"][i],
+                                                     constant_mod=self.early_modulation, backend=be)
                 d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
                 gate = w.ada_mlp[step, i, 2]
                 mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x,
-                                                     prefetch=pf and pf["mlp_norm"][i], backend=be)
+                                                     prefetch=pf and pf["mlp_norm"][i],
+                                                     constant_mod=self.early_modulation, backend=be)
             if self.norm_in_gemm:
                 velocity = lin(xs, w.action_out_w, w.action_out_b, norm=self._norm("out", sums, step), backend=be)
             else:
