@@ -6,23 +6,16 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util  # noqa: E402
-import pathlib  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from benchmark_loading import load_benchmark  # noqa: E402
 from kernel_testing import dev  # noqa: E402,F401
-
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "persistent_probe.py"
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("persistent_probe", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("persistent_probe")
 
 
 @pytest.mark.interpret

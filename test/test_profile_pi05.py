@@ -1,21 +1,16 @@
 """benchmarks/profile_pi05.py's A/B switch: every flag it can flip is a boolean Pi05Engine setting, and a
 comma-separated list flips several together (one device call measures them as one variant)."""
 import argparse
-import importlib.util
 import inspect
-import pathlib
 
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "profile_pi05.py"
+from benchmark_loading import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def profile():
-    spec = importlib.util.spec_from_file_location("profile_pi05", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("profile_pi05")
 
 
 def test_every_ab_flag_is_a_boolean_engine_setting(profile):
