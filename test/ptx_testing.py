@@ -199,6 +199,27 @@ def preload_resources() -> dict:
     return out
 
 
+def precompile_check() -> dict:
+    """`_common.precompile` over the preloading GEMM candidates at the expert's QKV shape (and one call that
+    raises): how many distinct kernels Triton's cache holds afterwards, all finished compiles."""
+    from flashrt_core.kernels import _common
+
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(50, 1024, generator=g).to(torch.bfloat16), torch.randn(2560, 1024, generator=g).to(torch.bfloat16)
+    configs = [c for c in engine_gemm.CONFIGS if len(c) == 6 and c[5]]
+
+    def broken():
+        raise RuntimeError("a candidate that cannot be built")
+    start = len(COMPILED)
+    _common.precompile([lambda c=c: engine_gemm.skinny_linear(x, w, **engine_gemm._kwargs(c)) for c in configs]
+                       + [broken], workers=2)
+    kernels = [k for name, k in COMPILED[start:] if name == "_skinny_gemm_kernel"]
+    return {"configs": len(configs), "launches": len(kernels),
+            "distinct_compiled": len({id(k.result()) for k in kernels}),
+            "all_have_ptx": all("ptx" in k.result().asm for k in kernels),
+            "compile_only_after": _common._COMPILE_ONLY.get()}
+
+
 def resources_of(launch) -> dict:
     launch()
     return resources(COMPILED[-1][1])
@@ -236,5 +257,7 @@ if __name__ == "__main__":
         print(json.dumps(engine_scan(), indent=1))
     elif sys.argv[1:] == ["--preload"]:
         print(json.dumps(preload_resources(), indent=1))
+    elif sys.argv[1:] == ["--precompile"]:
+        print(json.dumps(precompile_check(), indent=1))
     else:
         print(json.dumps(report(sys.argv[1:] or None), indent=1))

@@ -276,3 +276,13 @@ def test_tuning_a_gemm_that_adds_into_the_residual_stream_leaves_the_stream_alon
     got = picker(x, w, residual=residual)
     want = before + F.linear(x, w) * gate
     assert got is res and (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+
+
+def test_precompile_is_a_no_op_under_the_interpreter():
+    """The interpreter has nothing to compile: precompile neither calls the launches nor changes the mode
+    (compiled-mode behaviour: test_kernels_ptx.py)."""
+    from flashrt_core.kernels import _common
+
+    calls = []
+    _common.precompile([lambda: calls.append(1)])
+    assert calls == [] and _common._COMPILE_ONLY.get() is False

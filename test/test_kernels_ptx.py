@@ -104,3 +104,17 @@ def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_lo
         for form in forms:
             assert form["has_wait"], name  # launched with PDL: every kernel waits for the one before
             assert _loads(form["all"], ".b16") <= 8, (name, form)
+
+
+def test_precompile_builds_every_candidate_without_running_any():
+    """`_common.precompile` (the pickers compile all candidates in parallel threads before timing them): every
+    candidate's launch became a finished compile (two of the ten QKV forms are the same kernel at K = 1024),
+    a call that raises is left for its real launch to report, and compile-only mode ends with it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--precompile"], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout)
+    assert r["launches"] == r["configs"] >= 8 and r["all_have_ptx"], r
+    assert r["configs"] - 2 <= r["distinct_compiled"] <= r["configs"], r
+    assert r["compile_only_after"] is False

@@ -103,6 +103,46 @@ def pdl_launch(device) -> dict:
     return {"PDL": False}
 
 
+# ---- compiling candidates in parallel (the tuning pickers) ---------------------------------------------------
+_COMPILE_ONLY: contextvars.ContextVar = contextvars.ContextVar("flashrt_compile_only", default=False)
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """`kernel[grid](*args, **kwargs)`, or inside `precompile` only its compile (nothing runs, nothing is
+    written: the caller's outputs are garbage there, which precompile never reads)."""
+    if _COMPILE_ONLY.get():
+        return kernel.warmup(*args, grid=grid, **kwargs)
+    return kernel[grid](*args, **kwargs)
+
+
+def precompile(calls, workers: int | None = None) -> None:
+    """Compile the Triton kernels that each of `calls` (argument-less callables, e.g. one per tuning candidate)
+    would launch through `launch`, in `workers` threads (default: the CPU count, at most 16), without running
+    them; the calls' later real launches then find them compiled. Triton's compiler releases the GIL, so the
+    compiles overlap (a tuning is mostly compiles: ~2x on 2 cores for 40 skinny GEMM candidates). A call that
+    fails to build is left to fail again, and be reported, where it is really launched. No-op under the
+    interpreter or a Triton without asynchronous compiles."""
+    if interpreting():
+        return
+    try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError:  # pragma: no cover - older Triton: the picker compiles as it times
+        return
+    workers = workers or min(16, os.cpu_count() or 1)
+    token = _COMPILE_ONLY.set(True)
+    try:
+        with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool, ignore_errors=True):
+            for call in calls:
+                try:
+                    call()
+                except Exception:  # noqa: BLE001 (reported by the real launch, see above)
+                    pass
+    finally:
+        _COMPILE_ONLY.reset(token)
+
+
 def next_pow2(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << max(0, int(n) - 1).bit_length())
 

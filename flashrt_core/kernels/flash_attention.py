@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import (INT_DTYPES, MASK_DTYPES, KernelInputError, check, check_out, interpreting,
-                                         next_pow2, pdl_launch, semaphores)
+                                         launch, next_pow2, pdl_launch, semaphores)
 from flashrt_core.kernels._pdl import pdl_enter
 from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 
@@ -341,7 +341,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     v2_delta = (v2_arg.data_ptr() - v.data_ptr()) // v.element_size()
     upcast = interpreting() and q.dtype != torch.float32
     align = math.gcd(_row_alignment(q, k, v, k2_arg, v2_arg, out), k2_delta, v2_delta)
-    _attention_kernel[grid](
+    launch(_attention_kernel, grid,
         q, k, v, m_arg, k2_delta, v2_delta, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
         scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -359,7 +359,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         num_warps=warps, num_stages=stages, **pdl_launch(q.device))
     if merge_apart:
         rows = b * t * hq
-        _merge_kernel[(triton.cdiv(rows, merge_rows),)](
+        launch(_merge_kernel, (triton.cdiv(rows, merge_rows),),
             part, ml, out, rows, t, hq, out.stride(0), out.stride(1), out.stride(2), NSPLIT=splits,
             BLOCK_R=merge_rows, BLOCK_D=block_d, DH=dh, ALIGN=align, num_warps=4, **pdl_launch(q.device))
     return out

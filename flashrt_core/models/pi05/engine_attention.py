@@ -15,6 +15,7 @@ import torch
 
 from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
+from flashrt_core.kernels._common import precompile
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 # (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) tried besides the kernel's heuristic
@@ -86,6 +87,9 @@ class AttentionPicker:
     def _tune(self, key, q, k, v, key_mask, k2, v2, rope=None):
         from flashrt_core.kernels.flash_attention import attention
 
+        # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
+        precompile([lambda c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope)
+                    for config in [None, *self.candidates]])
         want = attention(q, k, v, key_mask, k2, v2, rope=rope)
         times = {}
         for config in [None, *self.candidates]:

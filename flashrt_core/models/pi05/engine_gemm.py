@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
-from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, pdl_launch,
-                                         semaphores)
+from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
+                                         precompile, semaphores)
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
@@ -417,7 +417,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         rope_args = (rope.positions, rope.cos, rope.sin, rope.q, rope.k, rope.v)
         rope_ints = (rope.positions.shape[1], rope.cos.shape[0], *rope.q.stride()[:3], *rope.k.stride()[:3],
                      *rope.v.stride()[:3])
-    _skinny_gemm_kernel[grid](
+    launch(_skinny_gemm_kernel, grid,
         x2, w, b if b is not None else w, y, part, tickets, norm.shift_w if norm is not None else w,
         norm.sums if norm is not None else w, residual.gate if residual is not None else w,
         emit.scale if emit is not None else w, emit.scaled if emit is not None else w,
@@ -571,9 +571,12 @@ class LinearPicker:
         candidates = {"cublas": None}
         for c in self.candidates:
             candidates[str(c)] = c
+        trial = fusion.scratch()
+        # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
+        precompile([lambda c=config: _route(c, x, w, b, geglu, backend, trial)
+                    for config in candidates.values() if config is not None])
         copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
-        trial = fusion.scratch()
         want = _outputs(None, x, w, b, geglu, backend, fusion)
         times = {}
         for name, config in candidates.items():
