@@ -166,7 +166,7 @@ CASES = {
     # expert QKV GEMM: K loop without and with its first two weight tiles requested before the PDL wait
     "gemm_qkv_loop": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3)),
     "gemm_qkv_preload2": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3, 2)),
-    "gemm_up_preload2": lambda: gemm_case(50, 8192, 1024, (32, 128, 1, 4, 4, 2), geglu=True),
+    "gemm_up_preload2": lambda: gemm_case(50, 4096, 1024, (32, 128, 1, 4, 4, 2), geglu=True),
     # one BLOCK_K slice per program: the whole weight tile before the wait
     "gemm_o_one_step": lambda: gemm_case(50, 1024, 2048, (64, 512, 0, 8, 1)),
     # the expert's norms: modulation vectors read after / before the PDL wait
@@ -205,7 +205,8 @@ def precompile_check() -> dict:
     from flashrt_core.kernels import _common
 
     g = torch.Generator().manual_seed(3)
-    x, w = torch.randn(50, 1024, generator=g).to(torch.bfloat16), torch.randn(2560, 1024, generator=g).to(torch.bfloat16)
+    x = torch.randn(50, 1024, generator=g).to(torch.bfloat16)
+    w = torch.randn(2560, 1024, generator=g).to(torch.bfloat16)
     configs = [c for c in engine_gemm.CONFIGS if len(c) == 6 and c[5]]
 
     def broken():

@@ -323,3 +323,18 @@ def test_every_tuning_candidate_computes_the_expert_attention(dev):
     ref = R.attention_ref(q, kp, vp, mask, ks, vs)
     for config in CANDIDATES:
         close(attention_kernel(q, kp, vp, mask, ks, vs, config=config), ref)
+
+
+def test_the_alignment_hint_counts_the_token_and_key_strides_even_for_one_token():
+    """The kernel's row-offset hint (the largest power of two up to 16 dividing the strides it multiplies) must
+    hold on the tiles' padding lanes too, which step along the token / key dims even when there is one token
+    or key; a batch or head dim of size 1 is never stepped along."""
+    from flashrt_core.kernels.flash_attention import _row_alignment
+
+    base = torch.zeros(1, 1, 4, 40)
+    one_key = base[:, :, :1, :16]  # [1, 1, 1, 16], key stride 40: 8 divides it, 16 does not
+    assert _row_alignment((one_key, 2)) == 8
+    wide_batch = torch.zeros(3, 1, 2, 16)[:1]  # batch of one: its stride (32) never enters an offset
+    assert _row_alignment((wide_batch.as_strided((1, 1, 2, 16), (7, 5, 16, 1)), 2)) == 16
+    q = torch.zeros(1, 1, 2, 24)  # one token, token stride 48, head stride 24
+    assert _row_alignment((q, 1)) == 8

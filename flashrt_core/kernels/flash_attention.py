@@ -91,7 +91,8 @@ def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M, k_ss, v
             k_p = tl.load(k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
             turn = in_range & (n >= S)
             pos = tl.load(P + n2, mask=turn, other=0).to(tl.int64)
-            k = _rotate(k, k_p, pos, turn & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 0)
+            turn = turn & (pos >= 0) & (pos < n_positions)  # first-set keys pass through untouched, even inf
+            k = tl.where(turn[None, :], _rotate(k, k_p, pos, turn, COS, SIN, half, d, d_mask, 0), k)
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
@@ -243,13 +244,15 @@ def _blocks(rows, batch_heads, keys, block_d):
 
 
 def _row_alignment(*tensors) -> int:
-    """The largest power of two up to 16 that divides every batch / token / head stride of the tensors, in
-    elements: a hint that lets the kernel load a row's head dim in 16-byte pieces (base pointers are
-    specialized on 16-byte alignment by Triton itself)."""
+    """The largest power of two up to 16 that divides every batch / token / head stride of the tensors
+    (q / out [B, T, H, D], k / v [B, H, S, D]), in elements: a hint that lets the kernel load a row's head dim
+    in 16-byte pieces (base pointers are specialized on 16-byte alignment by Triton itself). A batch or head
+    dim of size 1 is only indexed at 0, so its stride never enters an offset; the token / key dims always
+    count, because the tiles' padding lanes (beyond T or S) compute offsets along them too."""
     g = 16
-    for t in tensors:
-        for size, st in zip(t.shape[:3], t.stride()[:3]):
-            if size > 1:  # a dim of size 1 is only ever indexed at 0: its stride never enters an offset
+    for t, seq_dim in tensors:
+        for dim, (size, st) in enumerate(zip(t.shape[:3], t.stride()[:3])):
+            if size > 1 or dim == seq_dim:
                 g = math.gcd(g, int(st))
     return g
 
@@ -340,7 +343,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     k2_delta = (k2_arg.data_ptr() - k.data_ptr()) // k.element_size()
     v2_delta = (v2_arg.data_ptr() - v.data_ptr()) // v.element_size()
     upcast = interpreting() and q.dtype != torch.float32
-    align = math.gcd(_row_alignment(q, k, v, k2_arg, v2_arg, out), k2_delta, v2_delta)
+    align = math.gcd(_row_alignment((q, 1), (out, 1), (k, 2), (v, 2), (k2_arg, 2), (v2_arg, 2)), k2_delta, v2_delta)
     launch(_attention_kernel, grid,
         q, k, v, m_arg, k2_delta, v2_delta, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
         scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),

@@ -429,7 +429,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         HQ=rope.num_q_heads if rope is not None else 1, HKV=rope.num_kv_heads if rope is not None else 1, HALF=dh // 2,
         CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and x.dtype != torch.float32,
         PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PRE_K=pre_k, num_warps=num_warps, num_stages=1 if interp else num_stages, **pdl_launch(x.device))
+        BLOCK_K=block_k, PRE_K=pre_k, num_warps=num_warps, num_stages=1 if interp else num_stages,
+        **pdl_launch(x.device))
     return y if residual is not None or rope is not None else y.view(*x.shape[:-1], n)
 
 
