@@ -37,6 +37,9 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 64, 4, 8),
               # halves (expert shape, sm_90: 76-88 KB instead of 140 KB, two programs per SM; no spills,
               # `test/ptx_testing.py`)
               (16, 128, 8, 8, 1), (32, 128, 8, 8, 1), (32, 64, 16, 8, 1),
+              # the prefix's (560 queries x 8 heads over 560 keys) pick (64, 64, 1, 4) uses 255 registers and
+              # spills at sm_90; these forms do not (8 warps, or 32-key tiles: 96 KB, two programs per SM)
+              (64, 64, 1, 8), (64, 32, 1, 8), (64, 32, 2, 8), (128, 32, 1, 8),
               # the splits merged by a second kernel over 4 rows per program instead of one program per row
               # block (H200: 9.35 us alone vs 13.5 for the best in-kernel merge; in an act-like chain of
               # rotate -> attention over 18 layers with L2 evicted between them 570-597 us vs 664 us,
