@@ -4,7 +4,9 @@ Two uses in pi0.5:
   * prefix / SigLIP: q over k, v of the same tokens; `key_mask` drops padded prefix tokens (bidirectional,
     no causal mask); SigLIP passes no mask.
   * action expert: the 50 suffix queries over [cached prefix K/V (with its pad mask)] + [suffix K/V]
-    passed as k2 / v2, so the cache is never concatenated or copied.
+    passed as k2 / v2, so the cache is never concatenated or copied. One key loop walks both sets as one
+    sequence (a tile may hold keys of each; the second set is addressed relative to k / v), so a key split
+    never walks the prefix's last tile and then the suffix's one after the other.
 Layouts: q and out [B, T, Hq, Dh] (token-major, what the QKV split writes and o_proj reads); k, v, k2, v2
 [B, Hkv, S, Dh] with any strides (a token-major [B, S, H, Dh] tensor passes as `.transpose(1, 2)`), unit
 stride in the last dim. GQA packs the Hq / Hkv query heads that share one kv head into the rows of one
