@@ -247,7 +247,7 @@ def engine_scan() -> dict:
     engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask", "noise")))
     out: dict[str, list] = {}
     for name, kernel in COMPILED[start:]:
-        summary = summarize(kernel.asm["ptx"])
+        summary = {**summarize(kernel.asm["ptx"]), **resources(kernel)}
         if summary not in out.setdefault(name, []):
             out[name].append(summary)
     return out

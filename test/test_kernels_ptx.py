@@ -92,7 +92,8 @@ def test_gemm_preload_candidates_do_not_spill_at_the_expert_shapes():
 
 def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_loads():
     """The whole decision at W2's widths and head dims (one layer per tower): every Triton kernel compiles for
-    sm_90 with PDL, and none moves bf16 data one element at a time (at most a key mask's bytes in pairs)."""
+    sm_90 with PDL, none moves bf16 data one element at a time (at most a key mask's bytes in pairs), and none
+    spills registers with the launch choices the engine makes before any tuning."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--engine"], env=env, capture_output=True,
                           text=True, timeout=900)
@@ -104,6 +105,7 @@ def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_lo
         for form in forms:
             assert form["has_wait"], name  # launched with PDL: every kernel waits for the one before
             assert _loads(form["all"], ".b16") <= 8, (name, form)
+            assert form["stack_bytes"] == 0, (name, form)  # no register spills (untuned launch choices)
 
 
 def test_precompile_builds_every_candidate_without_running_any():
