@@ -114,10 +114,9 @@ if triton is not None:
         [B, HKV, >= T, 2 HALF] at row t (row = b T + t); Y is not written.
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
-        ONE_STEP (each program covers exactly one BLOCK_K slice): the weight tile is loaded before waiting for
-        the previous kernel (PDL), so the weight stream overlaps that kernel's tail. PRE_K > 0 (not ONE_STEP):
-        the first PRE_K weight columns of the program's K range likewise, as one tile before the wait; the
-        K loop covers the rest.
+        PRE_K > 0: the first PRE_K weight columns of the program's K range are loaded as one tile before
+        waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
+        covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
         NORM (AdaRMS of the rows, X already scaled by (1 + scale) by the kernel that produced it, see EMIT):
         the product is scaled by each row's rsqrt(mean(x^2) + eps), with sum(x^2) the sum of SSI[:, row]
         ([n_chunks, M] partial sums, CHUNKS >= n_chunks), and the shift enters as SW = W @ shift (fp32, [N];
@@ -141,43 +140,26 @@ if triton is not None:
             wr = (rn // HALF) * (2 * HALF) + rn % HALF
         else:
             wr = rn  # GEGLU: the up half's weights are up_rows (= up_off elements) further, as for ROPE
-        if ONE_STEP:
-            kk = k_lo + rk
-            k_ok = kk < K
-            w_ptr = W + wr[None, :].to(tl.int64) * swn + kk[:, None]
-            w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # weights: never written
-            wu = w
+        if PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
+            kp = k_lo + tl.arange(0, PRE_K)
+            kp_ok = (kp < K) & (kp < k_lo + k_per_split)
+            wp_ptr = W + wr[None, :].to(tl.int64) * swn + kp[:, None]
+            wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+            wpu = wp
             if GEGLU or ROPE:
-                wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
             pdl_wait(PDL)
-            x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
-                x = x.to(tl.float32)
-                w = w.to(tl.float32)
-                wu = wu.to(tl.float32)
-            acc = tl.dot(x, w, input_precision=PRECISION)
+                xp = xp.to(tl.float32)
+                wp = wp.to(tl.float32)
+                wpu = wpu.to(tl.float32)
+            acc += tl.dot(xp, wp, input_precision=PRECISION)
             if GEGLU or ROPE:
-                acc_up = tl.dot(x, wu, input_precision=PRECISION)
+                acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
         else:
-            if PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
-                kp = k_lo + tl.arange(0, PRE_K)
-                kp_ok = (kp < K) & (kp < k_lo + k_per_split)
-                wp_ptr = W + wr[None, :].to(tl.int64) * swn + kp[:, None]
-                wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
-                wpu = wp
-                if GEGLU or ROPE:
-                    wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
-                pdl_wait(PDL)
-                xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
-                if UPCAST:
-                    xp = xp.to(tl.float32)
-                    wp = wp.to(tl.float32)
-                    wpu = wpu.to(tl.float32)
-                acc += tl.dot(xp, wp, input_precision=PRECISION)
-                if GEGLU or ROPE:
-                    acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
-            else:
-                pdl_wait(PDL)
+            pdl_wait(PDL)
+        if not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
             for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
@@ -390,7 +372,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     if not w.is_contiguous() or w.shape[1] != kdim:
         raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
     m = x2.shape[0]
-    n = w.shape[0] // 2 if geglu or rope is not None else w.shape[0]
+    paired = geglu or rope is not None  # a second accumulator: the up half, or each dim's rotate-half partner
+    n = w.shape[0] // 2 if paired else w.shape[0]
     dh = rope.check(x, w, b, geglu, residual, emit) if rope is not None else 2
     _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit)
     if rope is not None:
@@ -405,9 +388,9 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     split = triton.cdiv(kdim, k_per_split)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     one_step = k_per_split == block_k
-    pre_k = 0 if one_step or not preload else min(preload * block_k, triton.next_power_of_2(k_per_split))
+    pre_k = block_k if one_step else min(preload * block_k, triton.next_power_of_2(k_per_split))
     if split > 1:
-        part = torch.empty((2 if geglu or rope is not None else 1) * split, m, n, device=x.device, dtype=torch.float32)
+        part = torch.empty((2 if paired else 1) * split, m, n, device=x.device, dtype=torch.float32)
         tickets = semaphores(grid[0] * grid[1], x.device)
     else:
         part = tickets = y
@@ -426,7 +409,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         float(norm.eps) if norm is not None else 0.0, stat_chunks(kdim), *rope_ints,
         HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=one_step,
         NORM=norm is not None, RESID=residual is not None, EMIT=emit is not None, ROPE=rope is not None,
-        HQ=rope.num_q_heads if rope is not None else 1, HKV=rope.num_kv_heads if rope is not None else 1, HALF=dh // 2,
+        HQ=rope.num_q_heads if rope is not None else 1, HKV=rope.num_kv_heads if rope is not None else 1,
+        HALF=dh // 2,
         CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and x.dtype != torch.float32,
         PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PRE_K=pre_k, num_warps=num_warps, num_stages=1 if interp else num_stages,
