@@ -2,8 +2,7 @@
 graph-timed GEMM candidates at the action expert's shapes (GPU round).
 
   python benchmarks/profile_pi05.py --json benchmarks/results/profile_pi05_w2.json [--views 2] [--pdl 0]
-                                    [--ab norm_in_gemm|rope_in_attention|l2_prefetch|rope_in_gemm|
-                                          attention_merge_apart|gemm_preload]
+                                    [--ab FLAG[,FLAG...]]   (FLAG: one of AB_FLAGS below)
 
 For each stage (`observe`, `act`) it replays the CUDA graph under torch.profiler (CUPTI records the kernels
 of a graph replay one by one) and prints, per kernel name: launches per replay, total and mean GPU time,
@@ -16,7 +15,9 @@ expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`:
 rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
 next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v;
 `attention_merge_apart`: on, the attention tuning may also pick two-kernel split merges; `gemm_preload`:
-on, skinny GEMM candidates that request weight tiles before the PDL wait in their K loop join the tuning)
+on, skinny GEMM candidates that request weight tiles before the PDL wait in their K loop join the tuning;
+`early_modulation`: on, the expert's norms read their modulation rows before the PDL wait; several
+comma-separated flags are flipped together)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.

@@ -245,6 +245,22 @@ class Pi05Engine:
         if self.norm_in_gemm:  # the next AdaRMS's input (x * (1 + scale)) and its rows' sums of squares
             xs = torch.empty(b, chunk, e.width, device=self.device, dtype=self.dtype)
             sums = torch.empty(stat_chunks(e.width), b * chunk, device=self.device, dtype=torch.float32)
+
+        def qkv_heads(L, i, step):
+            """Layer i's q, own keys / values and the rotation the attention still applies (None: done), from
+            the normed input h of the loop below (or xs / sums with norm_in_gemm), wherever this engine rotates."""
+            norm = self._norm("qkv", sums, step, i) if self.norm_in_gemm else None
+            x_in = xs if self.norm_in_gemm else h
+            if self.rope_in_gemm:  # q, suffix_k and suffix_v straight from the GEMM's epilogue
+                return lin.qkv_rope(x_in, L.qkv_w, qkv_out, norm=norm, backend=be), suffix_k, suffix_v, None
+            qkv = lin(x_in, L.qkv_w, norm=norm, backend=be) if self.norm_in_gemm else lin(x_in, L.qkv_w)
+            if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
+                heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
+                return (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
+                        heads[:, :, e.heads + e.kv_heads:].transpose(1, 2), (positions, self.cos, self.sin))
+            q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0, num_q_heads=e.heads,
+                                 num_kv_heads=e.kv_heads, prefetch=pf and pf["rotate"][i], backend=be)
+            return q, suffix_k, suffix_v, None
         for step in range(c.num_steps):
             if self.norm_in_gemm:
                 x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b,
@@ -255,25 +271,7 @@ class Pi05Engine:
                 h = K.ada_rms_norm(x, mod[0], mod[1], eps, prefetch=pf and pf["start"],
                                    constant_mod=self.early_modulation, backend=be)
             for i, L in enumerate(layers):
-                if self.rope_in_gemm:  # q, suffix_k and suffix_v straight from the GEMM's epilogue
-                    q = lin.qkv_rope(xs if self.norm_in_gemm else h, L.qkv_w, qkv_out,
-                                     norm=self._norm("qkv", sums, step, i) if self.norm_in_gemm else None, backend=be)
-                    k2, v2, rope = suffix_k, suffix_v, None
-                else:
-                    if self.norm_in_gemm:
-                        qkv = lin(xs, L.qkv_w, norm=self._norm("qkv", sums, step, i), backend=be)
-                    else:
-                        qkv = lin(h, L.qkv_w)
-                    if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
-                        heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
-                        q, k2, v2 = (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
-                                     heads[:, :, e.heads + e.kv_heads:].transpose(1, 2))
-                        rope = (positions, self.cos, self.sin)
-                    else:
-                        q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0,
-                                             num_q_heads=e.heads, num_kv_heads=e.kv_heads,
-                                             prefetch=pf and pf["rotate"][i], backend=be)
-                        k2, v2, rope = suffix_k, suffix_v, None
+                q, k2, v2, rope = qkv_heads(L, i, step)
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
                                 backend=be)
