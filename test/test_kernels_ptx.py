@@ -17,13 +17,18 @@ if importlib.util.find_spec("triton") is None:
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.fixture(scope="module")
-def ptx():
+def _report(*args) -> dict:
+    """ptx_testing.py's JSON for these arguments, from a process without TRITON_INTERPRET."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py")], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), *args], env=env, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    return _report()
 
 
 def _loads(ops: dict, width: str) -> int:
@@ -81,11 +86,7 @@ def test_one_stage_attention_candidates_halve_the_shared_memory_without_spills(p
 
 
 def test_gemm_preload_candidates_do_not_spill_at_the_expert_shapes():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--preload"], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout)
+    found = _report("--preload")
     assert len(found) >= 4 * 8  # every preloading candidate at the four expert shapes
     assert not {case: r for case, r in found.items() if r["stack_bytes"]}
 
@@ -94,11 +95,7 @@ def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_lo
     """The whole decision at W2's widths and head dims (one layer per tower): every Triton kernel compiles for
     sm_90 with PDL, none moves bf16 data one element at a time (at most a key mask's bytes in pairs), and none
     spills registers with the launch choices the engine makes before any tuning."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--engine"], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    kernels = json.loads(done.stdout)
+    kernels = _report("--engine")
     assert {"_layer_norm_kernel", "_attention_kernel", "_bias_gelu_kernel", "_rms_norm_kernel",
             "_qkv_rope_cache_kernel", "_skinny_gemm_kernel", "_ada_rms_norm_kernel"} <= set(kernels)
     for name, forms in kernels.items():
@@ -112,11 +109,7 @@ def test_precompile_builds_every_candidate_without_running_any():
     """`_common.precompile` (the pickers compile all candidates in parallel threads before timing them): every
     candidate's launch became a finished compile (two of the ten QKV forms are the same kernel at K = 1024),
     a call that raises is left for its real launch to report, and compile-only mode ends with it."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--precompile"], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads(done.stdout)
+    r = _report("--precompile")
     assert r["launches"] == r["configs"] >= 8 and r["all_have_ptx"], r
     assert r["configs"] - 2 <= r["distinct_compiled"] <= r["configs"], r
     assert r["compile_only_after"] is False
