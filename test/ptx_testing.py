@@ -195,7 +195,8 @@ def preload_resources() -> dict:
     for config in engine_gemm.CONFIGS:
         if len(config) == 6 and config[5]:
             for shape, (n, k, geglu) in EXPERT_GEMMS.items():
-                out[f"{config} {shape}"] = resources_of(lambda: gemm_case(50, n, k, config, geglu=geglu))
+                found = gemm_case(50, n, k, config, geglu=geglu)
+                out[f"{config} {shape}"] = {key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
     return out
 
 
@@ -219,11 +220,6 @@ def precompile_check() -> dict:
             "distinct_compiled": len({id(k.result()) for k in kernels}),
             "all_have_ptx": all("ptx" in k.result().asm for k in kernels),
             "compile_only_after": _common._COMPILE_ONLY.get()}
-
-
-def resources_of(launch) -> dict:
-    launch()
-    return resources(COMPILED[-1][1])
 
 
 def engine_scan() -> dict:
