@@ -14,9 +14,10 @@ the JSON keeps every candidate's time).
 expert's AdaRMS norms and gated residuals inside its GEMMs; `rope_in_attention`: the expert's attention
 rotates q/k on load instead of a split/rotate kernel; `l2_prefetch`: the expert's glue kernels warm the
 next GEMMs' weights into L2; `rope_in_gemm`: the QKV GEMM's epilogue splits, rotates and writes q/k/v;
-`attention_merge_apart`: on, the attention tuning may also pick two-kernel split merges; `gemm_preload`:
-on, skinny GEMM candidates that request weight tiles before the PDL wait in their K loop join the tuning;
-`early_modulation`: on, the expert's norms read their modulation rows before the PDL wait; several
+`attention_merge_apart`: the attention tuning may also pick two-kernel split merges; `gemm_preload`
+(default on): skinny GEMM candidates that request weight tiles before the PDL wait in their K loop join
+the tuning; `early_modulation` (default on): the expert's norms read their modulation rows before the PDL
+wait; several
 comma-separated flags are flipped together)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,

@@ -6,6 +6,7 @@ model small enough for the interpreter, and (marked gpu, with TRITON_INTERPRET=0
 CUDA graphs.
 """
 import os
+import inspect
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
 
@@ -226,8 +227,8 @@ def test_early_modulation_gives_the_same_actions(dev):
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
     inputs = [t.to(dev) for t in micro_inputs(config, seed=3)]
-    plain = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False)
-    early = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, early_modulation=True)
+    plain = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, early_modulation=False)
+    early = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False)  # the default: on
     assert early.early_modulation and not plain.early_modulation
     with torch.no_grad():
         assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
@@ -630,7 +631,8 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
     modulation read before it) gives the default engine's actions, and LeRobot's within the bf16 targets."""
     c = cuda_case(cases)
     default = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
-    variant = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, **{flag: True})
+    flipped = {flag: not inspect.signature(Pi05Engine).parameters[flag].default}
+    variant = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, **flipped)
     a = default.sample_actions(*_inputs(c), c["noise"])
     b = variant.sample_actions(*_inputs(c), c["noise"])
     assert variant.captures == 2 and rel_l2(b, a) <= TOL["graph_vs_eager"]

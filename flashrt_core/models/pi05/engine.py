@@ -85,7 +85,7 @@ class Pi05Engine:
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
-                 gemm_preload: bool = False, early_modulation: bool = False):
+                 gemm_preload: bool = True, early_modulation: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -125,11 +125,13 @@ class Pi05Engine:
         the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses.
         gemm_preload: the GEMM tuning may also pick skinny configurations that request their first weight
         tiles before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element; the PTX
-        check `test_kernels_ptx.py` shows the loads before the wait). Off until measured in the act graph
-        (`profile_pi05.py --ab gemm_preload`); it also lengthens the first tuning by the 10 extra candidates.
+        check `test_kernels_ptx.py` shows the loads before the wait). On: together with early_modulation the
+        act graph went from 7486 to 7090 us (interleaved p50, H200, action cosine 0.999999,
+        `results/profile_pi05_w2_gemm_preload-early_modulation_ab.json`; the picker took preload
+        configurations for the expert's QKV and down GEMMs). It adds 10 candidates to the first tuning.
         early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
         precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
-        read leaves the critical path; same results. Off until `profile_pi05.py --ab early_modulation`."""
+        read leaves the critical path; same results. On (measured with gemm_preload, above)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
