@@ -171,7 +171,9 @@ def test_full_shapes_on_cuda(dtype):
     v2s = torch.empty_like(k2s)
     q_rot = R.qkv_rope_cache_ref(fused, positions, cos, sin, k2s, v2s, 0, num_q_heads=8, num_kv_heads=1)
     want = R.attention_ref(q_rot, k, v, mask, k2s, v2s)
-    for config in (None, (16, 32, 8, 8), (16, 32, 8, 8, 3)):
+    # (three stages of this rope-on-load tiling need 254 KB of shared memory in bf16, more than an H200 has:
+    # the engine's tuning skips such candidates; an explicit one-stage configuration is tested instead)
+    for config in (None, (16, 32, 8, 8), (16, 32, 8, 8, 1)):
         got = attention_kernel(heads[:, :, :8], k, v, mask, heads[:, :, 8:9].transpose(1, 2),
                                heads[:, :, 9:].transpose(1, 2), rope=(positions, cos, sin), config=config)
         close(got, want)
