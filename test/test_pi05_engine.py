@@ -514,6 +514,23 @@ def test_linear_picker_torch_route_fuses_the_qkv_rope():
         torch.testing.assert_close(out, want, rtol=0, atol=TOL["qkv_rope_fp32"] * float(want.abs().max()))
 
 
+def test_qkv_rope_tuning_offers_the_fused_twin_of_each_plain_tiling():
+    """The rope epilogue's BLOCK_N counts rotate-half pairs (2 x BLOCK_N weight rows per program), so its
+    candidates are the plain ones plus each at half the BLOCK_N; other calls get the plain list unchanged."""
+    from flashrt_core.models.pi05.engine_gemm import NO_FUSION, Fusion
+
+    _, _, rope = qkv_rope_case(1, 5, 32, 2, 1, 8, torch.float32, "cpu", seed=2)
+    for preload in (False, True):
+        picker = LinearPicker("cpu", preload=preload)
+        plain, fused = picker.candidates_for(NO_FUSION), picker.candidates_for(Fusion(rope=rope))
+        assert plain == picker.candidates
+        assert fused[:len(plain)] == plain and len(set(fused)) == len(fused)
+        twins = [(c[0] // 2, *c[1:]) for c in plain if c[0] >= 32]
+        assert set(fused) == set(plain) | set(twins) and all(c[0] >= 16 for c in fused)
+    assert (16, 128, 1, 4, 4, 2) in LinearPicker("cpu", preload=True).candidates_for(Fusion(rope=rope))
+    assert (16, 128, 1, 4, 4, 2) not in LinearPicker("cpu", preload=True).candidates
+
+
 @pytest.mark.interpret
 def test_skinny_linear_rejects_a_mismatched_qkv_rope(dev):
     from flashrt_core.kernels._common import KernelInputError

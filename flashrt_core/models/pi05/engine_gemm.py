@@ -539,12 +539,22 @@ class LinearPicker:
             self.choices[key] = self._cached(key, x, w, b, geglu, backend, fusion)
         return _route(self.choices[key], x, w, b, geglu, backend, fusion)
 
+    def candidates_for(self, fusion=NO_FUSION) -> list:
+        """The configurations tried for a call. The QKV + RoPE epilogue (fusion.rope) pairs each output
+        column with its rotate-half partner, so its BLOCK_N counts pairs and a program reads 2 x BLOCK_N weight
+        rows: it also gets every candidate at half the BLOCK_N (16 at least), the fused form of each plain
+        tiling (the plain QKV's usual pick, (32, 128, 1, 4, 4, 2), has (16, 128, 1, 4, 4, 2) as its twin)."""
+        if fusion.rope is None:
+            return list(self.candidates)
+        halved = [(c[0] // 2, *c[1:]) for c in self.candidates if c[0] >= 32]
+        return list(dict.fromkeys([*self.candidates, *halved]))
+
     def _cached(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
         """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
         def check(config):
             return _same(_outputs(config, x, w, b, geglu, backend, fusion),
                          _outputs(None, x, w, b, geglu, backend, fusion))
-        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates, check,
+        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion), check,
                              lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
     def _tune(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
@@ -554,7 +564,7 @@ class LinearPicker:
         overflow L2 (a decision streams every weight from HBM once per flow step). Fused outputs (residual
         stream, row stats) are never touched here: every trial writes into copies."""
         candidates = {"cublas": None}
-        for c in self.candidates:
+        for c in self.candidates_for(fusion):
             candidates[str(c)] = c
         trial = fusion.scratch()
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
