@@ -295,6 +295,40 @@ def test_rope_on_load_equals_the_split_rotate_kernel_then_attention(dev, dtype, 
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("form", ["second", "second_strided", "rope", "first_only", "no_mask"])
+@pytest.mark.parametrize("splits", [1, 2, 4])
+def test_constant_kv_reads_the_first_tile_early_with_the_same_result(dev, dtype, form, splits):
+    """constant_kv=True: each program's first key tile of the first set (and its mask) is loaded before the
+    PDL wait, its second-set columns after it. Bit for bit the result of the plain kernel (the same tiles in
+    the same order), and the reference's, over tiles that hold keys of both sets (13 + 6 keys in 8-key tiles;
+    with 4 splits the last split starts in the second set), strided own keys, rotation on load, no second
+    set, no mask, and a fully masked first tile."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    b, sp, ts, hq, hkv, dh = 2, 13, 6, 4, 2, 16
+    q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=80, std=2.0)
+    kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=81), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=82)
+    mask = None if form == "no_mask" else pad_mask(b, sp, dev, seed=83)
+    if mask is not None:
+        mask[1, :8] = False  # batch 1: the first tile of split 0 is all padding
+    wide = randn(b, hkv, ts, 3 * dh, dtype=dtype, dev=dev, seed=84)
+    ks, vs = (wide[..., :dh], wide[..., 2 * dh:]) if form == "second_strided" else \
+        (wide[..., :dh].contiguous(), wide[..., dh:2 * dh].contiguous())
+    rope = None
+    if form == "rope":
+        cos, sin = K.rope_cos_sin(sp + ts + 4, dh, 10000.0, device=dev)
+        rope = ((torch.tensor([[7], [11]]) + torch.arange(ts)[None, :]).to(dev), cos, sin)
+    if form == "first_only":
+        ks = vs = None
+    config = (16, 8, splits, 4)
+    plain = attention_kernel(q, kp, vp, mask, ks, vs, rope=rope, config=config)
+    early = attention_kernel(q, kp, vp, mask, ks, vs, rope=rope, config=config, constant_kv=True)
+    assert torch.equal(early, plain)
+    close(early, K.attention(q, kp, vp, mask, ks, vs, rope=rope, backend="torch"))
+
+
+@pytest.mark.interpret
 def test_rope_launcher_errors_name_the_argument(dev):
     b, ts, hq, dh = 1, 5, 2, 16
     q = randn(b, ts, hq, dh, dev=dev, seed=70)

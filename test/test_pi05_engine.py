@@ -234,6 +234,22 @@ def test_early_modulation_gives_the_same_actions(dev):
         assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
 
 
+@pytest.mark.interpret
+def test_early_prefix_gives_the_same_actions(dev):
+    """early_prefix only moves the expert attention's first prefix tile before its PDL wait: bit-for-bit the
+    same actions as without (fp32, Triton kernels), alone and with the rotation on load."""
+    config, state = pi05.build_tiny(5, micro_config())
+    weights = pi05.convert(config, state)
+    inputs = [t.to(dev) for t in micro_inputs(config, seed=4)]
+    for extra in ({}, {"rope_in_attention": True}):
+        plain = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, **extra)
+        early = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, early_prefix=True,
+                           **extra)
+        assert early.early_prefix and not plain.early_prefix
+        with torch.no_grad():
+            assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
+
+
 def test_attention_merge_apart_flag_reaches_the_picker():
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
@@ -640,7 +656,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
-                                  "early_modulation"])
+                                  "early_modulation", "early_prefix"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

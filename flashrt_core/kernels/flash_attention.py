@@ -27,7 +27,7 @@ import triton.language as tl
 
 from flashrt_core.kernels._common import (INT_DTYPES, MASK_DTYPES, KernelInputError, check, check_out, interpreting,
                                          launch, next_pow2, pdl_launch, semaphores)
-from flashrt_core.kernels._pdl import pdl_enter
+from flashrt_core.kernels._pdl import pdl_enter, pdl_trigger, pdl_wait
 from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 
 _LOG2E = 1.4426950408889634
@@ -53,6 +53,38 @@ def _rotate(x, x_partner, pos, pos_ok, COS, SIN, half, d, d_mask, AXIS: tl.const
         s = tl.load(SIN + idx, mask=ok, other=0.0)
         y = x.to(tl.float32) * c + sign[:, None] * x_partner.to(tl.float32) * s
     return y.to(x.dtype)
+
+
+@triton.jit
+def _scores(q, k, valid, m_i, l_i, qk_scale, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """One key tile's softmax step: (p, alpha, new max, new sum) for k [D, N] and its columns' validity."""
+    if UPCAST:
+        k = k.to(tl.float32)
+    s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    # m_i starts finite (-1e30), so a fully masked tile gives exp2(-inf) = 0, never inf - inf = NaN.
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _accumulate(acc, p, alpha, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        v = v.to(tl.float32)
+    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+
+
+@triton.jit
+def _rotate_second(k, k_rows, n, in_range, S, P, COS, SIN, half, n_positions, d, d_mask):
+    """RoPE of a key tile's second-set columns (their positions P[n - S]); first-set columns pass untouched."""
+    partner = tl.where(d < half, d + half, d - half)
+    k_p = tl.load(k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
+    turn = in_range & (n >= S)
+    pos = tl.load(P + tl.maximum(n - S, 0), mask=turn, other=0).to(tl.int64)
+    turn = turn & (pos >= 0) & (pos < n_positions)  # first-set keys pass through untouched, even inf
+    return tl.where(turn[None, :], _rotate(k, k_p, pos, turn, COS, SIN, half, d, d_mask, 0), k)
 
 
 @triton.jit
@@ -89,21 +121,8 @@ def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M, k_ss, v
             valid = valid & (tl.load(M + n, mask=mask_keys, other=1) != 0)
         k = tl.load(k_rows[None, :] + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
         if ROPE and HAS_SECOND:
-            partner = tl.where(d < half, d + half, d - half)
-            k_p = tl.load(k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
-            turn = in_range & (n >= S)
-            pos = tl.load(P + n2, mask=turn, other=0).to(tl.int64)
-            turn = turn & (pos >= 0) & (pos < n_positions)  # first-set keys pass through untouched, even inf
-            k = tl.where(turn[None, :], _rotate(k, k_p, pos, turn, COS, SIN, half, d, d_mask, 0), k)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, k, input_precision=PRECISION) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        # m_i starts finite (-1e30), so a fully masked tile gives exp2(-inf) = 0, never inf - inf = NaN.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+            k = _rotate_second(k, k_rows, n, in_range, S, P, COS, SIN, half, n_positions, d, d_mask)
+        p, alpha, m_i, l_i = _scores(q, k, valid, m_i, l_i, qk_scale, PRECISION, UPCAST)
         if HAS_SECOND:  # (computed here, not with k_rows: fewer registers live across the first dot)
             if SAME_STRIDE:
                 v_rows = V + tl.multiple_of(n * v_ss + tl.where(n < S, v_base, v2_base - S * v_ss), ALIGN)
@@ -113,10 +132,7 @@ def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M, k_ss, v
         else:
             v_rows = V + tl.multiple_of(v_base + n * v_ss, ALIGN)
         v = tl.load(v_rows[:, None] + d[None, :], mask=in_range[:, None] & d_mask[None, :], other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        acc = _accumulate(acc, p, alpha, v, PRECISION, UPCAST)
     return acc, m_i, l_i
 
 
@@ -149,21 +165,41 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, MERGE_APART: tl.constexpr,
-                      DH: tl.constexpr, ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr, PDL: tl.constexpr):
+                      DH: tl.constexpr, ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr, EARLY: tl.constexpr,
+                      PDL: tl.constexpr):
     """ALIGN: every stride (and so every row offset) is a multiple of it, in elements (host-checked); DH is a
     compile-time constant, so the head-dim mask is known in 8-element pieces: with both, a head dim such as
-    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time."""
-    pdl_enter(PDL)
+    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time.
+    EARLY: the first set's keys, values and mask are constant while this kernel's PDL chain runs (the expert's
+    cached prefix), so the program's first key tile of them is loaded before waiting for the previous kernel;
+    after the wait only q (and the tile's second-set columns) remain to be read before the first dots."""
+    pdl_trigger(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     split = tl.program_id(2)  # which slice of the (S + S2) keys this program folds
     b = (bh // HKV).to(tl.int64)
     kvh = bh % HKV
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < DH
+    k_base = b * k_sb + kvh * k_sh
+    v_base = b * v_sb + kvh * v_sh
+    lo = tl.minimum(split * keys_per_split, S + S2)
+    hi = tl.minimum(split * keys_per_split + keys_per_split, S + S2)
+    if EARLY:  # the first tile's first-set columns, before the wait (nothing in this chain writes them)
+        n = lo + tl.arange(0, BLOCK_N)
+        in_range = n < hi
+        pre = in_range & (n < S)
+        k_e = tl.load((K + tl.multiple_of(k_base + n * k_ss, ALIGN))[None, :] + d[:, None],
+                      mask=pre[None, :] & d_mask[:, None], other=0.0)
+        v_e = tl.load((V + tl.multiple_of(v_base + n * v_ss, ALIGN))[:, None] + d[None, :],
+                      mask=pre[:, None] & d_mask[None, :], other=0.0)
+        valid_e = in_range
+        if HAS_MASK:
+            valid_e = valid_e & (tl.load(M + b * m_sb + n, mask=pre, other=1) != 0)
+    pdl_wait(PDL)
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (token, head within the group) rows
     t = r // GROUP
     head = kvh * GROUP + r % GROUP
-    d = tl.arange(0, BLOCK_D)
-    d_mask = d < DH
     io_mask = (t < T)[:, None] & d_mask[None, :]
     q_rows = Q + tl.multiple_of(b * q_sb + t * q_st + head * q_sh, ALIGN)[:, None]
     q = tl.load(q_rows + d[None, :], mask=io_mask, other=0.0)
@@ -177,11 +213,29 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    lo = split * keys_per_split
-    hi = lo + keys_per_split
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b * k_sb + kvh * k_sh, b * v_sb + kvh * v_sh,
-                            k2_delta + b * k2_sb + kvh * k2_sh, v2_delta + b * v2_sb + kvh * v2_sh, M + b * m_sb,
-                            k_ss, v_ss, k2_ss, v2_ss, S, tl.minimum(lo, S + S2), tl.minimum(hi, S + S2), qk_scale,
+    k2_base = k2_delta + b * k2_sb + kvh * k2_sh
+    v2_base = v2_delta + b * v2_sb + kvh * v2_sh
+    if EARLY:  # fold the tile loaded before the wait, with its second-set columns read now
+        k = k_e
+        v = v_e
+        if HAS_SECOND:
+            second = in_range & (n >= S)
+            n2 = tl.maximum(n - S, 0)
+            k2_rows = K + tl.multiple_of(k2_base + n2 * k2_ss, ALIGN)
+            k_s = tl.load(k2_rows[None, :] + d[:, None], mask=second[None, :] & d_mask[:, None], other=0.0)
+            if ROPE:
+                k_s = _rotate_second(k_s, k2_rows, n, second, S, POS + b * pos_sb, COS, SIN, half, n_positions,
+                                     d, d_mask)
+            k = tl.where(pre[None, :], k_e, k_s)
+        p, alpha, m_i, l_i = _scores(q, k, valid_e, m_i, l_i, qk_scale, PRECISION, UPCAST)
+        if HAS_SECOND:
+            v_s = tl.load((V + tl.multiple_of(v2_base + n2 * v2_ss, ALIGN))[:, None] + d[None, :],
+                          mask=second[:, None] & d_mask[None, :], other=0.0)
+            v = tl.where(pre[:, None], v_e, v_s)
+        acc = _accumulate(acc, p, alpha, v, PRECISION, UPCAST)
+        lo = tl.minimum(lo + BLOCK_N, hi)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M + b * m_sb,
+                            k_ss, v_ss, k2_ss, v2_ss, S, lo, hi, qk_scale,
                             d, d_mask, POS + b * pos_sb, COS, SIN, half, n_positions, HAS_MASK, HAS_SECOND, ROPE,
                             BLOCK_N, PRECISION, UPCAST, ALIGN, SAME_STRIDE)
     if NSPLIT > 1:
@@ -285,14 +339,18 @@ def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
     return t
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None, rope=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None, rope=None,
+              constant_kv=False):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
     rope = (positions [B, T] int, cos, sin [P, Dh / 2] fp32): q and k2 (then S2 == T) are rotated on load.
     `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) overrides the heuristic
     (tuning sweeps; num_stages defaults to 2). merge_rows > 0: the key splits are merged by a second kernel,
-    merge_rows rows per program, instead of by the last split program of each row block (default 0)."""
+    merge_rows rows per program, instead of by the last split program of each row block (default 0).
+    constant_kv: k, v and key_mask are written by no kernel of this launch's PDL chain (only before it, e.g.
+    the cached prefix in the act stage, whose writers are other graphs or torch copies): each program then
+    reads its first tile of them before waiting for the previous kernel (same results)."""
     op = "attention"
     check(op, "q", q, ndim=4)
     b, t, hq, dh = q.shape
@@ -361,6 +419,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
         MERGE_APART=merge_apart, DH=dh, ALIGN=align,
         SAME_STRIDE=k2_arg.stride(2) == k.stride(2) and v2_arg.stride(2) == v.stride(2),
+        EARLY=bool(constant_kv),
         num_warps=warps, num_stages=stages, **pdl_launch(q.device))
     if merge_apart:
         rows = b * t * hq

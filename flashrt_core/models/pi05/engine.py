@@ -85,7 +85,8 @@ class Pi05Engine:
                  graphs: bool | None = None, gemm: str = "auto", pdl: bool = True, tune_attention: bool = True,
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
-                 gemm_preload: bool = True, early_modulation: bool = True):
+                 gemm_preload: bool = True, early_modulation: bool = True,
+                 early_prefix: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -113,11 +114,11 @@ class Pi05Engine:
         the H200 (act 11.5 vs 8.6 ms, `results/profile_pi05_w2_l2_ab.json`: the prefetch traffic slows the
         GEMMs it was meant to feed, which already load their weights before the PDL wait).
         rope_in_gemm: the action expert's QKV GEMM splits, rotates and writes q / k / v in its epilogue
-        (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel), one kernel less per layer
-        and flow step where a fused configuration wins. Off until measured: in the one H200 A/B (a short
-        candidate list without the fused form of the plain QKV's best tiling) the picker kept cuBLAS + the
-        rotate kernel for that call, and act was slower than with the default's skinny GEMM + rotate kernel
-        (8614 vs 8355 us, `results/profile_pi05_w2_rope_gemm_ab.json`).
+        (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel, over every plain candidate and
+        its twin at half the BLOCK_N), one kernel less per layer and flow step. Off: slower on the H200 (act
+        7222 vs 7115 us interleaved p50, `results/profile_pi05_w2_rope_in_gemm_ab.json`): the fused GEMM's
+        best form takes 6.87 us (the plain GEMM's twin 6.98) against 4.62 us for the plain QKV GEMM, more
+        than the rotate kernel it removes costs in the PDL chain.
         attention_merge_apart: the attention tuning may also pick configurations whose key splits are merged
         by a second kernel (`kernels.attention` config[5]). Off: timed alone such a configuration wins the
         expert's attention (9.8 vs 12.3 us for W2), but in the act graph it lost (interleaved act p50 8478
@@ -131,7 +132,14 @@ class Pi05Engine:
         configurations for the expert's QKV and down GEMMs). It adds 10 candidates to the first tuning.
         early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
         precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
-        read leaves the critical path; same results. On (measured with gemm_preload, above)."""
+        read leaves the critical path; same results. On (measured with gemm_preload, above).
+        early_prefix: the action expert's attention reads its first tile of the cached prefix K/V (and pad
+        mask) before waiting for the kernel before it (`kernels.attention(constant_kv=True)`): in the act
+        stage no kernel writes them (only `set_prefix`'s copies, torch kernels that finish before the first
+        Triton kernel starts, or the observe graph), so for the key splits that lie in the prefix only q is
+        left to read after the wait. Same results; the early form is tuned on its own. Off until
+        `profile_pi05.py --ab early_prefix` measures it (sm_90 compile: 255 registers and a 120-byte spill
+        for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -159,6 +167,7 @@ class Pi05Engine:
         self.rope_in_gemm = bool(rope_in_gemm)
         self.norm_in_gemm = bool(norm_in_gemm)
         self.early_modulation = bool(early_modulation)
+        self.early_prefix = bool(early_prefix)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
         if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
             self.tuning_cache = tuning_cache or None
@@ -274,9 +283,10 @@ class Pi05Engine:
                                    constant_mod=self.early_modulation, backend=be)
             for i, L in enumerate(layers):
                 q, k2, v2, rope = qkv_heads(L, i, step)
-                # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
+                # Action tokens see the valid prefix (cached K/V, pad mask) and every action token. The prefix
+                # is constant in this stage (early_prefix may read it before the PDL wait, see __init__).
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
-                                backend=be)
+                                constant_kv=self.early_prefix, backend=be)
                 if self.norm_in_gemm:
                     lin(a.flatten(2), L.o_w, residual=GatedResidual(x, w.ada_attn[step, i, 2]),
                         emit=RowStats(w.ada_mlp[step, i, 0], xs, sums), backend=be)
