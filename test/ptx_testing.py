@@ -178,10 +178,25 @@ CASES = {
                                                              mask=True, cache=True),
     "attention_expert_32x128_1stage": lambda: attention_case((1, 50, 8, 256), 1, 560, (32, 128, 8, 8, 1), second=50,
                                                              mask=True, cache=True),
+    # the expert's split/rotate kernel: positions and table rows after / before the PDL wait
+    "rope_positions_after_wait": lambda: rope_case(False),
+    "rope_positions_before_wait": lambda: rope_case(True),
     # the expert's attention with the cached prefix declared constant: its first tile read before the wait
     "attention_expert_early": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 8), second=50, mask=True,
                                                      cache=True, constant_kv=True),
 }
+
+
+def rope_case(constant_positions: bool) -> dict:
+    """The expert's split/rotate kernel (50 tokens, 8 + 1 + 1 heads of 256) as the act stage calls it."""
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(1, 50, 10 * 256, generator=g).to(torch.bfloat16)
+    cos, sin = K.rope_cos_sin(700, 256)
+    positions = (530 + torch.arange(50))[None]
+    k, v = (torch.empty(1, 1, 50, 256, dtype=torch.bfloat16) for _ in range(2))
+    K.qkv_rope_cache(qkv, positions, cos, sin, k, v, 0, num_q_heads=8, num_kv_heads=1,
+                     constant_positions=constant_positions, backend="triton")
+    return _last("_qkv_rope_cache_kernel")
 
 
 def early_attention_resources() -> dict:

@@ -63,6 +63,15 @@ def test_constant_kv_attention_reads_its_first_prefix_tile_before_the_pdl_wait(p
     assert early["before_wait"].get("ld.global.b8", 0) >= 1, early["before_wait"]
 
 
+def test_constant_positions_are_read_before_the_rotate_kernels_pdl_wait(ptx):
+    """The split/rotate kernel with constant_positions: its position and its cos / sin rows are requested
+    before griddepcontrol.wait (the qkv row it rotates after it); without, nothing comes before the wait."""
+    assert not ptx["rope_positions_after_wait"]["before_wait"]
+    early = ptx["rope_positions_before_wait"]
+    assert early["has_wait"] and sum(early["before_wait"].values()) >= 3, early["before_wait"]
+    assert all(op.startswith("ld.global") for op in early["before_wait"]), early["before_wait"]
+
+
 def test_gemm_preload_requests_its_first_weight_tiles_before_the_pdl_wait(ptx):
     """preload=2 with BLOCK_N 32, BLOCK_K 256, 4 warps: 32 rows x 512 weights x 2 bytes = 32 KB per program,
     16 loads of 16 bytes per thread, all issued before griddepcontrol.wait; the plain K loop issues none

@@ -77,6 +77,31 @@ def test_qkv_rope_cache(dev, dtype, case, offset_kind):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}t{}hq{}hkv{}dh{}s{}".format(*c))
+def test_constant_positions_read_early_with_the_same_result(dev, dtype, case):
+    """constant_positions=True reads positions and table rows before the PDL wait: bit for bit the plain
+    kernel's q, k and v (positions outside the tables included: they stay unrotated), and the reference's."""
+    b, t, hq, hkv, dh, s = case
+    qkv, positions, cache = make(b, t, hq, hkv, dh, s, dtype, dev, seed=11)
+    positions[0, 0] = 400  # outside the 320-row tables
+    positions[-1, -1] = -3
+    cos, sin = K.rope_cos_sin(320, dh, device=dev)
+    outs = []
+    for early in (False, True):
+        kc, vc = cache.clone(), cache.clone()
+        q = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, 1, num_q_heads=hq, num_kv_heads=hkv,
+                             constant_positions=early, backend="triton")
+        outs.append((q, kc, vc))
+    for plain, early in zip(*outs):
+        assert torch.equal(plain, early)
+    kr, vr = cache.clone(), cache.clone()
+    q_ref = R.qkv_rope_cache_ref(qkv, positions, cos, sin, kr, vr, 1, num_q_heads=hq, num_kv_heads=hkv)
+    for got, want in zip(outs[1], (q_ref, kr, vr)):
+        close(got, want)
+
+
+@pytest.mark.interpret
 def test_token_major_cache_view_and_q_out(dev):
     """k/v caches may be any strided [B, Hkv, S, Dh] view, e.g. a token-major buffer transposed."""
     b, t, hq, hkv, dh, s = 2, 7, 4, 2, 24, 19

@@ -147,12 +147,13 @@ def add_layer_norm(x, residual, weight, bias, eps=1e-6, *, out=None, residual_ou
 
 
 def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads,
-                   q_out=None, prefetch=None, backend=None):
+                   q_out=None, prefetch=None, constant_positions=False, backend=None):
     """Split fused QKV, RoPE q and k, write k/v into the caches; returns q [B, T, Hq, Dh]."""
     if _use_triton("qkv_rope_cache", backend, qkv.device):
         return _kernel("qkv_rope", "qkv_rope_cache")(qkv, positions, cos, sin, k_cache, v_cache, cache_offset,
                                                      num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                                     q_out=q_out, prefetch=prefetch)
+                                                     q_out=q_out, prefetch=prefetch,
+                                                     constant_positions=constant_positions)
     q = reference.qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset,
                                      num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     return _into(q_out, q)

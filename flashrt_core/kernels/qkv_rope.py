@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2, pdl_launch
-from flashrt_core.kernels._pdl import pdl_enter
+from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
 from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 
 
@@ -27,9 +27,10 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
                            q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S, PF_A0, PF_N0, PF_A1, PF_N1,
                            HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
                            OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
-                           PREFETCH: tl.constexpr):
-    pdl_enter(PDL)
-    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
+                           PREFETCH: tl.constexpr, EARLY: tl.constexpr):
+    """EARLY: positions and the cos / sin tables are written by no kernel of this PDL chain, so every program
+    reads its token's position and table rows before waiting for the previous kernel."""
+    pdl_trigger(PDL)
     token = tl.program_id(0).to(tl.int64)  # b * T + t
     head = tl.program_id(1)
     b = token // T
@@ -37,6 +38,13 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
     half = DH // 2  # constexpr arithmetic stays constexpr
     i = tl.arange(0, BLOCK_HALF)
     mask = i < half
+    if EARLY:  # (the v heads' programs read them too, unused: one branch-free load pattern)
+        pos_e = tl.load(POS_ptr + token).to(tl.int64) + tl.zeros([BLOCK_HALF], dtype=tl.int64)
+        pos_ok_e = mask & (pos_e >= 0) & (pos_e < n_positions)  # out-of-table positions do not rotate
+        c_e = tl.load(COS_ptr + pos_e * half + i, mask=pos_ok_e, other=1.0)
+        s_e = tl.load(SIN_ptr + pos_e * half + i, mask=pos_ok_e, other=0.0)
+    pdl_wait(PDL)
+    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     src = QKV_ptr + token * ((HQ + 2 * HKV) * DH) + head * DH
     x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + half + i, mask=mask, other=0.0).to(tl.float32)
@@ -47,11 +55,15 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
     row_v = row + tl.zeros([BLOCK_HALF], dtype=tl.int64)  # masks are built from vectors, not scalars
     ok = mask & (row_v >= 0) & (row_v < S)
     if head < HQ + HKV:
-        pos = tl.load(POS_ptr + token).to(tl.int64)
-        pos_v = pos + tl.zeros([BLOCK_HALF], dtype=tl.int64)
-        pos_ok = mask & (pos_v >= 0) & (pos_v < n_positions)  # out-of-table positions do not rotate
-        c = tl.load(COS_ptr + pos_v * half + i, mask=pos_ok, other=1.0)
-        s = tl.load(SIN_ptr + pos_v * half + i, mask=pos_ok, other=0.0)
+        if EARLY:
+            c = c_e
+            s = s_e
+        else:
+            pos = tl.load(POS_ptr + token).to(tl.int64)
+            pos_v = pos + tl.zeros([BLOCK_HALF], dtype=tl.int64)
+            pos_ok = mask & (pos_v >= 0) & (pos_v < n_positions)  # out-of-table positions do not rotate
+            c = tl.load(COS_ptr + pos_v * half + i, mask=pos_ok, other=1.0)
+            s = tl.load(SIN_ptr + pos_v * half + i, mask=pos_ok, other=0.0)
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
         if head < HQ:
@@ -69,11 +81,13 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
 
 
 def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads,
-                   q_out=None, prefetch=None):
+                   q_out=None, prefetch=None, constant_positions=False):
     """Split fused qkv [B, T, (Hq + 2 Hkv) * Dh], rotate q and k by `positions` [B, T] (int), write k / v
     into k_cache / v_cache [B, Hkv, S, Dh] (any strides, unit last stride) at rows cache_offset + t, where
     cache_offset is an int or an int tensor [B]. Returns q [B, T, Hq, Dh] (or fills q_out).
-    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`)."""
+    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`).
+    constant_positions: positions, cos and sin are written by no kernel of this launch's PDL chain (the act
+    stage's positions, computed by torch ops before its first Triton kernel): they are read before the wait."""
     op = "qkv_rope_cache"
     check(op, "qkv", qkv, ndim=3, contiguous=True)
     pf = prefetch_args(op, qkv.device, prefetch)
@@ -108,6 +122,6 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
             qkv, positions, cos, sin, offsets, q_out, k_cache, v_cache, t, cos.shape[0], offset,
             *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2], **pf,
             HQ=num_q_heads, HKV=num_kv_heads, DH=dh, OFFSET_TENSOR=isinstance(cache_offset, torch.Tensor),
-            BLOCK_HALF=next_pow2(dh // 2, 16),
+            BLOCK_HALF=next_pow2(dh // 2, 16), EARLY=bool(constant_positions),
             num_warps=1 if dh <= 128 else 2, **pdl_launch(qkv.device))
     return q_out

@@ -133,11 +133,13 @@ class Pi05Engine:
         early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
         precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
         read leaves the critical path; same results. On (measured with gemm_preload, above).
-        early_prefix: the action expert's attention reads its first tile of the cached prefix K/V (and pad
-        mask) before waiting for the kernel before it (`kernels.attention(constant_kv=True)`): in the act
-        stage no kernel writes them (only `set_prefix`'s copies, torch kernels that finish before the first
-        Triton kernel starts, or the observe graph), so for the key splits that lie in the prefix only q is
-        left to read after the wait. Same results; the early form is tuned on its own. Off until
+        early_prefix: what the prefix fixes for a whole act stage is read before the PDL wait: the expert's
+        attention reads its first tile of the cached prefix K/V and pad mask (`kernels.attention(constant_kv=
+        True)`), and the split/rotate kernel its tokens' positions (n_valid + t) and cos / sin rows
+        (`qkv_rope_cache(constant_positions=True)`). In the act stage no kernel writes them (`set_prefix`'s
+        copies and the positions are torch kernels that finish before the first Triton kernel starts; the
+        prefix itself comes from the observe graph), so for the key splits that lie in the prefix only q is
+        left to read after the wait. Same results; the early attention is tuned on its own. Off until
         `profile_pi05.py --ab early_prefix` measures it (sm_90 compile: 255 registers and a 120-byte spill
         for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
@@ -270,7 +272,8 @@ class Pi05Engine:
                 return (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
                         heads[:, :, e.heads + e.kv_heads:].transpose(1, 2), (positions, self.cos, self.sin))
             q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0, num_q_heads=e.heads,
-                                 num_kv_heads=e.kv_heads, prefetch=pf and pf["rotate"][i], backend=be)
+                                 num_kv_heads=e.kv_heads, prefetch=pf and pf["rotate"][i],
+                                 constant_positions=self.early_prefix, backend=be)
             return q, suffix_k, suffix_v, None
         for step in range(c.num_steps):
             if self.norm_in_gemm:
