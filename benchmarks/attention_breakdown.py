@@ -41,10 +41,10 @@ from flashrt_core.kernels.reference import attention_ref  # noqa: E402
 
 # Source edits that turn the shipped kernel into the ablation variants (each must match exactly once).
 PATCHES = [
-    ("SAME_STRIDE: tl.constexpr, PDL: tl.constexpr):\n    \"\"\"ALIGN: every",
-     "SAME_STRIDE: tl.constexpr, PDL: tl.constexpr, MODE: tl.constexpr):\n    \"\"\"ALIGN: every"),
-    ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b",
-     "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, b"),
+    ("PDL: tl.constexpr):\n    \"\"\"ALIGN: every",
+     "PDL: tl.constexpr, MODE: tl.constexpr):\n    \"\"\"ALIGN: every"),
+    ("    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base",
+     "    if MODE < 3:\n      acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base"),
     ("    if NSPLIT > 1:\n", "    if NSPLIT > 1 and MODE != 4:\n"),
     ("        if not MERGE_APART:\n            tile = pid_m * tl.num_programs(1) + bh\n            if last_of_split",
      "        if MODE == 1:\n            if last_of_split(C, pid_m * tl.num_programs(1) + bh, NSPLIT):\n"
@@ -53,7 +53,7 @@ PATCHES = [
      "            if last_of_split"),
     ("num_warps=warps, num_stages=stages, **pdl_launch(q.device))",
      "num_warps=warps, num_stages=stages, MODE=mode, **pdl_launch(q.device))"),
-    ("*, scale=None, out=None, config=None, rope=None):", "*, scale=None, out=None, config=None, rope=None, mode=0):"),
+    ("              constant_kv=False):", "              constant_kv=False, mode=0):"),
 ]
 
 

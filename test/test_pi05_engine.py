@@ -50,6 +50,9 @@ TOL = {
     # relative L2: two engines with the same launch choices (the second from the tuning cache); only cuBLAS's
     # own algorithm choice may differ between them
     "restart": 1e-3,
+    # relative to the actions' max: fused_euler vs the separate update, fp32 (x + dt v in one fused multiply-add
+    # or two roundings, then ten steps through the tiny model)
+    "fused_euler_fp32": 1e-5,
 }
 CASES = PI05_CASES
 
@@ -248,6 +251,55 @@ def test_early_prefix_gives_the_same_actions(dev):
         assert early.early_prefix and not plain.early_prefix
         with torch.no_grad():
             assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("norm_in_gemm", [False, True])
+def test_fused_euler_gives_the_same_actions(dev, norm_in_gemm):
+    """fused_euler: x_t += dt * velocity in the action-out GEMM's epilogue and the fp32 state read by the
+    action-in GEMM; the same actions as the two torch ops per step (fp32: up to the rounding of a fused
+    multiply-add), with the Triton GEMMs and on the torch route, alone and with the norms in the GEMMs."""
+    config, state = pi05.build_tiny(5, micro_config())
+    weights = pi05.convert(config, state)
+    inputs = [t.to(dev) for t in micro_inputs(config, seed=6)]
+    for backend, gemm in (("triton", "triton"), ("torch", "torch")):
+        kw = dict(device=dev, backend=backend, gemm=gemm, graphs=False, norm_in_gemm=norm_in_gemm)
+        plain, fused = Pi05Engine(weights, **kw), Pi05Engine(weights, fused_euler=True, **kw)
+        assert fused.fused_euler and not plain.fused_euler
+        with torch.no_grad():
+            want, got = plain.sample_actions(*inputs), fused.sample_actions(*inputs)
+        assert (got - want).abs().max() <= TOL["fused_euler_fp32"] * want.abs().max(), backend
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("one_step", [False, True])
+def test_skinny_linear_takes_fp32_rows_and_an_fp32_residual_under_a_bf16_weight(dev, one_step):
+    """The flow step's two GEMMs in a bf16 engine: fp32 rows into a bf16 GEMM are rounded to bf16 on load
+    (action in), and an fp32 residual stream gets x += gate * bf16(x w^T + b) (action out with the Euler
+    update), both as the unfused ops compute them; an fp32 stream cannot take row stats."""
+    g = torch.Generator().manual_seed(12)
+    m, k, n = 7, 48, 24
+    x = (torch.randn(m, k, generator=g) + 0.3).to(dev)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dev, torch.bfloat16)
+    b = torch.randn(n, generator=g).to(dev, torch.bfloat16)
+    kw = dict(block_n=16, block_k=16, split_k=0 if one_step else 2)
+    y = skinny_linear(x, w, b, **kw)
+    want = F.linear(x.to(torch.bfloat16).float(), w.float(), b.float())
+    assert y.dtype == torch.bfloat16
+    assert (y.float() - want).abs().max() <= TOL["fused_gemm_bf16"] * want.abs().max()
+    state = torch.randn(m, n, generator=g).to(dev)
+    dt = torch.full((n,), -0.1, device=dev)
+    expected = state + dt * want.to(torch.bfloat16).float()
+    got = skinny_linear(x, w, b, residual=GatedResidual(state, dt), **kw)
+    assert got is state and got.dtype == torch.float32
+    assert (got - expected).abs().max() <= 1e-3 * expected.abs().max()
+    from flashrt_core.kernels._common import KernelInputError
+    with pytest.raises(KernelInputError, match="row stats"):
+        skinny_linear(x, w, b, residual=GatedResidual(state, dt),
+                      emit=RowStats(dt, torch.empty(m, n, device=dev, dtype=torch.bfloat16),
+                                    torch.empty(2, m, device=dev)), **kw)
+    with pytest.raises(KernelInputError, match="rounded on load"):
+        skinny_linear(x.to(torch.bfloat16), w.float(), **kw)
 
 
 def test_attention_merge_apart_flag_reaches_the_picker():
@@ -656,7 +708,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
-                                  "early_modulation", "early_prefix"])
+                                  "early_modulation", "early_prefix", "fused_euler"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

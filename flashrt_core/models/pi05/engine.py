@@ -86,7 +86,7 @@ class Pi05Engine:
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
-                 early_prefix: bool = False):
+                 early_prefix: bool = False, fused_euler: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -141,7 +141,13 @@ class Pi05Engine:
         prefix itself comes from the observe graph), so for the key splits that lie in the prefix only q is
         left to read after the wait. Same results; the early attention is tuned on its own. Off until
         `profile_pi05.py --ab early_prefix` measures it (sm_90 compile: 255 registers and a 120-byte spill
-        for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate)."""
+        for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate).
+        fused_euler: each flow step's Euler update x_t += dt * velocity is the action-out GEMM's epilogue (a
+        gated residual into the fp32 state, the velocity rounded to the model dtype first as before), and the
+        next step's action-in GEMM reads the fp32 state, rounding it on load: the two torch kernels per step
+        (the add and the cast) leave the act graph. Torch kernels do not take part in PDL, so each was a full
+        drain of the chain (and the action-in GEMM could not request its weights early). Same actions up to
+        fp32 rounding of the update. Off until `profile_pi05.py --ab fused_euler` measures it."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -170,6 +176,9 @@ class Pi05Engine:
         self.norm_in_gemm = bool(norm_in_gemm)
         self.early_modulation = bool(early_modulation)
         self.early_prefix = bool(early_prefix)
+        self.fused_euler = bool(fused_euler)
+        # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
+        self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
         if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
             self.tuning_cache = tuning_cache or None
@@ -276,11 +285,12 @@ class Pi05Engine:
                                  constant_positions=self.early_prefix, backend=be)
             return q, suffix_k, suffix_v, None
         for step in range(c.num_steps):
+            x_in = x_t if self.fused_euler else x_t.to(self.dtype)  # (fused_euler: rounded on load)
             if self.norm_in_gemm:
-                x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b,
-                        emit=RowStats(w.ada_attn[step, 0, 0], xs, sums), backend=be)
+                x = lin(x_in, w.action_in_w, w.action_in_b, emit=RowStats(w.ada_attn[step, 0, 0], xs, sums),
+                        backend=be)
             else:
-                x = lin(x_t.to(self.dtype), w.action_in_w, w.action_in_b)
+                x = lin(x_in, w.action_in_w, w.action_in_b)
                 mod = w.ada_attn[step, 0]
                 h = K.ada_rms_norm(x, mod[0], mod[1], eps, prefetch=pf and pf["start"],
                                    constant_mod=self.early_modulation, backend=be)
@@ -309,11 +319,14 @@ class Pi05Engine:
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x,
                                                      prefetch=pf and pf["mlp_norm"][i],
                                                      constant_mod=self.early_modulation, backend=be)
+            euler = GatedResidual(x_t, self._dt) if self.fused_euler else None  # x_t += dt * velocity, in the GEMM
             if self.norm_in_gemm:
-                velocity = lin(xs, w.action_out_w, w.action_out_b, norm=self._norm("out", sums, step), backend=be)
+                velocity = lin(xs, w.action_out_w, w.action_out_b, norm=self._norm("out", sums, step),
+                               residual=euler, backend=be)
             else:
-                velocity = lin(h, w.action_out_w, w.action_out_b)
-            x_t.add_(velocity, alpha=w.dt)  # fp32 += dt * bf16 in one kernel (the upcast is exact)
+                velocity = lin(h, w.action_out_w, w.action_out_b, residual=euler)
+            if not self.fused_euler:
+                x_t.add_(velocity, alpha=w.dt)  # fp32 += dt * bf16 in one kernel (the upcast is exact)
         buf.actions.copy_(x_t)
 
     def _norm(self, gemm: str, sums: torch.Tensor, step: int, layer: int | None = None) -> RowNorm:

@@ -106,7 +106,8 @@ if triton is not None:
                             CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
                             PDL: tl.constexpr):
-        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias); GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_rows rows.
+        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to W's dtype on load (an fp32 X into a bf16 GEMM);
+        GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_rows rows.
         ROPE (the fused QKV projection, heads of 2 HALF dims): output column n of N = (HQ + 2 HKV) HALF is dim
         n % HALF of head n // HALF, and the second accumulator holds its rotate-half partner (weight row + HALF);
         the epilogue rotates q and k heads by POS[row] (fp32 COS / SIN tables, [n_positions, HALF]; a position
@@ -149,7 +150,8 @@ if triton is not None:
             if GEGLU or ROPE:
                 wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
             pdl_wait(PDL)
-            xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
+            xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :],
+                         other=0.0).to(W.dtype.element_ty)
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
                 xp = xp.to(tl.float32)
                 wp = wp.to(tl.float32)
@@ -163,7 +165,8 @@ if triton is not None:
             for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
-                x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                            other=0.0).to(W.dtype.element_ty)
                 w_ptr = W + wr[None, :].to(tl.int64) * swn + kk[:, None]
                 w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
                 if UPCAST:
@@ -211,6 +214,8 @@ if triton is not None:
                     acc = _gelu_tanh(acc) * acc_up
                 y_ptr = Y + rm[:, None] * sym + rn[None, :]
                 if RESID:
+                    if Y.dtype.element_ty != W.dtype.element_ty:  # a wider stream (fp32 flow state): the result is
+                        acc = acc.to(W.dtype.element_ty).to(tl.float32)  # rounded as an unfused GEMM would store it
                     acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
                         acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
                 out = acc.to(Y.dtype.element_ty)
@@ -260,9 +265,11 @@ class RowNorm:
 
 @dataclass(frozen=True)
 class GatedResidual:
-    """A GEMM whose result goes into the residual stream: x += gate * result, in place (x is returned)."""
+    """A GEMM whose result goes into the residual stream: x += gate * result, in place (x is returned). x may
+    also be fp32 under a bf16 / fp16 GEMM (the flow-matching state: x_t += dt * velocity, with the velocity
+    rounded to the GEMM's dtype first, as the unfused GEMM would have stored it)."""
 
-    x: torch.Tensor  # [..., N] contiguous, the GEMM's dtype
+    x: torch.Tensor  # [..., N] contiguous, the GEMM's (weight's) dtype or fp32
     gate: torch.Tensor  # [N]
 
 
@@ -332,18 +339,22 @@ def _rows_like(name, t, shape, dtype, dev):
                                f"{dev}, got {tuple(t.shape)} {t.dtype}")
 
 
-def _check_fusions(x, n, geglu, norm, residual, emit):
+def _check_fusions(x, n, geglu, norm, residual, emit, dtype):
+    """dtype: the GEMM's (its weight's); x may be wider (fp32 rows into a bf16 GEMM are rounded on load)."""
     kdim, dev, m = x.shape[-1], x.device, x.numel() // x.shape[-1]
     out_shape = (*x.shape[:-1], n)
     if norm is not None:
         _fp32_table("norm sums", norm.sums, (stat_chunks(kdim), m), dev)
         _fp32_table("norm shift_w", norm.shift_w, ((2 if geglu else 1) * n,), dev)
     if residual is not None:
-        _rows_like("the residual", residual.x, out_shape, x.dtype, dev)
+        _rows_like("the residual", residual.x, out_shape,
+                   torch.float32 if residual.x.dtype == torch.float32 else dtype, dev)
         _vector("the residual gate", residual.gate, n, dev)
+        if emit is not None and residual.x.dtype != dtype:
+            raise KernelInputError("skinny_linear: row stats need the residual stream in the GEMM's dtype")
     if emit is not None:
         _vector("the row stats scale", emit.scale, n, dev)
-        _rows_like("the row stats' scaled output", emit.scaled, out_shape, x.dtype, dev)
+        _rows_like("the row stats' scaled output", emit.scaled, out_shape, dtype, dev)
         _fp32_table("the row stats' sums", emit.sums, (stat_chunks(n), m), dev)
 
 
@@ -375,11 +386,14 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     paired = geglu or rope is not None  # a second accumulator: the up half, or each dim's rotate-half partner
     n = w.shape[0] // 2 if paired else w.shape[0]
     dh = rope.check(x, w, b, geglu, residual, emit) if rope is not None else 2
-    _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit)
+    if x.dtype != w.dtype and not (x.dtype == torch.float32 and w.dtype in (torch.bfloat16, torch.float16)):
+        raise KernelInputError(f"skinny_linear: `x` {x.dtype} with a {w.dtype} weight (only fp32 rows into a "
+                               "bf16 / fp16 GEMM are rounded on load)")
+    _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit, w.dtype)
     if rope is not None:
         y = rope.q
     else:
-        y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=x.dtype)
+        y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
     interp = interpreting()
     block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
     # Every split covers a whole number of BLOCK_K steps, so no K element is summed twice.
@@ -411,8 +425,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         NORM=norm is not None, RESID=residual is not None, EMIT=emit is not None, ROPE=rope is not None,
         HQ=rope.num_q_heads if rope is not None else 1, HKV=rope.num_kv_heads if rope is not None else 1,
         HALF=dh // 2,
-        CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and x.dtype != torch.float32,
-        PRECISION="ieee" if x.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
+        CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and w.dtype != torch.float32,
+        PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PRE_K=pre_k, num_warps=num_warps, num_stages=1 if interp else num_stages,
         **pdl_launch(x.device))
     return y if residual is not None or rope is not None else y.view(*x.shape[:-1], n)
@@ -440,7 +454,9 @@ def _torch_fused(x, w, b, geglu, norm):
 
 def _cublas(x, w, b, geglu, backend, norm=None, residual=None, emit=None, rope=None):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a fused norm / residual / row stats
-    done by torch ops and the gated-residual kernel around it; rope: the split/rotate kernel after it."""
+    done by torch ops and the gated-residual kernel around it; rope: the split/rotate kernel after it. fp32 rows
+    into a bf16 / fp16 GEMM are rounded first, as the skinny kernel rounds them on load."""
+    x = x.to(w.dtype)
     if norm is not None:
         y = _torch_fused(x, w, b, geglu, norm)
     else:
@@ -451,7 +467,11 @@ def _cublas(x, w, b, geglu, backend, norm=None, residual=None, emit=None, rope=N
         return K.qkv_rope_cache(y.reshape(bsz, t, -1), rope.positions, rope.cos, rope.sin, rope.k, rope.v, 0,
                                 num_q_heads=rope.num_q_heads, num_kv_heads=rope.num_kv_heads, q_out=rope.q,
                                 backend=backend)
-    if residual is not None:
+    if residual is not None and residual.x.dtype != y.dtype:  # an fp32 stream (the flow state): torch, in fp32
+        if emit is not None:
+            raise KernelInputError("skinny_linear: row stats need the residual stream in the GEMM's dtype")
+        y = residual.x.add_(y.to(residual.x.dtype) * residual.gate.to(residual.x.dtype))
+    elif residual is not None:
         y = K.gated_residual(residual.x, y, residual.gate, out=residual.x, backend=backend)
     if emit is not None:
         scaled, sums = row_stats_ref(y, emit.scale)
