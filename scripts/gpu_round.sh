@@ -9,8 +9,9 @@
 # .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
 # the profile separately).
-# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. rope_in_gemm, gemm_preload, or several comma-separated,
-# flipped together; ~4 min with the tuning cache carried, ~7 min without).
+# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_prefix, fused_euler, or several comma-separated,
+# flipped together; ~1 min each with parallel tuning, 2026-12-03); several A/Bs in one call: separate them
+# with ';' (FLASHRT_AB="early_prefix;fused_euler"), each gets an equal share of the 560 s.
 # FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
 # .cache/tuning/ here and add ".cache/tuning" to the call's carry: a fresh machine then skips the ~215 s of
 # GEMM / attention tuning (the cache checks each choice once), which `compile` needs to fit in one call.
@@ -70,9 +71,11 @@ fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2
 fi
-if [[ "$what" == ab ]]; then
-  bench profile_pi05 560 --ab "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}" \
-    --json "$OUT/profile_pi05_w2_${FLASHRT_AB//,/-}_ab.json"
+if [[ "$what" == ab ]]; then  # FLASHRT_AB="a;b,c": one A/B per ';'-separated entry, each its own JSON
+  IFS=';' read -ra abs <<< "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}"
+  for ab in "${abs[@]}"; do
+    bench profile_pi05 $(( 560 / ${#abs[@]} )) --ab "$ab" --json "$OUT/profile_pi05_w2_${ab//,/-}_ab.json"
+  done
 fi
 if [[ -n "${FLASHRT_KEEP_TUNING:-}" ]]; then
   mkdir -p "$OUT/tuning" && cp .cache/tuning/*.json "$OUT/tuning/" 2>/dev/null
