@@ -9,9 +9,9 @@
 # .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
 # the profile separately).
-# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_prefix, fused_euler, or several comma-separated,
+# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_positions, fused_euler, or several comma-separated,
 # flipped together; ~1 min each with parallel tuning, 2026-12-03); several A/Bs in one call: separate them
-# with ';' (FLASHRT_AB="early_prefix;fused_euler"), each gets an equal share of the 560 s.
+# with ';' (FLASHRT_AB="early_positions;early_prefix"), each gets an equal share of the 560 s.
 # FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
 # .cache/tuning/ here and add ".cache/tuning" to the call's carry: a fresh machine then skips the ~215 s of
 # GEMM / attention tuning (the cache checks each choice once), which `compile` needs to fit in one call.

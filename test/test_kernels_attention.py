@@ -328,6 +328,27 @@ def test_constant_kv_reads_the_first_tile_early_with_the_same_result(dev, dtype,
     close(early, K.attention(q, kp, vp, mask, ks, vs, rope=rope, backend="torch"))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting(), reason="full shapes are too slow for the Triton interpreter")
+def test_constant_kv_is_bit_identical_at_the_expert_shape_on_cuda():
+    """The compiled early form (first prefix tile before the PDL wait) at W2's expert shape: 50 queries, 8:1
+    GQA, head dim 256, 560 cached prefix keys with padding and 50 own keys, for the tuning's key splits and
+    stage counts (W2's pick (16, 128, 8, 8) among them): bit for bit the plain kernel's result."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    dtype = torch.bfloat16
+    q = randn(1, 50, 8, 256, dtype=dtype, dev="cuda", seed=90, std=2.0)
+    k, v = randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=91), randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=92)
+    mask = pad_mask(1, 560, "cuda", seed=93)
+    ks, vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=94), randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=95)
+    want = R.attention_ref(q, k, v, mask, ks, vs)
+    for config in ((16, 128, 8, 8), (16, 128, 8, 8, 1), (16, 64, 4, 8, 2), (16, 32, 1, 4), (16, 128, 5, 4, 1)):
+        plain = attention_kernel(q, k, v, mask, ks, vs, config=config)
+        early = attention_kernel(q, k, v, mask, ks, vs, config=config, constant_kv=True)
+        assert torch.equal(early, plain), config
+        close(early, want)
+
+
 @pytest.mark.interpret
 def test_rope_launcher_errors_name_the_argument(dev):
     b, ts, hq, dh = 1, 5, 2, 16

@@ -221,3 +221,22 @@ def test_full_shapes_on_cuda(dtype):
         close(q, q_ref)
         close(k, k_ref)
         close(v, v_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting(), reason="full shapes are too slow for the Triton interpreter")
+def test_constant_positions_are_bit_identical_at_the_expert_shape_on_cuda():
+    """The compiled early form (positions and cos / sin rows before the PDL wait) at the expert's shape (50
+    tokens behind a 560-token prefix, 8 q heads, 1 kv head, head dim 256): bit for bit the plain kernel's q,
+    k and v."""
+    qkv, _, cache = make(1, 50, 8, 1, 256, 610, torch.bfloat16, "cuda", seed=7)
+    positions = (530 + torch.arange(50, device="cuda"))[None]
+    cos, sin = K.rope_cos_sin(610, 256, device="cuda")
+    outs = []
+    for early in (False, True):
+        kc, vc = cache.clone(), cache.clone()
+        q = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, 0, num_q_heads=8, num_kv_heads=1,
+                             constant_positions=early, backend="triton")
+        outs.append((q, kc, vc))
+    for plain, early in zip(*outs):
+        assert torch.equal(plain, early)

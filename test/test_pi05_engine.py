@@ -24,8 +24,8 @@ from flashrt_core.models.pi05 import reference as R  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
 from flashrt_core.kernels import reference as KR  # noqa: E402
-from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm,  # noqa: E402
-                                                  RowStats, skinny_linear)
+from flashrt_core.models.pi05.engine_gemm import (NO_FUSION, Fusion, GatedResidual, LinearPicker,  # noqa: E402
+                                                  QkvRope, RowNorm, RowStats, skinny_linear)
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 
 TOL = {
@@ -53,6 +53,10 @@ TOL = {
     # relative to the actions' max: fused_euler vs the separate update, fp32 (x + dt v in one fused multiply-add
     # or two roundings, then ten steps through the tiny model)
     "fused_euler_fp32": 1e-5,
+    # the same in bf16: the velocity is rounded to bf16 in both forms and the state stays fp32, so only the
+    # update's fp32 rounding differs; where that flips a bf16 rounding of the next step's input (one ulp,
+    # 2^-8 relative) the difference grows through the remaining steps
+    "fused_euler_bf16": 2e-3,
 }
 CASES = PI05_CASES
 
@@ -262,13 +266,18 @@ def test_fused_euler_gives_the_same_actions(dev, norm_in_gemm):
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
     inputs = [t.to(dev) for t in micro_inputs(config, seed=6)]
-    for backend, gemm in (("triton", "triton"), ("torch", "torch")):
-        kw = dict(device=dev, backend=backend, gemm=gemm, graphs=False, norm_in_gemm=norm_in_gemm)
-        plain, fused = Pi05Engine(weights, **kw), Pi05Engine(weights, fused_euler=True, **kw)
+    # fp32 with the Triton GEMMs and on the torch route; bf16 on the torch route (the fp32 state as a residual
+    # of a bf16 GEMM: torch ops in fp32 around cuBLAS, `engine_gemm._cublas`)
+    for backend, gemm, dtype in (("triton", "triton", None), ("torch", "torch", None),
+                                 ("torch", "torch", torch.bfloat16)):
+        kw = dict(device=dev, backend=backend, gemm=gemm, graphs=False, norm_in_gemm=norm_in_gemm, dtype=dtype)
+        plain, fused = Pi05Engine(weights, fused_euler=False, **kw), Pi05Engine(weights, fused_euler=True, **kw)
         assert fused.fused_euler and not plain.fused_euler
         with torch.no_grad():
             want, got = plain.sample_actions(*inputs), fused.sample_actions(*inputs)
-        assert (got - want).abs().max() <= TOL["fused_euler_fp32"] * want.abs().max(), backend
+        tol = TOL["fused_euler_bf16"] if dtype == torch.bfloat16 else TOL["fused_euler_fp32"]
+        assert want.abs().max() > 0
+        assert (got - want).abs().max() <= tol * want.abs().max(), (backend, dtype)
 
 
 @pytest.mark.interpret
@@ -302,6 +311,43 @@ def test_skinny_linear_takes_fp32_rows_and_an_fp32_residual_under_a_bf16_weight(
                                     torch.empty(2, m, device=dev)), **kw)
     with pytest.raises(KernelInputError, match="rounded on load"):
         skinny_linear(x.to(torch.bfloat16), w.float(), **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(interpreting(), reason="the interpreter truncates fp32 -> bf16 instead of rounding")
+def test_fp32_rows_are_rounded_on_load_like_the_bf16_rows_on_cuda():
+    """The compiled kernel's rounding of fp32 rows under a bf16 weight is the cast's (round to nearest even):
+    every candidate gives bit for bit the result of the same call on x.bfloat16(), at the flow step's two
+    shapes (action in: K = 32, N = 1024; action out: K = 1024, N = 32, with the fp32 state as residual)."""
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS, _kwargs
+
+    g = torch.Generator().manual_seed(21)
+    for k, n in ((32, 1024), (1024, 32)):
+        x = (torch.randn(50, k, generator=g) + 0.3).cuda()
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to("cuda", torch.bfloat16)
+        b = torch.randn(n, generator=g).to("cuda", torch.bfloat16)
+        dt = torch.full((n,), -0.1, device="cuda")
+        state = torch.randn(50, n, generator=g).cuda()
+        truncated = (x.view(torch.int32) & -65536).view(torch.float32)  # what a truncating cast would give
+        assert (truncated != x.bfloat16().float()).float().mean() > 0.3
+        for config in CONFIGS:
+            kw = _kwargs(config)
+            assert torch.equal(skinny_linear(x, w, b, **kw), skinny_linear(x.bfloat16(), w, b, **kw)), config
+            got = skinny_linear(x, w, b, residual=GatedResidual(state.clone(), dt), **kw)
+            want = skinny_linear(x.bfloat16(), w, b, residual=GatedResidual(state.clone(), dt), **kw)
+            assert torch.equal(got, want), config
+
+
+def test_an_fp32_residual_under_a_bf16_gemm_is_tuned_as_its_own_shape():
+    """The tuning key tells the fp32 flow state's residual from a residual stream in the GEMM's dtype (another
+    kernel specialization), and says nothing more where they agree."""
+    state, dt = torch.zeros(3, 8), torch.full((8,), -0.1)
+    fp32_state = Fusion(residual=GatedResidual(state, dt))
+    assert fp32_state.tags(torch.bfloat16) == ("residual", "residual:torch.float32")
+    assert fp32_state.tags(torch.float32) == ("residual",)
+    same = Fusion(residual=GatedResidual(state.bfloat16(), dt.bfloat16()))
+    assert same.tags(torch.bfloat16) == ("residual",)
+    assert NO_FUSION.tags(torch.bfloat16) == ()
 
 
 def test_attention_merge_apart_flag_reaches_the_picker():
@@ -710,7 +756,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
-                                  "early_modulation", "early_prefix", "fused_euler"])
+                                  "early_modulation", "early_prefix", "early_positions", "fused_euler"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

@@ -86,7 +86,7 @@ class Pi05Engine:
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
-                 early_prefix: bool = False, fused_euler: bool = False):
+                 early_prefix: bool = False, early_positions: bool = False, fused_euler: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -133,21 +133,25 @@ class Pi05Engine:
         early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
         precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
         read leaves the critical path; same results. On (measured with gemm_preload, above).
-        early_prefix: what the prefix fixes for a whole act stage is read before the PDL wait: the expert's
-        attention reads its first tile of the cached prefix K/V and pad mask (`kernels.attention(constant_kv=
-        True)`), and the split/rotate kernel its tokens' positions (n_valid + t) and cos / sin rows
-        (`qkv_rope_cache(constant_positions=True)`). In the act stage no kernel writes them (`set_prefix`'s
-        copies and the positions are torch kernels that finish before the first Triton kernel starts; the
-        prefix itself comes from the observe graph), so for the key splits that lie in the prefix only q is
-        left to read after the wait. Same results; the early attention is tuned on its own. Off until
-        `profile_pi05.py --ab early_prefix` measures it (sm_90 compile: 255 registers and a 120-byte spill
-        for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate).
+        early_prefix: the expert's attention reads its first tile of the cached prefix K/V and pad mask before
+        the PDL wait (`kernels.attention(constant_kv=True)`): in the act stage no kernel writes them (the
+        prefix comes from the observe graph), so for the key splits that lie in the prefix only q is left to
+        read after the wait. Same results; the early attention is tuned on its own. Off: slower on the H200
+        (act 7335 vs 7102 us interleaved p50, `results/profile_pi05_w2_early_prefix_ab.json`, 6e84f3f, where
+        the flag also covered early_positions; holding the tile across the wait costs registers: 255 and a
+        120-byte spill for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate).
+        early_positions: the split/rotate kernel reads its tokens' positions (n_valid + t) and cos / sin rows
+        before the PDL wait (`qkv_rope_cache(constant_positions=True)`; `set_prefix`'s copies and the
+        positions are torch kernels that finish before the act stage's first Triton kernel starts), so after
+        the wait it reads only the qkv row it rotates: one memory round trip instead of two. Same results.
+        Off until `profile_pi05.py --ab early_positions` measures it on its own.
         fused_euler: each flow step's Euler update x_t += dt * velocity is the action-out GEMM's epilogue (a
         gated residual into the fp32 state, the velocity rounded to the model dtype first as before), and the
         next step's action-in GEMM reads the fp32 state, rounding it on load: the two torch kernels per step
         (the add and the cast) leave the act graph. Torch kernels do not take part in PDL, so each was a full
         drain of the chain (and the action-in GEMM could not request its weights early). Same actions up to
-        fp32 rounding of the update. Off until `profile_pi05.py --ab fused_euler` measures it."""
+        fp32 rounding of the update. On: act 7245 -> 7161 us interleaved p50 (7022 -> 6996 us under the
+        profiler; H200, 6e84f3f, `results/profile_pi05_w2_fused_euler_ab.json`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -176,6 +180,7 @@ class Pi05Engine:
         self.norm_in_gemm = bool(norm_in_gemm)
         self.early_modulation = bool(early_modulation)
         self.early_prefix = bool(early_prefix)
+        self.early_positions = bool(early_positions)
         self.fused_euler = bool(fused_euler)
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
@@ -282,7 +287,7 @@ class Pi05Engine:
                         heads[:, :, e.heads + e.kv_heads:].transpose(1, 2), (positions, self.cos, self.sin))
             q = K.qkv_rope_cache(qkv, positions, self.cos, self.sin, suffix_k, suffix_v, 0, num_q_heads=e.heads,
                                  num_kv_heads=e.kv_heads, prefetch=pf and pf["rotate"][i],
-                                 constant_positions=self.early_prefix, backend=be)
+                                 constant_positions=self.early_positions, backend=be)
             return q, suffix_k, suffix_v, None
         for step in range(c.num_steps):
             x_in = x_t if self.fused_euler else x_t.to(self.dtype)  # (fused_euler: rounded on load)

@@ -489,9 +489,13 @@ class Fusion:
     emit: RowStats | None = None
     rope: QkvRope | None = None
 
-    def tags(self) -> tuple:
-        """Part of the tuning key: each fusion is another kernel specialization, tuned on its own."""
-        return tuple(name for name in ("norm", "residual", "emit", "rope") if getattr(self, name) is not None)
+    def tags(self, dtype: torch.dtype) -> tuple:
+        """Part of the tuning key: each fusion is another kernel specialization, tuned on its own (a residual
+        stream in another dtype than the GEMM's `dtype`, the fp32 flow state, is one more)."""
+        tags = tuple(name for name in ("norm", "residual", "emit", "rope") if getattr(self, name) is not None)
+        if self.residual is not None and self.residual.x.dtype != dtype:
+            tags += (f"residual:{self.residual.x.dtype}",)
+        return tags
 
     def scratch(self) -> "Fusion":
         """The same call writing into copies (tuning trials must not change the engine's buffers)."""
@@ -552,7 +556,7 @@ class LinearPicker:
             return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":
             return _route(CONFIGS[0], x, w, b, geglu, backend, fusion)
-        key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags())
+        key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags(w.dtype))
         if key not in self.choices:
             if not (self.tuning and x.device.type == "cuda"):
                 return _route(None, x, w, b, geglu, backend, fusion)
