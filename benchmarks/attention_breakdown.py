@@ -53,7 +53,7 @@ PATCHES = [
      "            if last_of_split"),
     ("num_warps=warps, num_stages=stages, **pdl_launch(q.device))",
      "num_warps=warps, num_stages=stages, MODE=mode, **pdl_launch(q.device))"),
-    ("              constant_kv=False):", "              constant_kv=False, mode=0):"),
+    ("out=None, config=None, rope=None):", "out=None, config=None, rope=None, mode=0):"),
 ]
 
 

@@ -11,7 +11,7 @@
 # the profile separately).
 # ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_positions, fused_euler, or several comma-separated,
 # flipped together; ~1 min each with parallel tuning, 2026-12-03); several A/Bs in one call: separate them
-# with ';' (FLASHRT_AB="early_positions;early_prefix"), each gets an equal share of the 560 s.
+# with ';' (FLASHRT_AB="fused_euler;early_positions"), each gets an equal share of the 560 s.
 # FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
 # .cache/tuning/ here and add ".cache/tuning" to the call's carry: a fresh machine then skips the ~215 s of
 # GEMM / attention tuning (the cache checks each choice once), which `compile` needs to fit in one call.

@@ -5,7 +5,6 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
     python test/ptx_testing.py            # JSON report of every case below
     python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
     python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
-    python test/ptx_testing.py --early-attention  # the same for the expert attention, constant_kv on / off
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -116,7 +115,7 @@ def _last(name: str) -> dict:
     return {**summarize(kernel.asm["ptx"]), **resources(kernel)}
 
 
-def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cache=False, constant_kv=False) -> dict:
+def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cache=False) -> dict:
     """The attention kernel as the engine calls it: q token-major [B, T, Hq, Dh]; k, v [B, Hkv, S, Dh] either
     views of a token-major fused QKV output (SigLIP: q / k / v come out of one GEMM) or, with `cache`, the
     prefix K/V cache's own contiguous buffers (Gemma prefix and the expert); `second` own keys [B, Hkv, second,
@@ -134,7 +133,7 @@ def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cac
     k2 = v2 = None
     if second:
         k2, v2 = (torch.randn(b, kv_heads, second, dh, generator=g).to(torch.bfloat16) for _ in range(2))
-    fa.attention(q, k, v, key_mask, k2, v2, config=config, constant_kv=constant_kv)
+    fa.attention(q, k, v, key_mask, k2, v2, config=config)
     return _last("_attention_kernel")
 
 
@@ -181,9 +180,6 @@ CASES = {
     # the expert's split/rotate kernel: positions and table rows after / before the PDL wait
     "rope_positions_after_wait": lambda: rope_case(False),
     "rope_positions_before_wait": lambda: rope_case(True),
-    # the expert's attention with the cached prefix declared constant: its first tile read before the wait
-    "attention_expert_early": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 8), second=50, mask=True,
-                                                     cache=True, constant_kv=True),
 }
 
 
@@ -199,18 +195,7 @@ def rope_case(constant_positions: bool) -> dict:
     return _last("_qkv_rope_cache_kernel")
 
 
-def early_attention_resources() -> dict:
-    """Registers / spills / shared memory of every expert attention candidate (in-kernel split merge) with and
-    without constant_kv."""
-    from flashrt_core.models.pi05.engine_attention import CANDIDATES
 
-    out = {}
-    for config in [c for c in CANDIDATES if len(c) < 6 or not c[5]]:  # (in-kernel merges: the engine's default)
-        for early in (False, True):
-            found = attention_case((1, 50, 8, 256), 1, 560, config, second=50, mask=True, cache=True,
-                                   constant_kv=early)
-            out[f"{config} early={early}"] = {key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
-    return out
 
 
 def report(names=None) -> dict:
@@ -287,8 +272,6 @@ if __name__ == "__main__":
         print(json.dumps(engine_scan(), indent=1))
     elif sys.argv[1:] == ["--preload"]:
         print(json.dumps(preload_resources(), indent=1))
-    elif sys.argv[1:] == ["--early-attention"]:
-        print(json.dumps(early_attention_resources(), indent=1))
     elif sys.argv[1:] == ["--precompile"]:
         print(json.dumps(precompile_check(), indent=1))
     else:

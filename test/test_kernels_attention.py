@@ -295,61 +295,6 @@ def test_rope_on_load_equals_the_split_rotate_kernel_then_attention(dev, dtype, 
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("form", ["second", "second_strided", "rope", "first_only", "no_mask"])
-@pytest.mark.parametrize("splits", [1, 2, 4])
-def test_constant_kv_reads_the_first_tile_early_with_the_same_result(dev, dtype, form, splits):
-    """constant_kv=True: each program's first key tile of the first set (and its mask) is loaded before the
-    PDL wait, its second-set columns after it. Bit for bit the result of the plain kernel (the same tiles in
-    the same order), and the reference's, over tiles that hold keys of both sets (13 + 6 keys in 8-key tiles;
-    with 4 splits the last split starts in the second set), strided own keys, rotation on load, no second
-    set, no mask, and a fully masked first tile."""
-    from flashrt_core.kernels.flash_attention import attention as attention_kernel
-
-    b, sp, ts, hq, hkv, dh = 2, 13, 6, 4, 2, 16
-    q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=80, std=2.0)
-    kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=81), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=82)
-    mask = None if form == "no_mask" else pad_mask(b, sp, dev, seed=83)
-    if mask is not None:
-        mask[1, :8] = False  # batch 1: the first tile of split 0 is all padding
-    wide = randn(b, hkv, ts, 3 * dh, dtype=dtype, dev=dev, seed=84)
-    ks, vs = (wide[..., :dh], wide[..., 2 * dh:]) if form == "second_strided" else \
-        (wide[..., :dh].contiguous(), wide[..., dh:2 * dh].contiguous())
-    rope = None
-    if form == "rope":
-        cos, sin = K.rope_cos_sin(sp + ts + 4, dh, 10000.0, device=dev)
-        rope = ((torch.tensor([[7], [11]]) + torch.arange(ts)[None, :]).to(dev), cos, sin)
-    if form == "first_only":
-        ks = vs = None
-    config = (16, 8, splits, 4)
-    plain = attention_kernel(q, kp, vp, mask, ks, vs, rope=rope, config=config)
-    early = attention_kernel(q, kp, vp, mask, ks, vs, rope=rope, config=config, constant_kv=True)
-    assert torch.equal(early, plain)
-    close(early, K.attention(q, kp, vp, mask, ks, vs, rope=rope, backend="torch"))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(interpreting(), reason="full shapes are too slow for the Triton interpreter")
-def test_constant_kv_is_bit_identical_at_the_expert_shape_on_cuda():
-    """The compiled early form (first prefix tile before the PDL wait) at W2's expert shape: 50 queries, 8:1
-    GQA, head dim 256, 560 cached prefix keys with padding and 50 own keys, for the tuning's key splits and
-    stage counts (W2's pick (16, 128, 8, 8) among them): bit for bit the plain kernel's result."""
-    from flashrt_core.kernels.flash_attention import attention as attention_kernel
-
-    dtype = torch.bfloat16
-    q = randn(1, 50, 8, 256, dtype=dtype, dev="cuda", seed=90, std=2.0)
-    k, v = randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=91), randn(1, 1, 560, 256, dtype=dtype, dev="cuda", seed=92)
-    mask = pad_mask(1, 560, "cuda", seed=93)
-    ks, vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=94), randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=95)
-    want = R.attention_ref(q, k, v, mask, ks, vs)
-    for config in ((16, 128, 8, 8), (16, 128, 8, 8, 1), (16, 64, 4, 8, 2), (16, 32, 1, 4), (16, 128, 5, 4, 1)):
-        plain = attention_kernel(q, k, v, mask, ks, vs, config=config)
-        early = attention_kernel(q, k, v, mask, ks, vs, config=config, constant_kv=True)
-        assert torch.equal(early, plain), config
-        close(early, want)
-
-
-@pytest.mark.interpret
 def test_rope_launcher_errors_name_the_argument(dev):
     b, ts, hq, dh = 1, 5, 2, 16
     q = randn(b, ts, hq, dh, dev=dev, seed=70)

@@ -52,17 +52,6 @@ def test_attention_streams_its_key_tiles_through_cp_async(ptx, case):
     assert not ptx[case]["before_wait"]  # nothing is read before the previous kernel has finished
 
 
-def test_constant_kv_attention_reads_its_first_prefix_tile_before_the_pdl_wait(ptx):
-    """constant_kv at the expert's W2 shape, (16, 128, 8, 8): the first tile of 128 prefix keys and values
-    (2 x 128 x 256 x 2 bytes over 256 threads: 32 loads of 16 bytes each) and its mask bytes are requested
-    before griddepcontrol.wait; nothing else is (q and the own keys come after it)."""
-    early = ptx["attention_expert_early"]
-    assert early["has_wait"]
-    assert set(early["before_wait"]) <= {"ld.global.v4.b32", "ld.global.b8"}, early["before_wait"]
-    assert early["before_wait"].get("ld.global.v4.b32", 0) == 32, early["before_wait"]
-    assert early["before_wait"].get("ld.global.b8", 0) >= 1, early["before_wait"]
-
-
 def test_constant_positions_are_read_before_the_rotate_kernels_pdl_wait(ptx):
     """The split/rotate kernel with constant_positions: its position and its cos / sin rows are requested
     before griddepcontrol.wait (the qkv row it rotates after it); without, nothing comes before the wait."""

@@ -242,19 +242,17 @@ def test_early_modulation_gives_the_same_actions(dev):
 
 
 @pytest.mark.interpret
-def test_early_prefix_gives_the_same_actions(dev):
-    """early_prefix only moves the expert attention's first prefix tile before its PDL wait: bit-for-bit the
-    same actions as without (fp32, Triton kernels), alone and with the rotation on load."""
+def test_early_positions_gives_the_same_actions(dev):
+    """early_positions only moves the split/rotate kernel's position and cos / sin reads before its PDL wait:
+    bit-for-bit the same actions as without (fp32, Triton kernels)."""
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
     inputs = [t.to(dev) for t in micro_inputs(config, seed=4)]
-    for extra in ({}, {"rope_in_attention": True}):
-        plain = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, **extra)
-        early = Pi05Engine(weights, device=dev, backend="triton", gemm="triton", graphs=False, early_prefix=True,
-                           **extra)
-        assert early.early_prefix and not plain.early_prefix
-        with torch.no_grad():
-            assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
+    kw = dict(device=dev, backend="triton", gemm="triton", graphs=False)
+    plain, early = Pi05Engine(weights, early_positions=False, **kw), Pi05Engine(weights, early_positions=True, **kw)
+    assert early.early_positions and not plain.early_positions
+    with torch.no_grad():
+        assert torch.equal(early.sample_actions(*inputs), plain.sample_actions(*inputs))
 
 
 @pytest.mark.interpret
@@ -318,7 +316,10 @@ def test_skinny_linear_takes_fp32_rows_and_an_fp32_residual_under_a_bf16_weight(
 def test_fp32_rows_are_rounded_on_load_like_the_bf16_rows_on_cuda():
     """The compiled kernel's rounding of fp32 rows under a bf16 weight is the cast's (round to nearest even):
     every candidate gives bit for bit the result of the same call on x.bfloat16(), at the flow step's two
-    shapes (action in: K = 32, N = 1024; action out: K = 1024, N = 32, with the fp32 state as residual)."""
+    shapes (action in: K = 32, N = 1024; action out: K = 1024, N = 32, with the fp32 state as residual). A
+    candidate whose fp32 row tiles do not fit in shared memory is refused at launch (the tuning skips it)."""
+    from triton.runtime.errors import OutOfResources
+
     from flashrt_core.models.pi05.engine_gemm import CONFIGS, _kwargs
 
     g = torch.Generator().manual_seed(21)
@@ -330,12 +331,19 @@ def test_fp32_rows_are_rounded_on_load_like_the_bf16_rows_on_cuda():
         state = torch.randn(50, n, generator=g).cuda()
         truncated = (x.view(torch.int32) & -65536).view(torch.float32)  # what a truncating cast would give
         assert (truncated != x.bfloat16().float()).float().mean() > 0.3
+        ran = 0
         for config in CONFIGS:
             kw = _kwargs(config)
-            assert torch.equal(skinny_linear(x, w, b, **kw), skinny_linear(x.bfloat16(), w, b, **kw)), config
+            try:
+                got = skinny_linear(x, w, b, **kw)
+            except OutOfResources:
+                continue
+            ran += 1
+            assert torch.equal(got, skinny_linear(x.bfloat16(), w, b, **kw)), config
             got = skinny_linear(x, w, b, residual=GatedResidual(state.clone(), dt), **kw)
             want = skinny_linear(x.bfloat16(), w, b, residual=GatedResidual(state.clone(), dt), **kw)
             assert torch.equal(got, want), config
+        assert ran >= len(CONFIGS) // 2, (k, n, ran)
 
 
 def test_an_fp32_residual_under_a_bf16_gemm_is_tuned_as_its_own_shape():
@@ -756,7 +764,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
-                                  "early_modulation", "early_prefix", "early_positions", "fused_euler"])
+                                  "early_modulation", "early_positions", "fused_euler"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

@@ -159,11 +159,9 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
     return _into(q_out, q)
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, rope=None, constant_kv=False,
-              backend=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, rope=None, backend=None):
     if _use_triton("attention", backend, q.device):
-        return _kernel("flash_attention", "attention")(q, k, v, key_mask, k2, v2, scale=scale, out=out, rope=rope,
-                                                       constant_kv=constant_kv)
+        return _kernel("flash_attention", "attention")(q, k, v, key_mask, k2, v2, scale=scale, out=out, rope=rope)
     if rope is not None:
         q, k2 = reference.rope_for_attention_ref(q, k2, *rope)
     return _into(out, reference.attention_ref(q, k, v, key_mask, k2, v2, scale=scale))

@@ -165,14 +165,11 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, MERGE_APART: tl.constexpr,
-                      DH: tl.constexpr, ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr, EARLY: tl.constexpr,
+                      DH: tl.constexpr, ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr,
                       PDL: tl.constexpr):
     """ALIGN: every stride (and so every row offset) is a multiple of it, in elements (host-checked); DH is a
     compile-time constant, so the head-dim mask is known in 8-element pieces: with both, a head dim such as
-    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time.
-    EARLY: the first set's keys, values and mask are constant while this kernel's PDL chain runs (the expert's
-    cached prefix), so the program's first key tile of them is loaded before waiting for the previous kernel;
-    after the wait only q (and the tile's second-set columns) remain to be read before the first dots."""
+    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time."""
     pdl_trigger(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -185,17 +182,6 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
     v_base = b * v_sb + kvh * v_sh
     lo = tl.minimum(split * keys_per_split, S + S2)
     hi = tl.minimum(split * keys_per_split + keys_per_split, S + S2)
-    if EARLY:  # the first tile's first-set columns, before the wait (nothing in this chain writes them)
-        n = lo + tl.arange(0, BLOCK_N)
-        in_range = n < hi
-        pre = in_range & (n < S)
-        k_e = tl.load((K + tl.multiple_of(k_base + n * k_ss, ALIGN))[None, :] + d[:, None],
-                      mask=pre[None, :] & d_mask[:, None], other=0.0)
-        v_e = tl.load((V + tl.multiple_of(v_base + n * v_ss, ALIGN))[:, None] + d[None, :],
-                      mask=pre[:, None] & d_mask[None, :], other=0.0)
-        valid_e = in_range
-        if HAS_MASK:
-            valid_e = valid_e & (tl.load(M + b * m_sb + n, mask=pre, other=1) != 0)
     pdl_wait(PDL)
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (token, head within the group) rows
     t = r // GROUP
@@ -215,25 +201,6 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     k2_base = k2_delta + b * k2_sb + kvh * k2_sh
     v2_base = v2_delta + b * v2_sb + kvh * v2_sh
-    if EARLY:  # fold the tile loaded before the wait, with its second-set columns read now
-        k = k_e
-        v = v_e
-        if HAS_SECOND:
-            second = in_range & (n >= S)
-            n2 = tl.maximum(n - S, 0)
-            k2_rows = K + tl.multiple_of(k2_base + n2 * k2_ss, ALIGN)
-            k_s = tl.load(k2_rows[None, :] + d[:, None], mask=second[None, :] & d_mask[:, None], other=0.0)
-            if ROPE:
-                k_s = _rotate_second(k_s, k2_rows, n, second, S, POS + b * pos_sb, COS, SIN, half, n_positions,
-                                     d, d_mask)
-            k = tl.where(pre[None, :], k_e, k_s)
-        p, alpha, m_i, l_i = _scores(q, k, valid_e, m_i, l_i, qk_scale, PRECISION, UPCAST)
-        if HAS_SECOND:
-            v_s = tl.load((V + tl.multiple_of(v2_base + n2 * v2_ss, ALIGN))[:, None] + d[None, :],
-                          mask=second[:, None] & d_mask[None, :], other=0.0)
-            v = tl.where(pre[:, None], v_e, v_s)
-        acc = _accumulate(acc, p, alpha, v, PRECISION, UPCAST)
-        lo = tl.minimum(lo + BLOCK_N, hi)
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M + b * m_sb,
                             k_ss, v_ss, k2_ss, v2_ss, S, lo, hi, qk_scale,
                             d, d_mask, POS + b * pos_sb, COS, SIN, half, n_positions, HAS_MASK, HAS_SECOND, ROPE,
@@ -339,18 +306,14 @@ def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
     return t
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None, rope=None,
-              constant_kv=False):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None, rope=None):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
     rope = (positions [B, T] int, cos, sin [P, Dh / 2] fp32): q and k2 (then S2 == T) are rotated on load.
     `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) overrides the heuristic
     (tuning sweeps; num_stages defaults to 2). merge_rows > 0: the key splits are merged by a second kernel,
-    merge_rows rows per program, instead of by the last split program of each row block (default 0).
-    constant_kv: k, v and key_mask are written by no kernel of this launch's PDL chain (only before it, e.g.
-    the cached prefix in the act stage, whose writers are other graphs or torch copies): each program then
-    reads its first tile of them before waiting for the previous kernel (same results)."""
+    merge_rows rows per program, instead of by the last split program of each row block (default 0)."""
     op = "attention"
     check(op, "q", q, ndim=4)
     b, t, hq, dh = q.shape
@@ -419,7 +382,6 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
         MERGE_APART=merge_apart, DH=dh, ALIGN=align,
         SAME_STRIDE=k2_arg.stride(2) == k.stride(2) and v2_arg.stride(2) == v.stride(2),
-        EARLY=bool(constant_kv),
         num_warps=warps, num_stages=stages, **pdl_launch(q.device))
     if merge_apart:
         rows = b * t * hq

@@ -86,7 +86,7 @@ class Pi05Engine:
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
-                 early_prefix: bool = False, early_positions: bool = False, fused_euler: bool = True):
+                 early_positions: bool = True, fused_euler: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -133,18 +133,14 @@ class Pi05Engine:
         early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
         precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
         read leaves the critical path; same results. On (measured with gemm_preload, above).
-        early_prefix: the expert's attention reads its first tile of the cached prefix K/V and pad mask before
-        the PDL wait (`kernels.attention(constant_kv=True)`): in the act stage no kernel writes them (the
-        prefix comes from the observe graph), so for the key splits that lie in the prefix only q is left to
-        read after the wait. Same results; the early attention is tuned on its own. Off: slower on the H200
-        (act 7335 vs 7102 us interleaved p50, `results/profile_pi05_w2_early_prefix_ab.json`, 6e84f3f, where
-        the flag also covered early_positions; holding the tile across the wait costs registers: 255 and a
-        120-byte spill for (16, 128, 8, 8), `test/ptx_testing.py --early-attention` lists every candidate).
         early_positions: the split/rotate kernel reads its tokens' positions (n_valid + t) and cos / sin rows
         before the PDL wait (`qkv_rope_cache(constant_positions=True)`; `set_prefix`'s copies and the
         positions are torch kernels that finish before the act stage's first Triton kernel starts), so after
         the wait it reads only the qkv row it rotates: one memory round trip instead of two. Same results.
-        Off until `profile_pi05.py --ab early_positions` measures it on its own.
+        On: act 7402 -> 7224 us interleaved p50 (6967 -> 6851 us under the profiler; H200, 80b7fb2,
+        `results/profile_pi05_w2_early_positions_ab.json`). (The expert attention's first prefix K/V tile read
+        before its wait, `early_prefix` until b21f6d8..80b7fb2, lost: 7335 vs 7102 us, its held tile cost
+        registers and a spill, `results/profile_pi05_w2_early_prefix_ab.json`; it was removed.)
         fused_euler: each flow step's Euler update x_t += dt * velocity is the action-out GEMM's epilogue (a
         gated residual into the fp32 state, the velocity rounded to the model dtype first as before), and the
         next step's action-in GEMM reads the fp32 state, rounding it on load: the two torch kernels per step
@@ -179,7 +175,6 @@ class Pi05Engine:
         self.rope_in_gemm = bool(rope_in_gemm)
         self.norm_in_gemm = bool(norm_in_gemm)
         self.early_modulation = bool(early_modulation)
-        self.early_prefix = bool(early_prefix)
         self.early_positions = bool(early_positions)
         self.fused_euler = bool(fused_euler)
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
@@ -301,10 +296,9 @@ class Pi05Engine:
                                    constant_mod=self.early_modulation, backend=be)
             for i, L in enumerate(layers):
                 q, k2, v2, rope = qkv_heads(L, i, step)
-                # Action tokens see the valid prefix (cached K/V, pad mask) and every action token. The prefix
-                # is constant in this stage (early_prefix may read it before the PDL wait, see __init__).
+                # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
-                                constant_kv=self.early_prefix, backend=be)
+                                backend=be)
                 if self.norm_in_gemm:
                     lin(a.flatten(2), L.o_w, residual=GatedResidual(x, w.ada_attn[step, i, 2]),
                         emit=RowStats(w.ada_mlp[step, i, 0], xs, sums), backend=be)

@@ -63,47 +63,42 @@ class AttentionPicker:
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
-    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, rope=None, constant_kv=False, backend=None):
-        """constant_kv: k / v / key_mask are written by no kernel of the calling stage's PDL chain (see
-        `flash_attention.attention`); the kernel then reads its first key tile before its PDL wait."""
+    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, rope=None, backend=None):
         if not (self.enabled and q.device.type == "cuda" and K.available(q.device) and backend != "torch"):
-            return K.attention(q, k, v, key_mask, k2, v2, rope=rope, constant_kv=constant_kv, backend=backend)
+            return K.attention(q, k, v, key_mask, k2, v2, rope=rope, backend=backend)
         from flashrt_core.kernels.flash_attention import attention
 
         key = (tuple(q.shape), tuple(k.shape), key_mask is not None, None if k2 is None else tuple(k2.shape), q.dtype)
         if rope is not None:  # another kernel specialization (and other strides): tuned on its own
             key = (*key, "rope")
-        if constant_kv:  # so is the early-tile form (other registers, another best tiling)
-            key = (*key, "early")
         if key not in self.choices:
             if not self.tuning:
-                return attention(q, k, v, key_mask, k2, v2, rope=rope, constant_kv=constant_kv)
-            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2, rope, constant_kv)
-        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key], rope=rope, constant_kv=constant_kv)
+                return attention(q, k, v, key_mask, k2, v2, rope=rope)
+            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2, rope)
+        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key], rope=rope)
 
-    def _cached(self, key, q, k, v, key_mask, k2, v2, rope=None, constant_kv=False):
+    def _cached(self, key, q, k, v, key_mask, k2, v2, rope=None):
         """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""
         from flashrt_core.kernels.flash_attention import attention
 
         def check(config):
-            got = attention(q, k, v, key_mask, k2, v2, config=config, rope=rope, constant_kv=constant_kv)
+            got = attention(q, k, v, key_mask, k2, v2, config=config, rope=rope)
             return agrees(got, attention(q, k, v, key_mask, k2, v2, rope=rope), MATCH_REL)
         return reuse_or_tune(self.cache, self.cache_name, key, self.candidates, check,
-                             lambda: self._tune(key, q, k, v, key_mask, k2, v2, rope, constant_kv), self.timings,
+                             lambda: self._tune(key, q, k, v, key_mask, k2, v2, rope), self.timings,
                              q.device)
 
-    def _tune(self, key, q, k, v, key_mask, k2, v2, rope=None, constant_kv=False):
+    def _tune(self, key, q, k, v, key_mask, k2, v2, rope=None):
         from flashrt_core.kernels.flash_attention import attention
 
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
-        precompile([lambda c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope, constant_kv=constant_kv)
+        precompile([lambda c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope)
                     for config in [None, *self.candidates]])
         want = attention(q, k, v, key_mask, k2, v2, rope=rope)
         times = {}
         for config in [None, *self.candidates]:
             name = "heuristic" if config is None else str(config)
-            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope,
-                                                constant_kv=constant_kv))
+            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope))
             try:
                 if not agrees(fn(None), want, MATCH_REL):
                     times[name] = "mismatch"
@@ -120,7 +115,6 @@ class AttentionPicker:
     def report(self) -> list[dict]:
         """The chosen configuration per shape with every candidate's time (for benchmark JSON)."""
         return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3], "rope": "rope" in key,
-                 "early": "early" in key,
                  "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
                 for key, c in self.choices.items()]
 
