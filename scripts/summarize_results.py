@@ -17,7 +17,7 @@ def rows(doc, source):
 def main(folder):
     found = sorted(pathlib.Path(folder).glob("*.json"))
     if not found:
-        print(f"no benchmark JSON in {folder}")
+        print("no benchmark JSON in this round's output folder")
         return
     print(f"\n{'file':<34} {'system / case':<30} numbers")
     for path in found:

@@ -76,6 +76,20 @@ def test_qkv_rope_cache(dev, dtype, case, offset_kind):
     assert torch.equal(v[0, :, offsets[0]:offsets[0] + t].transpose(0, 1), heads[0, :, hq + hkv:])
 
 
+def plain_and_early(qkv, positions, cos, sin, cache, offset, hq, hkv):
+    """(q, k cache, v cache) of the kernel without and with constant_positions, each into its own cache copy;
+    asserts the two are bit for bit the same and returns them."""
+    outs = []
+    for early in (False, True):
+        kc, vc = cache.clone(), cache.clone()
+        q = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, offset, num_q_heads=hq, num_kv_heads=hkv,
+                             constant_positions=early, backend="triton")
+        outs.append((q, kc, vc))
+    for plain, early in zip(*outs):
+        assert torch.equal(plain, early)
+    return outs
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}t{}hq{}hkv{}dh{}s{}".format(*c))
@@ -87,14 +101,7 @@ def test_constant_positions_read_early_with_the_same_result(dev, dtype, case):
     positions[0, 0] = 400  # outside the 320-row tables
     positions[-1, -1] = -3
     cos, sin = K.rope_cos_sin(320, dh, device=dev)
-    outs = []
-    for early in (False, True):
-        kc, vc = cache.clone(), cache.clone()
-        q = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, 1, num_q_heads=hq, num_kv_heads=hkv,
-                             constant_positions=early, backend="triton")
-        outs.append((q, kc, vc))
-    for plain, early in zip(*outs):
-        assert torch.equal(plain, early)
+    outs = plain_and_early(qkv, positions, cos, sin, cache, 1, hq, hkv)
     kr, vr = cache.clone(), cache.clone()
     q_ref = R.qkv_rope_cache_ref(qkv, positions, cos, sin, kr, vr, 1, num_q_heads=hq, num_kv_heads=hkv)
     for got, want in zip(outs[1], (q_ref, kr, vr)):
@@ -232,11 +239,4 @@ def test_constant_positions_are_bit_identical_at_the_expert_shape_on_cuda():
     qkv, _, cache = make(1, 50, 8, 1, 256, 610, torch.bfloat16, "cuda", seed=7)
     positions = (530 + torch.arange(50, device="cuda"))[None]
     cos, sin = K.rope_cos_sin(610, 256, device="cuda")
-    outs = []
-    for early in (False, True):
-        kc, vc = cache.clone(), cache.clone()
-        q = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, 0, num_q_heads=8, num_kv_heads=1,
-                             constant_positions=early, backend="triton")
-        outs.append((q, kc, vc))
-    for plain, early in zip(*outs):
-        assert torch.equal(plain, early)
+    plain_and_early(qkv, positions, cos, sin, cache, 0, 8, 1)
