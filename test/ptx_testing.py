@@ -5,6 +5,7 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
     python test/ptx_testing.py            # JSON report of every case below
     python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
     python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
+    python test/ptx_testing.py --tma      # the same, and the TMA copies, of the TMA GEMM candidates
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -74,7 +75,8 @@ for _info in pkgutil.iter_modules(K.__path__):
 engine_gemm.pdl_launch = lambda device: dict(_PDL)
 K.available = lambda device=None: True
 
-_OPS = re.compile(r"^\s*(?:@%p\d+\s+)?((?:ld|st)\.global[.\w]*|cp\.async\.c[ag][.\w]*|griddepcontrol\.wait)", re.M)
+_OPS = re.compile(r"^\s*(?:@%p\d+\s+)?((?:ld|st)\.global[.\w]*|cp\.async\.c[ag][.\w]*|cp\.async\.bulk\.tensor[.\w]*|"
+                  r"griddepcontrol\.wait)", re.M)
 
 
 def summarize(ptx: str) -> dict:
@@ -218,6 +220,16 @@ def preload_resources() -> dict:
     return out
 
 
+def tma_resources() -> dict:
+    """Every TMA GEMM candidate (`engine_gemm.TMA_CONFIGS`) at each expert shape: registers, spills, shared
+    memory, and its PTX ops in all / before the PDL wait: {"config shape": {...}}."""
+    out = {}
+    for config in engine_gemm.TMA_CONFIGS:
+        for shape, (n, k, geglu) in EXPERT_GEMMS.items():
+            out[f"{config} {shape}"] = gemm_case(50, n, k, config, geglu=geglu)
+    return out
+
+
 def precompile_check() -> dict:
     """`_common.precompile` over the preloading GEMM candidates at the expert's QKV shape (and one call that
     raises): how many distinct kernels Triton's cache holds afterwards, all finished compiles."""
@@ -272,6 +284,8 @@ if __name__ == "__main__":
         print(json.dumps(engine_scan(), indent=1))
     elif sys.argv[1:] == ["--preload"]:
         print(json.dumps(preload_resources(), indent=1))
+    elif sys.argv[1:] == ["--tma"]:
+        print(json.dumps(tma_resources(), indent=1))
     elif sys.argv[1:] == ["--precompile"]:
         print(json.dumps(precompile_check(), indent=1))
     else:

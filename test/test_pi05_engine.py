@@ -320,7 +320,7 @@ def test_fp32_rows_are_rounded_on_load_like_the_bf16_rows_on_cuda():
     candidate whose fp32 row tiles do not fit in shared memory is refused at launch (the tuning skips it)."""
     from triton.runtime.errors import OutOfResources
 
-    from flashrt_core.models.pi05.engine_gemm import CONFIGS, _kwargs
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS, TMA_CONFIGS, _kwargs
 
     g = torch.Generator().manual_seed(21)
     for k, n in ((32, 1024), (1024, 32)):
@@ -332,7 +332,7 @@ def test_fp32_rows_are_rounded_on_load_like_the_bf16_rows_on_cuda():
         truncated = (x.view(torch.int32) & -65536).view(torch.float32)  # what a truncating cast would give
         assert (truncated != x.bfloat16().float()).float().mean() > 0.3
         ran = 0
-        for config in CONFIGS:
+        for config in CONFIGS + TMA_CONFIGS:
             kw = _kwargs(config)
             try:  # (the bf16 form, whose row tiles are staged in shared memory, may be the one refused)
                 got, want = skinny_linear(x, w, b, **kw), skinny_linear(x.bfloat16(), w, b, **kw)
@@ -342,7 +342,7 @@ def test_fp32_rows_are_rounded_on_load_like_the_bf16_rows_on_cuda():
                 continue
             ran += 1
             assert torch.equal(got, want) and torch.equal(got_r, want_r), config
-        assert ran >= len(CONFIGS) // 2, (k, n, ran)
+        assert ran >= len(CONFIGS + TMA_CONFIGS) // 2, (k, n, ran)
 
 
 def test_an_fp32_residual_under_a_bf16_gemm_is_tuned_as_its_own_shape():
@@ -483,7 +483,7 @@ def test_every_gemm_candidate_computes_f_linear(dev, geglu):
     tiles requested before the PDL wait) gives
     F.linear (GeGLU after it) on a small odd shape: the picker checks a candidate against cuBLAS before
     timing it, this keeps unusable ones out of the list."""
-    from flashrt_core.models.pi05.engine_gemm import CONFIGS, _kwargs
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS, TMA_CONFIGS, _kwargs
 
     g = torch.Generator().manual_seed(7 + geglu)
     m, n, k = 11, 40, 1096  # k: more than one step of every BLOCK_K, with a ragged last step
@@ -494,9 +494,79 @@ def test_every_gemm_candidate_computes_f_linear(dev, geglu):
     if geglu:
         gate, up = want.chunk(2, dim=-1)
         want = F.gelu(gate, approximate="tanh") * up
-    for config in CONFIGS:
+    for config in CONFIGS + TMA_CONFIGS:
         got = skinny_linear(x, w, b, geglu=geglu, **_kwargs(config))
         assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max(), config
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,bias,geglu,split,preload,fuse", [
+    (50, 40, 72, True, False, 1, 0, ""), (7, 33, 136, False, False, 2, 1, ""), (13, 2 * 20, 200, False, True, 1, 1, ""),
+    (50, 24, 96, True, False, 0, 0, ""), (9, 2 * 16, 64, False, True, 0, 0, ""), (19, 24, 128, False, False, 4, 0, ""),
+    (13, 24, 64, False, False, 0, 0, "residual+emit"), (7, 33, 200, True, False, 2, 1, "residual"),
+    (13, 2 * 20, 136, False, True, 2, 1, "norm")], ids=lambda v: str(v))
+def test_skinny_linear_reads_its_weights_through_tma(dev, dtype, m, n, k, bias, geglu, split, preload, fuse):
+    """tma=True: the weight tiles come through a tensor descriptor (rows and columns past the weight's end
+    read as zeros; GEGLU's up half at a row offset; a ragged N of 33 and a last K step of 8 of 32) and the
+    result is the pointer-loaded kernel's, with and without fusions, over the split modes."""
+    g = torch.Generator().manual_seed(m * n + k + split)
+    x, xs, w, (scale, shift), norm, res, gate, following = fused_case(m, n // 2 if geglu else n, k, geglu, dtype, dev,
+                                                                      seed=m + n + k)
+    b = torch.randn(n, generator=g).to(dev, dtype) if bias else None
+    normed = fuse == "norm"
+    h = KR.ada_rms_norm_ref(x, scale, shift, 1e-6) if normed else x
+    want = F.linear(h.float(), w.float(), None if b is None else b.float())
+    if geglu:
+        gate_half, up = want.chunk(2, dim=-1)
+        want = F.gelu(gate_half, approximate="tanh") * up
+    residual = GatedResidual(res, gate) if "residual" in fuse else None
+    if residual is not None:
+        want = res.float() + want * gate.float()
+    emit = RowStats(following, torch.full_like(res, 7.0), torch.full((-(-n // 16), m), 7.0, device=dev)) \
+        if "emit" in fuse else None
+    kw = dict(geglu=geglu, block_n=16, block_k=32, split_k=split, preload=preload, norm=norm if normed else None,
+              residual=residual, emit=emit)
+    got = skinny_linear(xs if normed else x, w, b, tma=True, **kw)
+    tol = TOL["gemm_fp32" if dtype == torch.float32 and not fuse else
+              "fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"]
+    assert (got.float() - want).abs().max() <= tol * want.abs().max()
+    if emit is not None:
+        want_scaled = got.float() * (1 + following.float())
+        assert (emit.scaled.float() - want_scaled).abs().max() <= tol * want_scaled.abs().max()
+        assert (emit.sums - chunk_sums(got)).abs().max() <= 1e-5 * chunk_sums(got).abs().max()
+
+
+def test_skinny_linear_refuses_what_tma_cannot_read(dev):
+    """A TMA block is at most 256 per dim and needs 16-byte aligned rows; it preloads one tile at most and
+    does not gather the rope epilogue's rows: each is a KernelInputError naming the reason."""
+    from flashrt_core.kernels._common import KernelInputError
+    x, w = torch.randn(5, 64, device=dev), torch.randn(32, 64, device=dev)
+    with pytest.raises(KernelInputError, match="at most 256"):
+        skinny_linear(x, w, tma=True, block_n=16, block_k=512)
+    with pytest.raises(KernelInputError, match="preloads at most one"):
+        skinny_linear(x, w, tma=True, block_n=16, block_k=32, preload=2)
+    odd = torch.randn(5, 63, device=dev)
+    with pytest.raises(KernelInputError, match="16-byte aligned"):
+        skinny_linear(odd, torch.randn(32, 63, device=dev), tma=True, block_n=16, block_k=32)
+    xr, wr, rope = qkv_rope_case(1, 5, 32, 2, 1, 8, torch.float32, dev, seed=4)
+    with pytest.raises(KernelInputError, match="rope"):
+        skinny_linear(xr, wr, tma=True, block_n=16, block_k=16, rope=rope)
+
+
+def test_the_tma_candidates_join_the_tuning_only_when_asked():
+    """LinearPicker(tma=True) offers TMA_CONFIGS besides CONFIGS and keeps its choices apart in the cache;
+    the rope epilogue (gathered weight rows) is never offered a TMA candidate."""
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS, TMA_CONFIGS
+
+    plain, tma = LinearPicker("cpu", preload=True), LinearPicker("cpu", preload=True, tma=True)
+    assert plain.candidates == CONFIGS and tma.candidates == CONFIGS + TMA_CONFIGS
+    assert (plain.cache_name, tma.cache_name) == ("linear_preload", "linear_preload_tma")
+    assert LinearPicker("cpu", tma=True).cache_name == "linear_tma"
+    without_preload = LinearPicker("cpu", tma=True).candidates
+    assert [c for c in TMA_CONFIGS if not c[5]] == [c for c in without_preload if len(c) > 6]
+    rope = Fusion(rope=QkvRope(*(torch.zeros(1),) * 6, 1, 1))
+    assert not any(len(c) > 6 and c[6] for c in tma.candidates_for(rope))
 
 
 def chunk_sums(v):
@@ -763,7 +833,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
-                                  "early_modulation", "early_positions", "fused_euler"])
+                                  "early_modulation", "early_positions", "fused_euler", "gemm_tma"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

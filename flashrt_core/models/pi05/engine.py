@@ -86,7 +86,7 @@ class Pi05Engine:
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
-                 early_positions: bool = True, fused_euler: bool = True):
+                 early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -147,7 +147,10 @@ class Pi05Engine:
         (the add and the cast) leave the act graph. Torch kernels do not take part in PDL, so each was a full
         drain of the chain (and the action-in GEMM could not request its weights early). Same actions up to
         fp32 rounding of the update. On: act 7245 -> 7161 us interleaved p50 (7022 -> 6996 us under the
-        profiler; H200, 6e84f3f, `results/profile_pi05_w2_fused_euler_ab.json`)."""
+        profiler; H200, 6e84f3f, `results/profile_pi05_w2_fused_euler_ab.json`).
+        gemm_tma: the GEMM tuning may also pick skinny configurations that read their weight tiles through TMA
+        descriptors (Hopper's bulk tensor copies into shared memory, `engine_gemm.TMA_CONFIGS`) instead of
+        per-thread loads. Off until measured (`profile_pi05.py --ab gemm_tma`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -184,7 +187,7 @@ class Pi05Engine:
             self.tuning_cache = tuning_cache or None
         else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
             self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
-        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache, preload=gemm_preload)
+        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache, preload=gemm_preload, tma=gemm_tma)
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache,
                                       merge_apart=attention_merge_apart)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)

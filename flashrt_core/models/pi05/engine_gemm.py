@@ -49,6 +49,17 @@ CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256,
            (32, 256, 1, 4, 3, 1), (32, 256, 1, 4, 3, 2), (16, 256, 1, 4, 4, 2), (32, 128, 1, 4, 4, 2),
            (16, 256, 2, 4, 3, 2), (32, 256, 2, 4, 3, 2), (16, 256, 4, 4, 3, 2), (32, 128, 4, 4, 4, 4),
            (16, 128, 8, 4, 3, 2), (16, 256, 8, 4, 3, 2)]
+# A 7th entry 1: the weight tiles come through a TMA descriptor (`skinny_linear(tma=True)`; preload 0 or 1,
+# blocks up to 256 per dim), offered with `LinearPicker(tma=True)`. Deeper pipelines cost shared memory only
+# (a TMA copy needs no registers), so these go to 6-8 stages.
+TMA_CONFIGS = [(32, 128, 1, 4, 4, 0, 1), (32, 128, 1, 4, 6, 0, 1), (32, 64, 1, 4, 8, 0, 1), (64, 128, 1, 4, 4, 0, 1),
+               (32, 128, 1, 4, 4, 1, 1), (32, 128, 2, 4, 4, 0, 1), (32, 128, 2, 4, 6, 1, 1), (32, 128, 4, 4, 4, 0, 1),
+               (32, 128, 4, 4, 6, 1, 1), (16, 128, 8, 4, 4, 0, 1), (32, 64, 4, 4, 8, 0, 1),
+               (16, 256, 1, 4, 4, 0, 1), (32, 256, 1, 4, 3, 0, 1), (32, 256, 0, 4, 1, 0, 1), (64, 256, 0, 8, 1, 0, 1),
+               # 64 columns per program: as many weight bytes as row bytes per stage (x is staged too)
+               (64, 128, 2, 4, 4, 0, 1), (64, 64, 2, 4, 8, 0, 1)]
+# (left out: (32, 128, 8, 4, 4, 0, 1), (64, 128, 0, 4, 1, 0, 1), (64, 128, 4, 4, 4, 0, 1) and (64, 128, 8, 4, 3, 0, 1)
+# spill at one expert shape or more on sm_90, `ptx_testing.py --tma`)
 # (none of these spills at the expert's shapes on sm_90: `test_kernels_ptx.py`; (64, 128, 4, 4, 4, 2) did at
 # gate|up and was left out)
 # Tried and left out (H200, 2026-12-03): the whole K = 1024 in one step, (32, 1024, 0, 8, 1) and
@@ -63,6 +74,10 @@ try:  # Triton is optional on CPU-only installs; the picker then never offers it
     from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 except ImportError:  # pragma: no cover
     triton = None
+try:  # host-side TMA descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
 
 if triton is not None:
     @triton.jit
@@ -97,7 +112,7 @@ if triton is not None:
         tl.store(dst + HALF, (a2 * c + a1 * s).to(QO.dtype.element_ty), mask=out_mask)
 
     @triton.jit
-    def _skinny_gemm_kernel(X, W, B, Y, P, C, SW, SSI, G, SCN, XS, SSO, POS, COS, SIN, QO, KO, VO,
+    def _skinny_gemm_kernel(X, W, WD, B, Y, P, C, SW, SSI, G, SCN, XS, SSO, POS, COS, SIN, QO, KO, VO,
                             M, N, K, k_per_split, sxm, swn, sym, sps, up_rows, up_off, eps, n_chunks, T, n_positions,
                             q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                             HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
@@ -105,7 +120,7 @@ if triton is not None:
                             ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                             CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
-                            PDL: tl.constexpr):
+                            TMA: tl.constexpr, PDL: tl.constexpr):
         """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to W's dtype on load (an fp32 X into a bf16 GEMM);
         GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_rows rows.
         ROPE (the fused QKV projection, heads of 2 HALF dims): output column n of N = (HQ + 2 HKV) HALF is dim
@@ -118,6 +133,9 @@ if triton is not None:
         PRE_K > 0: the first PRE_K weight columns of the program's K range are loaded as one tile before
         waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
         covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
+        TMA: the weight tiles come through WD, a tensor descriptor of W with [BLOCK_N, BLOCK_K] blocks (Hopper's
+        tensor memory accelerator: one bulk copy per tile into shared memory instead of per-thread loads; rows
+        and columns past W's end read as zeros), PRE_K is 0 or BLOCK_K; not with ROPE (its rows are gathered).
         NORM (AdaRMS of the rows, X already scaled by (1 + scale) by the kernel that produced it, see EMIT):
         the product is scaled by each row's rsqrt(mean(x^2) + eps), with sum(x^2) the sum of SSI[:, row]
         ([n_chunks, M] partial sums, CHUNKS >= n_chunks), and the shift enters as SW = W @ shift (fp32, [N];
@@ -144,11 +162,17 @@ if triton is not None:
         if PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
             kp = k_lo + tl.arange(0, PRE_K)
             kp_ok = (kp < K) & (kp < k_lo + k_per_split)
-            wp_ptr = W + wr[None, :].to(tl.int64) * swn + kp[:, None]
-            wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
-            wpu = wp
-            if GEGLU or ROPE:
-                wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+            if TMA:  # (PRE_K = BLOCK_K: the tile never crosses the split's end, which is a BLOCK_K multiple)
+                wp = WD.load([pid_n * BLOCK_N, k_lo]).T
+                wpu = wp
+                if GEGLU:
+                    wpu = WD.load([up_rows + pid_n * BLOCK_N, k_lo]).T
+            else:
+                wp_ptr = W + wr[None, :].to(tl.int64) * swn + kp[:, None]
+                wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+                wpu = wp
+                if GEGLU or ROPE:
+                    wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
             pdl_wait(PDL)
             xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :],
                          other=0.0).to(W.dtype.element_ty)
@@ -167,14 +191,20 @@ if triton is not None:
                 k_ok = kk < K
                 x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
                             other=0.0).to(W.dtype.element_ty)
-                w_ptr = W + wr[None, :].to(tl.int64) * swn + kk[:, None]
-                w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T tile
+                if TMA:
+                    w = WD.load([pid_n * BLOCK_N, k0]).T
+                else:
+                    w_ptr = W + wr[None, :].to(tl.int64) * swn + kk[:, None]
+                    w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T
                 if UPCAST:
                     x = x.to(tl.float32)
                     w = w.to(tl.float32)
                 acc += tl.dot(x, w, input_precision=PRECISION)
                 if GEGLU or ROPE:
-                    wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                    if TMA:
+                        wu = WD.load([up_rows + pid_n * BLOCK_N, k0]).T
+                    else:
+                        wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
                     if UPCAST:
                         wu = wu.to(tl.float32)
                     acc_up += tl.dot(x, wu, input_precision=PRECISION)
@@ -359,7 +389,7 @@ def _check_fusions(x, n, geglu, norm, residual, emit, dtype):
 
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
-                  preload=0, norm: RowNorm | None = None, residual: GatedResidual | None = None,
+                  preload=0, tma=False, norm: RowNorm | None = None, residual: GatedResidual | None = None,
                   emit: RowStats | None = None, rope: QkvRope | None = None):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
@@ -367,7 +397,9 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     two; split_k >= 1): each program loads its first `preload` BLOCK_K weight tiles before the PDL wait.
     norm: x is an AdaRMS input already scaled by its producer (RowNorm); residual: the result is added into
     it (and it is returned); emit: also write the next AdaRMS's input and row sums (RowStats); rope: w is
-    the fused QKV weight, split, rotated and written into q / k / v (QkvRope; q is returned)."""
+    the fused QKV weight, split, rotated and written into q / k / v (QkvRope; q is returned). tma: the weight
+    tiles are read through a tensor descriptor (TMA bulk copies; preload 0 or 1, block sizes up to 256, not
+    with rope)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -390,6 +422,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         raise KernelInputError(f"skinny_linear: `x` {x.dtype} with a {w.dtype} weight (only fp32 rows into a "
                                "bf16 / fp16 GEMM are rounded on load)")
     _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit, w.dtype)
+    if tma:
+        _check_tma(w, block_n, block_k, preload, rope)
     if rope is not None:
         y = rope.q
     else:
@@ -414,8 +448,9 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         rope_args = (rope.positions, rope.cos, rope.sin, rope.q, rope.k, rope.v)
         rope_ints = (rope.positions.shape[1], rope.cos.shape[0], *rope.q.stride()[:3], *rope.k.stride()[:3],
                      *rope.v.stride()[:3])
+    w_desc = TensorDescriptor.from_tensor(w, [block_n, block_k]) if tma else w
     launch(_skinny_gemm_kernel, grid,
-        x2, w, b if b is not None else w, y, part, tickets, norm.shift_w if norm is not None else w,
+        x2, w, w_desc, b if b is not None else w, y, part, tickets, norm.shift_w if norm is not None else w,
         norm.sums if norm is not None else w, residual.gate if residual is not None else w,
         emit.scale if emit is not None else w, emit.scaled if emit is not None else w,
         emit.sums if emit is not None else w, *(rope_args or (w,) * 6),
@@ -427,9 +462,27 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         HALF=dh // 2,
         CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and w.dtype != torch.float32,
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PRE_K=pre_k, num_warps=num_warps, num_stages=1 if interp else num_stages,
+        BLOCK_K=block_k, PRE_K=pre_k, TMA=bool(tma), num_warps=num_warps, num_stages=1 if interp else num_stages,
         **pdl_launch(x.device))
     return y if residual is not None or rope is not None else y.view(*x.shape[:-1], n)
+
+
+TMA_MAX_BOX = 256  # elements per dimension of one TMA block
+
+
+def _check_tma(w, block_n, block_k, preload, rope):
+    """Raise KernelInputError unless the weight can be read through a TMA descriptor with these tiles."""
+    if TensorDescriptor is None:
+        raise KernelUnavailableError("skinny_linear: tma needs triton.tools.tensor_descriptor")
+    if rope is not None:
+        raise KernelInputError("skinny_linear: tma does not fuse with rope= (its weight rows are gathered)")
+    if preload > 1:
+        raise KernelInputError(f"skinny_linear: tma preloads at most one BLOCK_K tile, got preload={preload}")
+    if max(block_n, block_k) > TMA_MAX_BOX:
+        raise KernelInputError(f"skinny_linear: tma blocks are at most {TMA_MAX_BOX} per dim, got "
+                               f"[{block_n}, {block_k}]")
+    if (w.stride(0) * w.element_size()) % 16 or w.data_ptr() % 16:
+        raise KernelInputError("skinny_linear: tma needs a 16-byte aligned weight with 16-byte aligned rows")
 
 
 def row_stats_ref(y: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -525,16 +578,19 @@ class LinearPicker:
     when that measures faster. mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always
     the first skinny configuration where M is small: for tests)."""
 
-    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = False):
+    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = False, tma: bool = False):
         """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
         instead of timing the candidates again; new choices are put into it. preload: also offer the
         candidates that request weight tiles before the PDL wait in their K loop (off: their choices are
-        cached apart from the full candidate set's, so an A/B engine never reads the other's)."""
+        cached apart from the full candidate set's, so an A/B engine never reads the other's). tma: also offer
+        the candidates that read their weight tiles through TMA descriptors (TMA_CONFIGS; cached apart too)."""
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
         self.device, self.mode, self.tuning, self.cache = torch.device(device), mode, False, cache
         self.candidates = [c for c in CONFIGS if preload or len(c) < 6 or not c[5]]
-        self.cache_name = "linear_preload" if preload else "linear"
+        if tma:
+            self.candidates += [c for c in TMA_CONFIGS if preload or not c[5]]
+        self.cache_name = ("linear_preload" if preload else "linear") + ("_tma" if tma else "")
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
@@ -570,8 +626,9 @@ class LinearPicker:
         tiling (the plain QKV's usual pick, (32, 128, 1, 4, 4, 2), has (16, 128, 1, 4, 4, 2) as its twin)."""
         if fusion.rope is None:
             return list(self.candidates)
-        halved = [(c[0] // 2, *c[1:]) for c in self.candidates if c[0] >= 32]
-        return list(dict.fromkeys([*self.candidates, *halved]))
+        plain = [c for c in self.candidates if len(c) < 7 or not c[6]]  # (TMA reads no gathered rows)
+        halved = [(c[0] // 2, *c[1:]) for c in plain if c[0] >= 32]
+        return list(dict.fromkeys([*plain, *halved]))
 
     def _cached(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
         """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
@@ -644,6 +701,6 @@ def _same(got: list, want: list) -> bool:
 
 
 def _kwargs(config):
-    bn, bk, split, warps, stages, *pre = config
+    bn, bk, split, warps, stages, *rest = config
     return {"block_n": bn, "block_k": bk, "split_k": split, "num_warps": warps, "num_stages": stages,
-            "preload": pre[0] if pre else 0}
+            "preload": rest[0] if rest else 0, "tma": bool(rest[1]) if len(rest) > 1 else False}
