@@ -150,7 +150,10 @@ class Pi05Engine:
         profiler; H200, 6e84f3f, `results/profile_pi05_w2_fused_euler_ab.json`).
         gemm_tma: the GEMM tuning may also pick skinny configurations that read their weight tiles through TMA
         descriptors (Hopper's bulk tensor copies into shared memory, `engine_gemm.TMA_CONFIGS`) instead of
-        per-thread loads. Off until measured (`profile_pi05.py --ab gemm_tma`)."""
+        per-thread loads. Off: on the H200 the picker took TMA forms only for the two tiny flow-step GEMMs
+        (action in 1.33 vs 1.52 us, action out 3.06 vs 3.38 us); for QKV, o, gate|up and down the best TMA
+        form was 0.15-0.8 us slower than the best pointer-loaded one, and act stayed where it was (6994 vs
+        6956 us interleaved p50, action cosine 1.000000; 1bdf079, `results/profile_pi05_w2_gemm_tma_ab.json`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
