@@ -98,14 +98,17 @@ class Pi05Engine:
         ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in every process), or a
         `TuningCache`. rope_in_attention: the action expert's attention reads q, k and v straight from the
         QKV GEMM output and rotates q and k on load, instead of a split/rotate kernel before it (one kernel
-        less per layer and flow step; off: slower on the H200, `profile_pi05.py --ab rope_in_attention`).
+        less per layer and flow step; off: slower on the H200, `profile_pi05.py --ab rope_in_attention`; again
+        at d78ebe1 with the current attention kernel: act 8690 vs 7394 us interleaved p50,
+        `results/profile_pi05_w2_rope_in_attention_ab.json`).
         norm_in_gemm: no norm kernels between the action expert's GEMMs: the GEMMs that produce its residual
         stream (action in, o, down) add their gated residual in place and also write the next AdaRMS's
         scaled input and row sums of squares (`engine_gemm.GatedResidual`, `RowStats`); the GEMMs that read
         a norm (QKV, gate|up, action out) apply the row scale and shift after their product (`RowNorm`).
         370 fewer launches per act, same actions (cosine 0.999999), but not faster on the H200 with PDL
         (8451 vs 8393 us, `results/profile_pi05_w2_norm_ab2.json`: there the norm kernels hide behind the
-        GEMMs and the producing GEMMs' epilogues grow), so off by default; without PDL (pdl=False, GPUs
+        GEMMs and the producing GEMMs' epilogues grow; again at d78ebe1 with the full candidate list: 7591 vs
+        7550 us, `results/profile_pi05_w2_norm_in_gemm_ab.json`), so off by default; without PDL (pdl=False, GPUs
         before sm_90) launches cost more and it may pay: `profile_pi05.py --pdl 0 --ab norm_in_gemm`.
         l2_prefetch: the action expert's glue kernels start the HBM -> L2 stream of the weights (and cached
         prefix K/V) that the next GEMMs (and attention) read, so those read L2 instead of waiting on HBM
