@@ -6,7 +6,9 @@ Writes into --out-dir, each file as soon as its workload is done (so a run cut s
   pi05_views1.json      1 view,  lerobot-eager only (a new input shape would mean another compile)
   pi05_views3.json      3 views, lerobot-eager only
   pi05_w2_siglip_fp32.json  W2 with SigLIP in fp32 as LeRobot keeps it (speed and parity of that choice)
-  pi05_parity.json      the parity section of every workload above, side by side
+  pi05_parity.json      the parity section of every workload above, side by side (a run without W2 writes
+                        pi05_parity_views.json for views1 / views3, else pi05_parity_<workloads>.json, so
+                        that it never replaces the W2 run's file)
 The compiled baseline (its first call compiles for minutes) runs right after W2 and is added to pi05_w2.json.
 
     python benchmarks/bench_pi05.py --out-dir benchmarks/results [--workloads w2,views1] [--skip-compile]
@@ -29,6 +31,15 @@ from flashrt_core.bench import (PARITY_TARGETS, bench_compiled, bench_pi05, docu
 
 _FILES = {"w2": "pi05_w2.json", "views1": "pi05_views1.json", "views3": "pi05_views3.json",
           "siglip32": "pi05_w2_siglip_fp32.json"}
+
+
+def parity_file(workloads: list[str]) -> str:
+    """The parity summary's file name for a run of these workloads: pi05_parity.json only with W2 in it."""
+    if "w2" in workloads:
+        return "pi05_parity.json"
+    if set(workloads) <= {"views1", "views3"}:
+        return "pi05_parity_views.json"
+    return "pi05_parity_" + "_".join(workloads) + ".json"
 
 
 def write(out_dir: pathlib.Path, name: str, run: dict) -> None:
@@ -87,8 +98,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"--workloads: unknown {name!r}")
         print(f"[bench_pi05] {name} done, {time.time() - t0:.0f} s so far", flush=True)
         parity[name] = json.loads((out / _FILES[name]).read_text()).get("parity", {})
-        write_result(out / "pi05_parity.json", {"model": "pi05", "workloads": list(parity), "weights": "normal(0, 0.02)",
-                                                "targets": PARITY_TARGETS}, parity)
+        write_result(out / parity_file(todo), {"model": "pi05", "workloads": list(parity),
+                                               "weights": "normal(0, 0.02)", "targets": PARITY_TARGETS}, parity)
     return 0
 
 
