@@ -511,30 +511,14 @@ def test_skinny_linear_reads_its_weights_through_tma(dev, dtype, m, n, k, bias, 
     read as zeros; GEGLU's up half at a row offset; a ragged N of 33 and a last K step of 8 of 32) and the
     result is the pointer-loaded kernel's, with and without fusions, over the split modes."""
     g = torch.Generator().manual_seed(m * n + k + split)
-    x, xs, w, (scale, shift), norm, res, gate, following = fused_case(m, n // 2 if geglu else n, k, geglu, dtype, dev,
-                                                                      seed=m + n + k)
+    x, xs, w, *tail = fused_case(m, n // 2 if geglu else n, k, geglu, dtype, dev, seed=m + n + k)
     b = torch.randn(n, generator=g).to(dev, dtype) if bias else None
     normed = fuse == "norm"
-    h = KR.ada_rms_norm_ref(x, scale, shift, 1e-6) if normed else x
-    want = F.linear(h.float(), w.float(), None if b is None else b.float())
-    if geglu:
-        gate_half, up = want.chunk(2, dim=-1)
-        want = F.gelu(gate_half, approximate="tanh") * up
-    residual = GatedResidual(res, gate) if "residual" in fuse else None
-    if residual is not None:
-        want = res.float() + want * gate.float()
-    emit = RowStats(following, torch.full_like(res, 7.0), torch.full((-(-n // 16), m), 7.0, device=dev)) \
-        if "emit" in fuse else None
-    kw = dict(geglu=geglu, block_n=16, block_k=32, split_k=split, preload=preload, norm=norm if normed else None,
-              residual=residual, emit=emit)
-    got = skinny_linear(xs if normed else x, w, b, tma=True, **kw)
-    tol = TOL["gemm_fp32" if dtype == torch.float32 and not fuse else
-              "fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"]
-    assert (got.float() - want).abs().max() <= tol * want.abs().max()
-    if emit is not None:
-        want_scaled = got.float() * (1 + following.float())
-        assert (emit.scaled.float() - want_scaled).abs().max() <= tol * want_scaled.abs().max()
-        assert (emit.sums - chunk_sums(got)).abs().max() <= 1e-5 * chunk_sums(got).abs().max()
+    want, residual, emit = fused_want(x, w, b, geglu, fuse, tail, dev)
+    got = skinny_linear(xs if normed else x, w, b, tma=True, geglu=geglu, block_n=16, block_k=32, split_k=split,
+                        preload=preload, norm=tail[1] if normed else None, residual=residual, emit=emit)
+    check_fused(got, want, emit, tail[-1], TOL["gemm_fp32" if dtype == torch.float32 and not fuse else
+                                               "fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"])
 
 
 def test_skinny_linear_refuses_what_tma_cannot_read(dev):
@@ -589,6 +573,34 @@ def fused_case(m, n, k, geglu, dtype, dev, seed):
     return x, xs, w, (scale, shift), norm, res, gate, following
 
 
+def fused_want(x, w, b, geglu, fuse, case_tail, dev):
+    """What a skinny GEMM call with the fusions named in `fuse` ("norm", "residual", "emit") must give, from
+    the separate reference ops: (want in fp32, the GatedResidual to pass, the RowStats to pass, its scale)."""
+    (scale, shift), norm, res, gate, following = case_tail
+    h = KR.ada_rms_norm_ref(x, scale, shift, 1e-6) if fuse.startswith("norm") else x
+    want = F.linear(h.float(), w.float(), None if b is None else b.float())
+    if geglu:
+        gate_half, up = want.chunk(2, dim=-1)
+        want = F.gelu(gate_half, approximate="tanh") * up
+    residual = GatedResidual(res, gate) if "residual" in fuse else None
+    if residual is not None:
+        want = res.float() + want * gate.float()
+    m, n = res.shape[-2:]
+    emit = RowStats(following, torch.full_like(res, 7.0), torch.full((-(-n // 16), m), 7.0, device=dev)) \
+        if "emit" in fuse else None
+    return want, residual, emit
+
+
+def check_fused(got, want, emit, following, tol):
+    """The product within tol of its max; the row stats from the result as stored (rounded to its dtype)."""
+    assert (got.float() - want).abs().max() <= tol * want.abs().max()
+    if emit is not None:
+        want_scaled = got.float() * (1 + following.float())
+        assert (emit.scaled.float() - want_scaled).abs().max() <= tol * want_scaled.abs().max()
+        want_sums = chunk_sums(got)
+        assert (emit.sums - want_sums).abs().max() <= 1e-5 * want_sums.abs().max()
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,bias,geglu,split,fuse", [
@@ -603,31 +615,16 @@ def test_skinny_linear_fuses_adarms_and_the_gated_residual(dev, dtype, m, n, k, 
     the shift as w @ shift); residual=GatedResidual: res += gate * result in place; emit=RowStats: also the
     next norm's scaled input and row sums of the result as stored. Against the separate reference ops,
     over every split mode (one program per K, split-K, one BLOCK_K slice per program, tiles preloaded)."""
-    x, xs, w, (scale, shift), norm, res, gate, following = fused_case(m, n, k, geglu, dtype, dev, seed=m + 7 * n + k)
+    x, xs, w, *tail = fused_case(m, n, k, geglu, dtype, dev, seed=m + 7 * n + k)
     b = torch.randn(n).to(dev, dtype) if bias else None
     normed = fuse.startswith("norm")
-    h = KR.ada_rms_norm_ref(x, scale, shift, 1e-6) if normed else x
-    want = F.linear(h.float(), w.float(), None if b is None else b.float())
-    if geglu:
-        gate_half, up = want.chunk(2, dim=-1)
-        want = F.gelu(gate_half, approximate="tanh") * up
-    residual = GatedResidual(res, gate) if "residual" in fuse else None
-    if residual is not None:
-        want = res.float() + want * gate.float()
-    emit = RowStats(following, torch.full_like(res, 7.0), torch.full((-(-n // 16), m), 7.0, device=dev)) \
-        if "emit" in fuse else None
+    want, residual, emit = fused_want(x, w, b, geglu, fuse, tail, dev)
     got = skinny_linear(xs if normed else x, w, b, geglu=geglu, block_n=16, block_k=32, split_k=split,
-                        preload=2 if "preload" in fuse else 0, norm=norm if normed else None, residual=residual,
+                        preload=2 if "preload" in fuse else 0, norm=tail[1] if normed else None, residual=residual,
                         emit=emit)
     if residual is not None:
-        assert got is res  # updated in place
-    tol = TOL["fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"]
-    assert (got.float() - want).abs().max() <= tol * want.abs().max()
-    if emit is not None:  # from the result as stored (rounded to its dtype)
-        want_scaled = got.float() * (1 + following.float())
-        assert (emit.scaled.float() - want_scaled).abs().max() <= tol * want_scaled.abs().max()
-        want_sums = chunk_sums(got)
-        assert (emit.sums - want_sums).abs().max() <= 1e-5 * want_sums.abs().max()
+        assert got is tail[2]  # updated in place
+    check_fused(got, want, emit, tail[-1], TOL["fused_gemm_fp32" if dtype == torch.float32 else "fused_gemm_bf16"])
 
 
 def test_linear_picker_torch_route_gives_the_same_fusions():
