@@ -126,7 +126,9 @@ class Pi05Engine:
         by a second kernel (`kernels.attention` config[5]). Off: timed alone such a configuration wins the
         expert's attention (9.8 vs 12.3 us for W2), but in the act graph it lost (interleaved act p50 8478
         vs 8279 us with the in-kernel merge, H200, `results/profile_pi05_w2_attention_merge_apart_ab.json`):
-        the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses.
+        the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses
+        (again at 1d7cd17 with the one-key-loop kernel: 8.92 vs 9.69 us alone, act 7397 vs 6912 us,
+        `results/profile_pi05_w2_attention_merge_apart_ab_1d7cd17.json`).
         gemm_preload: the GEMM tuning may also pick skinny configurations that request their first weight
         tiles before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element; the PTX
         check `test_kernels_ptx.py` shows the loads before the wait). On: together with early_modulation the
