@@ -145,3 +145,18 @@ def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
         bad = [joint_names[i] if joint_names else str(i) for i in np.flatnonzero(~np.isfinite(values))]
         raise ConversionError(f"JointState has non-finite positions for {bad}")
     return values
+
+
+def action_chunk(actions, width: int) -> np.ndarray:
+    """A policy's action chunk [horizon, >= width] -> float32 [horizon, width], refused (ConversionError naming
+    the first bad step and dim) when anything in it is NaN or infinite: such a chunk is never sent to a robot."""
+    a = np.asarray(actions, dtype=np.float32)
+    if a.ndim != 2 or a.shape[1] < width:
+        raise ConversionError(f"action chunk: expected [horizon, >= {width}], got {a.shape}")
+    a = a[:, :width]
+    bad = np.argwhere(~np.isfinite(a))
+    if len(bad):
+        step, dim = (int(v) for v in bad[0])
+        raise ConversionError(f"the policy produced {len(bad)} non-finite actions (first at step {step}, dim {dim}: "
+                              f"{a[step, dim]}); chunk not published")
+    return a

@@ -123,3 +123,23 @@ def test_cv_bridge_is_used_when_the_ros_install_has_it(monkeypatch, rgb):
     with pytest.raises(cv.ConversionError, match="cv_bridge could not decode the image: bridge refused"):
         cv.image_to_rgb(msg)
     monkeypatch.setattr(cv, "_BRIDGE", None)
+
+
+def test_an_action_chunk_with_nan_or_inf_is_never_published():
+    """The node sends a chunk only through action_chunk: finite values pass (cut to the joints' width, float32),
+    a NaN or infinite value anywhere is refused with the count and the first bad step and dim."""
+    chunk = np.random.default_rng(5).normal(size=(50, 8)) + 0.5
+    out = cv.action_chunk(chunk, 6)
+    assert out.dtype == np.float32 and out.shape == (50, 6)
+    np.testing.assert_array_equal(out, chunk[:, :6].astype(np.float32))
+    for bad in (np.nan, np.inf, -np.inf):
+        broken = chunk.copy()
+        broken[7, 3] = bad
+        broken[9, 0] = bad
+        with pytest.raises(cv.ConversionError, match=r"2 non-finite actions \(first at step 7, dim 3"):
+            cv.action_chunk(broken, 6)
+    broken = chunk.copy()
+    broken[0, 7] = np.nan  # beyond the published width: not sent, so not refused
+    assert cv.action_chunk(broken, 6).shape == (50, 6)
+    with pytest.raises(cv.ConversionError, match="expected"):
+        cv.action_chunk(chunk[0], 6)
