@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
+from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm, RowStats,
                                                   stat_chunks)
 from flashrt_core.models.pi05.engine_tuning import TuningCache
@@ -464,29 +465,22 @@ class Pi05Engine:
 
     def set_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
         """Copy one observation into the buffers: images [B, S<=slots, 3, size, size] in [-1, 1], masks [B, S],
-        lang_tokens / lang_mask [B, L<=tokenizer_max_length]. Unused slots and prompt positions are masked."""
-        c = self.config
-        size = c.vision.image_size
-        if images.ndim != 5 or tuple(images.shape[2:]) != (3, size, size):
-            raise InputError(f"images: expected [B, slots, 3, {size}, {size}], got {tuple(images.shape)}")
+        lang_tokens / lang_mask [B, L<=tokenizer_max_length]. Unused slots and prompt positions are masked; a
+        masked (missing) camera's image is replaced by -1s as LeRobot builds it, so whatever it held (stale or
+        NaN pixels) never reaches the actions. Everything is checked before anything is written
+        (`inputs.check_model_inputs`): a refused call leaves the buffers as they were."""
+        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
         b, s = images.shape[:2]
-        if s > c.num_image_slots:
-            raise InputError(f"images: {s} camera slots but the engine has {c.num_image_slots}")
-        if tuple(image_masks.shape) != (b, s):
-            raise InputError(f"image_masks: expected {(b, s)}, got {tuple(image_masks.shape)}")
-        if lang_tokens.ndim != 2 or lang_tokens.shape[0] != b or tuple(lang_mask.shape) != tuple(lang_tokens.shape):
-            raise InputError(f"lang_tokens/lang_mask: expected [{b}, L] each, got {tuple(lang_tokens.shape)} / "
-                             f"{tuple(lang_mask.shape)}")
         n = lang_tokens.shape[1]
-        if n > c.tokenizer_max_length:
-            raise InputError(f"lang_tokens: {n} tokens exceed tokenizer_max_length {c.tokenizer_max_length}")
         self._resize(b)
         buf = self.buffers
         buf.images[:, :s].copy_(images)
         buf.images[:, s:].fill_(-1.0)
         buf.image_masks[:, :s].copy_(image_masks)
         buf.image_masks[:, s:].fill_(False)
+        buf.images[:, :s].masked_fill_(~buf.image_masks[:, :s, None, None, None], -1.0)
         buf.lang_tokens[:, :n].copy_(lang_tokens)
+        buf.lang_tokens[:, :n].clamp_(0, self.config.vocab_size - 1)  # (CPU ids were checked; see inputs.py)
         buf.lang_tokens[:, n:].zero_()
         buf.lang_mask[:, :n].copy_(lang_mask)
         buf.lang_mask[:, n:].fill_(False)
@@ -499,23 +493,24 @@ class Pi05Engine:
         return PrefixCache(k=buf.prefix_k, v=buf.prefix_v, pad_mask=buf.pad_mask, n_valid=buf.n_valid)
 
     def set_prefix(self, prefix: PrefixCache) -> None:
-        """Make `prefix` the cached prefix (a no-op when it already views the engine's buffers)."""
+        """Make `prefix` the cached prefix (a no-op when it already views the engine's buffers). Every field is
+        checked (shape, dtype) before anything is copied."""
+        b = check_prefix(self.config, prefix, self.config.prefix_len)
+        if b != self.batch:
+            raise InputError(f"prefix.k: batch {b} but the engine holds batch {self.batch}")
         buf = self.buffers
-        if prefix.k.shape[1] != self.batch:
-            raise InputError(f"prefix.k: batch {prefix.k.shape[1]} but the engine holds batch {self.batch}")
-        if tuple(prefix.k.shape) != tuple(buf.prefix_k.shape):
-            raise InputError(f"prefix.k: expected {tuple(buf.prefix_k.shape)}, got {tuple(prefix.k.shape)}")
         for src, dst in ((prefix.k, buf.prefix_k), (prefix.v, buf.prefix_v), (prefix.pad_mask, buf.pad_mask),
                          (prefix.n_valid, buf.n_valid)):
             if not _same(src, dst):
-                dst.copy_(src.reshape(dst.shape))
+                dst.copy_(src)
 
     def denoise(self, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
-        """noise [B, chunk, action_dim] -> actions [B, chunk, action_dim] fp32 (a fresh tensor)."""
+        """noise [B, chunk, action_dim] -> actions [B, chunk, action_dim] fp32 (a fresh tensor). The prefix and
+        the noise are checked before the engine changes anything (a refused call keeps its buffers)."""
+        b = check_prefix(self.config, prefix, self.config.prefix_len)
+        check_noise(self.config, noise, b)
         if not _same(prefix.k, self.buffers.prefix_k):
-            self._resize(prefix.k.shape[1])  # a cache from elsewhere may bring its own batch size
-        if tuple(noise.shape) != tuple(self.buffers.noise.shape):
-            raise InputError(f"noise: expected {tuple(self.buffers.noise.shape)}, got {tuple(noise.shape)}")
+            self._resize(b)  # a cache from elsewhere may bring its own batch size
         self.set_prefix(prefix)
         self.buffers.noise.copy_(noise)
         self.act()

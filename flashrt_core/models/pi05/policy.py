@@ -11,11 +11,13 @@ import importlib
 import os
 import pathlib
 
+import numpy as np
 import torch
 
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.checkpoint import load_checkpoint
 from flashrt_core.models.pi05.config import Pi05Config
+from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.pi05.preprocess import preprocess_images
 from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, format_prompt,
                                              tokenize_prompt)
@@ -66,43 +68,35 @@ class Pi05Policy:
                                  self.config.vision.image_size, device=self.device)
 
     def tokenize(self, task: str, state_normalized):
-        """Task + normalized state -> (lang_tokens [1, L], lang_mask [1, L]) on device."""
+        """Task + normalized state -> (lang_tokens [1, L], lang_mask [1, L]) on device. The state may have at
+        most config.state_dim values, and the tokenizer must stay inside the model's vocabulary."""
         if self.tokenizer is None:
             raise InputError(f"tokenizer: none loaded; put {TOKENIZER_FILE} beside the checkpoint or pass tokenizer=")
+        shape = tuple(state_normalized.shape) if hasattr(state_normalized, "shape") else np.shape(state_normalized)
+        if len(shape) == 1 and shape[0] > self.config.state_dim:  # (other ranks: format_prompt says so)
+            raise InputError(f"state: {shape[0]} values but the model takes at most {self.config.state_dim} "
+                             "(max_state_dim)")
         tokens, mask = tokenize_prompt(self.tokenizer, format_prompt(task, state_normalized),
                                        self.config.tokenizer_max_length)
+        if int(tokens.max()) >= self.config.vocab_size:
+            raise InputError(f"tokenizer: id {int(tokens.max())} is outside the model's vocabulary of "
+                             f"{self.config.vocab_size} (a tokenizer of another model?)")
         return tokens.to(self.device), mask.to(self.device)
 
     def make_noise(self, batch: int) -> torch.Tensor:
         return torch.randn((batch, self.config.chunk_size, self.config.action_dim), generator=self.generator,
                            device=self.device, dtype=torch.float32)
 
-    def _check(self, images, image_masks, lang_tokens, lang_mask) -> None:
-        # Shape checks only: no values are read, so nothing waits for the device.
-        c = self.config
-        size = c.vision.image_size
-        if images.ndim != 5 or tuple(images.shape[2:]) != (3, size, size):
-            raise InputError(f"images: expected [B, slots, 3, {size}, {size}], got {tuple(images.shape)}")
-        b, s = images.shape[:2]
-        if tuple(image_masks.shape) != (b, s):
-            raise InputError(f"image_masks: expected {(b, s)}, got {tuple(image_masks.shape)}")
-        if lang_tokens.ndim != 2 or lang_tokens.shape[0] != b or tuple(lang_mask.shape) != tuple(lang_tokens.shape):
-            raise InputError(f"lang_tokens/lang_mask: expected [{b}, L] each, got {tuple(lang_tokens.shape)} / "
-                             f"{tuple(lang_mask.shape)}")
-        if lang_tokens.dtype not in (torch.int64, torch.int32):
-            raise InputError(f"lang_tokens: expected integer ids, got {lang_tokens.dtype}")
-
-    # ---- stages --------------------------------------------------------------------------------------
+    # ---- stages (inputs checked by `inputs`: shapes and dtypes always, values only where no device sync) -----
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
-        self._check(images, image_masks, lang_tokens, lang_mask)
+        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
         return self.engine.encode_prefix(images, image_masks, lang_tokens, lang_mask)
 
     def denoise(self, prefix: PrefixCache, noise: torch.Tensor | None = None) -> torch.Tensor:
+        batch = check_prefix(self.config, prefix)
         if noise is None:
-            noise = self.make_noise(prefix.pad_mask.shape[0])
-        expected = (prefix.pad_mask.shape[0], self.config.chunk_size, self.config.action_dim)
-        if tuple(noise.shape) != expected:
-            raise InputError(f"noise: expected {expected}, got {tuple(noise.shape)}")
+            noise = self.make_noise(batch)
+        check_noise(self.config, noise, batch)
         return self.engine.denoise(prefix, noise)
 
     def sample_actions(self, images, img_masks, lang_tokens, lang_mask, noise=None) -> torch.Tensor:

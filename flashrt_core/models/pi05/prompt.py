@@ -26,7 +26,10 @@ def discretize_state(state) -> np.ndarray:
     """
     arr = state.detach().cpu().numpy() if isinstance(state, torch.Tensor) else np.asarray(state)
     if not np.issubdtype(arr.dtype, np.floating):
-        arr = arr.astype(np.float32)
+        try:
+            arr = arr.astype(np.float32)
+        except (TypeError, ValueError):
+            raise InputError(f"state: expected numbers, got {arr.dtype} values") from None
     if not np.all(np.isfinite(arr)):
         raise InputError("state: contains NaN or infinity")
     edges = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
@@ -39,6 +42,10 @@ def clean_task(task: str) -> str:
 
 def format_prompt(task: str, state_normalized) -> str:
     """One prompt for one robot: `state_normalized` is a 1-D vector in [-1, 1] (not padded)."""
+    if not isinstance(task, str):
+        raise InputError(f"task: expected a string, got {type(task).__name__}")
+    if state_normalized is None:
+        raise InputError("state: missing (None)")
     bins = discretize_state(state_normalized)
     if bins.ndim != 1:
         raise InputError(f"state: expected a 1-D vector, got shape {bins.shape}")

@@ -102,6 +102,8 @@ def embed_prefix(w: Pi05Weights, images, image_masks, lang_tokens, lang_mask):
     """-> embeddings [B, S*P + L, width] and pad mask [B, S*P + L] (images first, then the prompt)."""
     b, s = images.shape[:2]
     act = w.embed.dtype
+    # A missing camera (mask False) is a -1 image, as LeRobot builds it: what the slot held never matters.
+    images = images.masked_fill(~image_masks.bool()[:, :, None, None, None], -1.0)
     img = siglip(w, images.flatten(0, 1)).to(act)
     n_patch = img.shape[1]
     img = img.view(b, s * n_patch, -1)
