@@ -1,4 +1,5 @@
 """Checkpoint I/O in LeRobot's layout: key set, size inference, typed errors, bit-exact tiny round trip."""
+import dataclasses
 import json
 import re
 import shutil
@@ -177,3 +178,53 @@ def test_config_json_round_trip():
         d = Pi05Config.tiny().to_dict()
         del d["vocab_size"]
         Pi05Config.from_dict(d)
+
+
+@pytest.mark.parametrize("file,content,message", [
+    ("config.json", [1, 2], "config.json: expected a JSON object, got list"),
+    ("dims.json", [1], "dims.json: expected a JSON object, got list"),
+    ("config.json", {"type": "pi05", "input_features": ["cam"]}, "input_features: expected an object"),
+    ("config.json", {"type": "act"}, "'act' is not a pi0.5 checkpoint"),
+    ("config.json", {"type": "pi05", "num_inference_steps": 0}, "num_steps must be a positive integer"),
+    ("config.json", {"type": "pi05", "chunk_size": 1.7}, "chunk_size: expected a whole number, got 1.7"),
+    ("config.json", {"type": "pi05", "chunk_size": -5}, "chunk_size must be a positive integer, got -5"),
+    ("config.json", {"type": "pi05", "min_period": 0}, "min_period must be a positive number"),
+    ("config.json", {"type": "pi05", "min_period": 5.0, "max_period": 4.0}, "must be below max_period"),
+    ("config.json", {"type": "pi05", "max_period": [1]}, "max_period: expected a number"),
+])
+def test_a_broken_json_file_is_named_and_never_blamed_on_the_weights(fixtures_dir, tmp_path, file, content, message):
+    """The run-time fields come from dims.json / config.json: a malformed one is a CheckpointError that names
+    the file or field (before, some surfaced as "unreadable safetensors file" or as a ZeroDivisionError at the
+    first inference)."""
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+    if file == "config.json":  # keep dims.json's sizes, but let config.json give the run-time fields
+        dims = json.loads((folder / "dims.json").read_text())
+        for key in ("chunk_size", "num_steps", "min_period", "max_period"):
+            dims.pop(key, None)
+        (folder / "dims.json").write_text(json.dumps(dims))
+    (folder / file).write_text(json.dumps(content))
+    with pytest.raises(CheckpointError, match=re.escape(message)) as caught:
+        pi05.load_checkpoint(folder)
+    assert "unreadable safetensors" not in str(caught.value)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        pi05.checkpoint_config(folder)
+
+
+def test_nan_or_infinite_weights_are_refused_at_load(fixtures_dir, tmp_path):
+    folder = _copy_fixture(fixtures_dir, tmp_path)
+    key = "model.action_in_proj.weight"
+
+    def poison(tensors):
+        tensors[key] = tensors[key].clone()
+        tensors[key].view(-1)[3] = float("nan")
+    _rewrite(folder, poison)
+    with pytest.raises(CheckpointError, match=re.escape(f"NaN or infinite values in {key}")):
+        pi05.load_checkpoint(folder)
+
+
+def test_config_refuses_run_time_fields_out_of_range():
+    base = pi05.build_tiny(0)[0]
+    for field, value in (("num_steps", 0), ("chunk_size", 2.5), ("tokenizer_max_length", -1), ("state_dim", True),
+                         ("vocab_size", 0), ("rms_eps", 0.0), ("min_period", float("nan"))):
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(base, **{field: value})

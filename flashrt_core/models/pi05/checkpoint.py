@@ -127,19 +127,33 @@ def weights_file(path: str | os.PathLike) -> pathlib.Path:
 
 
 def _infer_config(file: pathlib.Path, shapes: dict) -> Pi05Config:
-    return Pi05Config.from_state_dict_shapes(shapes, dims=_read_json(file.parent / DIMS_FILE),
-                                             lerobot_config=_read_json(file.parent / LEROBOT_CONFIG_FILE))
+    """The config from the shapes and the JSON files beside `file`; a malformed JSON file is named as such
+    (never blamed on the weights)."""
+    dims, lerobot = _read_json(file.parent / DIMS_FILE), _read_json(file.parent / LEROBOT_CONFIG_FILE)
+    for name, doc in ((DIMS_FILE, dims), (LEROBOT_CONFIG_FILE, lerobot)):
+        if doc is not None and not isinstance(doc, dict):
+            raise CheckpointError(f"{file.parent / name}: expected a JSON object, got {type(doc).__name__}")
+    try:
+        return Pi05Config.from_state_dict_shapes(shapes, dims=dims, lerobot_config=lerobot)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+        raise CheckpointError(f"{file.parent}: {DIMS_FILE} / {LEROBOT_CONFIG_FILE} describe no valid pi0.5 model "
+                              f"({type(e).__name__}: {e})") from None
+
+
+def _read_shapes(file: pathlib.Path) -> dict:
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # safetensors raises several types for truncated or garbled files
+        raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
 
 
 def checkpoint_config(path: str | os.PathLike) -> Pi05Config:
     """The model sizes of a checkpoint, from its tensor shapes and JSON files, without reading weights."""
     file = weights_file(path)
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    except Exception as e:  # safetensors raises several types for truncated or garbled files
-        raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
-    return _infer_config(file, shapes)
+    return _infer_config(file, _read_shapes(file))
 
 
 def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
@@ -149,12 +163,12 @@ def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
     beside the weights (see `Pi05Config.from_state_dict_shapes`). lm_head tensors are dropped.
     """
     file = weights_file(path)
+    shapes = _read_shapes(file)
+    if config is None:
+        config = _infer_config(file, shapes)
+    validate_shapes(config, shapes, str(file))
     try:
         with safe_open(str(file), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-            if config is None:
-                config = _infer_config(file, shapes)
-            validate_shapes(config, shapes, str(file))
             state = {k: f.get_tensor(k) for k in shapes if k not in IGNORED_KEYS}
             if EMBED_KEY not in state:
                 state[EMBED_KEY] = f.get_tensor(IGNORED_KEYS[0])
@@ -165,6 +179,9 @@ def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
     bad = sorted(k for k, t in state.items() if not t.is_floating_point())
     if bad:
         raise CheckpointError(f"{file}: non-floating tensors: " + ", ".join(bad[:_LIST]))
+    broken = sorted(k for k, t in state.items() if not torch.isfinite(t).all())
+    if broken:
+        raise CheckpointError(f"{file}: NaN or infinite values in " + ", ".join(broken[:_LIST]))
     return config, state
 
 

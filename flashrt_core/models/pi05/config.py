@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -71,7 +72,22 @@ class Pi05Config:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
+        for name in ("vocab_size", "chunk_size", "action_dim", "state_dim", "num_steps", "tokenizer_max_length",
+                     "num_image_slots"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("min_period", "max_period", "rms_eps", "ln_eps", "rope_theta"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                    or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.min_period >= self.max_period:
+            raise ValueError(f"min_period ({self.min_period}) must be below max_period ({self.max_period})")
         for tower, name in ((self.vlm, "vlm"), (self.expert, "expert")):
+            if tower.kv_heads < 1 or tower.heads < 1 or tower.head_dim < 1:
+                raise ValueError(f"{name}: heads, kv_heads and head_dim must be positive, got "
+                                 f"{tower.heads}, {tower.kv_heads}, {tower.head_dim}")
             if tower.heads % tower.kv_heads:
                 raise ValueError(f"{name}.heads ({tower.heads}) must be a multiple of kv_heads ({tower.kv_heads})")
         if self.vlm.depth != self.expert.depth:
@@ -79,7 +95,7 @@ class Pi05Config:
                              "the expert reads the prefix K/V layer by layer")
         if (self.vlm.kv_heads, self.vlm.head_dim) != (self.expert.kv_heads, self.expert.head_dim):
             raise ValueError("vlm and expert must share kv_heads and head_dim (the expert attends to prefix K/V)")
-        if self.vision.hidden % self.vision.heads:
+        if self.vision.heads < 1 or self.vision.hidden % self.vision.heads:
             raise ValueError(f"vision.hidden ({self.vision.hidden}) not divisible by vision.heads")
 
     @property
@@ -193,25 +209,36 @@ class Pi05Config:
         vocab = shape(embed_key if embed_key in shapes else "model.paligemma_with_expert.paligemma.lm_head.weight")[0]
         action_dim = shape("model.action_in_proj.weight")[1]
 
-        def pick(dims_key, lr_key, default):
+        def pick(dims_key, lr_key, default, whole=True):
+            """A run-time field from dims.json, else config.json, else the default; a whole number where the
+            field counts something (1.7 steps is a broken file, not 1)."""
             if dims_key in dims:
-                return dims[dims_key]
-            if lr_key is not None and lr.get(lr_key) is not None:
-                return lr[lr_key]
-            return default
+                value, where = dims[dims_key], f"dims.json {dims_key}"
+            elif lr_key is not None and lr.get(lr_key) is not None:
+                value, where = lr[lr_key], f"config.json {lr_key}"
+            else:
+                return default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and value != int(value)):
+                raise CheckpointError(f"{where}: expected a {'whole ' if whole else ''}number, got {value!r}")
+            return int(value) if whole else float(value)
 
-        n_cams = sum(1 for f in (lr.get("input_features") or {}).values() if f.get("type") == "VISUAL")
+        features = lr.get("input_features") or {}
+        if not isinstance(features, Mapping) or not all(isinstance(f, Mapping) for f in features.values()):
+            raise CheckpointError("config.json input_features: expected an object of feature objects")
+        n_cams = sum(1 for f in features.values() if f.get("type") == "VISUAL")
+        if lr.get("type") not in (None, "pi05"):
+            raise CheckpointError(f"config.json type: {lr.get('type')!r} is not a pi0.5 checkpoint")
         try:
             return cls(
                 vision=vision, vlm=vlm, expert=expert, vocab_size=vocab,
-                chunk_size=int(pick("chunk_size", "chunk_size", 50)),
+                chunk_size=pick("chunk_size", "chunk_size", 50),
                 action_dim=action_dim,
-                state_dim=int(pick("max_state_dim", "max_state_dim", 32)),
-                num_steps=int(pick("num_steps", "num_inference_steps", 10)),
-                tokenizer_max_length=int(pick("tokenizer_max_length", "tokenizer_max_length", 200)),
-                min_period=float(pick("min_period", "min_period", 4e-3)),
-                max_period=float(pick("max_period", "max_period", 4.0)),
-                num_image_slots=int(pick("num_image_slots", None, n_cams or 3)),
+                state_dim=pick("max_state_dim", "max_state_dim", 32),
+                num_steps=pick("num_steps", "num_inference_steps", 10),
+                tokenizer_max_length=pick("tokenizer_max_length", "tokenizer_max_length", 200),
+                min_period=pick("min_period", "min_period", 4e-3, whole=False),
+                max_period=pick("max_period", "max_period", 4.0, whole=False),
+                num_image_slots=pick("num_image_slots", None, n_cams or 3),
             )
         except ValueError as e:  # inconsistent towers (e.g. depths differ) mean a broken checkpoint
             raise CheckpointError(f"inconsistent pi0.5 checkpoint: {e}") from None

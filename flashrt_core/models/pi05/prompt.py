@@ -69,7 +69,10 @@ class SentencePieceTokenizer:
 
         if not os.path.isfile(path):
             raise InputError(f"tokenizer: file not found: {path}")
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as e:
+            raise InputError(f"tokenizer: {path}: not a SentencePiece model ({e})") from None
         self.bos_id = int(self._sp.bos_id())
         # Gemma's pad is id 0; fall back to it for models that define no pad piece.
         self.pad_id = int(self._sp.pad_id()) if self._sp.pad_id() >= 0 else 0
