@@ -162,6 +162,9 @@ def test_from_checkpoint_without_stats_is_identity(tmp_path):
     ("length", "length 6, expected 8"),
     ("nonfinite", "observation.state.q01 has non-finite"),
     ("mode", "norm_map mode 'FOO'"),
+    ("config string", "config and its norm_map must be JSON objects"),
+    ("norm_map string", "config and its norm_map must be JSON objects"),
+    ("negative eps", "eps must be a number >= 0"),
 ])
 def test_from_checkpoint_malformed(tmp_path, case, message):
     if case == "missing":
@@ -174,8 +177,18 @@ def test_from_checkpoint_malformed(tmp_path, case, message):
         bad = _all_stats("observation.state", 8, 1)["observation.state.q01"].clone()
         bad[3] = float("nan")
         write_stats(tmp_path, state_stats={"observation.state.q01": bad})
-    else:
+    elif case == "mode":
         write_stats(tmp_path, norm_map={"STATE": "FOO", "ACTION": "QUANTILES"})
+    else:  # the processor JSON's normalizer entry itself is malformed
+        write_stats(tmp_path)
+        doc = _pipeline_json("policy_preprocessor", "normalizer_processor", PRE, {"STATE": "QUANTILES"},
+                             eps=-1.0 if case == "negative eps" else 1e-8)
+        entry = doc["steps"][1]
+        if case == "config string":
+            entry["config"] = "QUANTILES"
+        elif case == "norm_map string":
+            entry["config"]["norm_map"] = "QUANTILES"
+        (tmp_path / "policy_preprocessor.json").write_text(json.dumps(doc))
     with pytest.raises(CheckpointError, match=message) as e:
         Normalizer.from_checkpoint(tmp_path, state_dim=8, action_dim=7)
     assert "policy_preprocessor" in str(e.value)

@@ -168,7 +168,9 @@ def _mode(config_file: pathlib.Path, step: str, feature_type: str) -> tuple[str,
         return DEFAULT_MODE, DEFAULT_EPS
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{config_file}: malformed processor config ({e})") from e
+    if not isinstance(conf, dict) or not isinstance(conf.get("norm_map", {}), dict):
+        raise CheckpointError(f"{config_file}: {step}.config and its norm_map must be JSON objects")
     eps = conf.get("eps", DEFAULT_EPS)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        raise CheckpointError(f"{config_file}: {step}.eps must be a number, got {eps!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise CheckpointError(f"{config_file}: {step}.eps must be a number >= 0, got {eps!r}")
     return str(conf.get("norm_map", {}).get(feature_type, "IDENTITY")), float(eps)
