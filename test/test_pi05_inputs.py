@@ -181,6 +181,12 @@ def test_the_policys_prompt_refuses_a_long_state_a_foreign_tokenizer_and_a_bad_t
         def encode(self, text):
             return [299 + ord(c) for c in text]
 
-    policy.tokenizer = Foreign()
+    policy.tokenizer = Foreign()  # (one that does not say how many pieces it has: caught at its first prompt)
     with pytest.raises(InputError, match="outside the model's vocabulary of 300"):
         policy.tokenize("pick", state)
+
+    class Big(TinyTokenizer):
+        vocab_size = 301
+
+    with pytest.raises(InputError, match="301 pieces but the model's vocabulary has 300"):
+        Pi05Policy(weights.config, weights, policy.engine, "cpu", torch.float32, tokenizer=Big())

@@ -57,6 +57,10 @@ class Pi05Policy:
 
     def __init__(self, config: Pi05Config, weights: Pi05Weights, engine, device, dtype: torch.dtype,
                  seed: int = 0, tokenizer: Tokenizer | None = None):
+        pieces = getattr(tokenizer, "vocab_size", None)
+        if pieces is not None and pieces > config.vocab_size:
+            raise InputError(f"tokenizer: {pieces} pieces but the model's vocabulary has {config.vocab_size} "
+                             "(a tokenizer of another model?)")
         self.config, self.weights, self.engine = config, weights, engine
         self.device, self.dtype, self.tokenizer = torch.device(device), dtype, tokenizer
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
