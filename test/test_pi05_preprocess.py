@@ -98,3 +98,12 @@ def test_bad_inputs_raise_input_error():
         preprocess_images([torch.rand(2, 3, 224, 224), torch.rand(1, 3, 224, 224)])
     with pytest.raises(InputError, match="3-channel"):
         preprocess_images([torch.rand(224, 224, 5)])
+    with pytest.raises(InputError, match=r"frames\[0\]: empty frame"):
+        preprocess_images([np.zeros((0, 320, 3), np.uint8)])
+    with pytest.raises(InputError, match=r"frames\[1\]: float frames must lie in \[0, 1\], got 0\.5..255"):
+        preprocess_images([torch.rand(3, 224, 224), torch.full((3, 224, 224), 0.5).index_fill(1, torch.tensor([7]),
+                                                                                              255.0)])
+    nan = torch.rand(3, 240, 320)
+    nan[1, 2, 3] = float("nan")
+    with pytest.raises(InputError, match=r"frames\[0\]: NaN or infinite"):
+        preprocess_images([nan])

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 from flashrt_core.errors import InputError
 
+FLOAT_SLACK = 1e-3  # float frames are in [0, 1]; a rounding overshoot is fine, 0..255 values are not
+
 
 def resize_with_pad(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """img [B, C, H, W] float in [0, 1] -> [B, C, height, width], aspect kept, centred, padded with 0."""
@@ -35,6 +37,15 @@ def _to_batched_chw_float01(frame, index: int, device) -> torch.Tensor:
         raise InputError(f"frames[{index}]: expected a numpy array or torch tensor, got {type(frame).__name__}")
     if t.ndim not in (3, 4):
         raise InputError(f"frames[{index}]: expected 3 or 4 dims, got shape {tuple(t.shape)}")
+    if 0 in t.shape:
+        raise InputError(f"frames[{index}]: empty frame of shape {tuple(t.shape)}")
+    if t.is_floating_point() and t.device.type == "cpu":  # (values on the host: no device sync to check them)
+        if not torch.isfinite(t).all():
+            raise InputError(f"frames[{index}]: NaN or infinite values")
+        lo, hi = float(t.min()), float(t.max())
+        if lo < -FLOAT_SLACK or hi > 1 + FLOAT_SLACK:
+            raise InputError(f"frames[{index}]: float frames must lie in [0, 1], got {lo:.4g}..{hi:.4g} "
+                             "(0..255 frames go in as uint8)")
     t = t.to(device)
     if t.ndim == 3:
         t = t[None]
