@@ -340,3 +340,18 @@ def test_the_alignment_hint_counts_the_token_and_key_strides_even_for_one_token(
     assert _row_alignment((wide_batch.as_strided((1, 1, 2, 16), (7, 5, 16, 1)), 2)) == 16
     q = torch.zeros(1, 1, 2, 24)  # one token, token stride 48, head stride 24
     assert _row_alignment((q, 1)) == 8
+
+
+def test_reference_attention_zeros_rows_without_keys_but_keeps_nan_from_the_data():
+    """A batch item whose keys are all masked gives zeros (the documented convention); a NaN in a valid key
+    comes out as NaN, as the kernel gives it, instead of being turned into a finite-looking result."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 3, 4, 8, generator=g) + 0.1
+    k, v = torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    mask = torch.tensor([[1, 1, 0, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    out = R.attention_ref(q, k, v, mask)
+    assert torch.isfinite(out[0]).all() and out[0].abs().max() > 0 and torch.equal(out[1], torch.zeros_like(out[1]))
+    k[0, 1, 3, 2] = float("nan")  # a valid key of kv head 1: its query heads 2 and 3 see it
+    out = R.attention_ref(q, k, v, mask)
+    assert torch.isnan(out[0, :, 2:]).all() and torch.isfinite(out[0, :, :2]).all()
+    assert torch.equal(out[1], torch.zeros_like(out[1]))

@@ -147,7 +147,10 @@ def attention_ref(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None):
     values = values.repeat_interleave(hq // hkv, dim=1)
     scores = torch.einsum("bthd,bhsd->bhts", q.float(), keys) * scale
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    probs = torch.softmax(scores, dim=-1)
+    # A row with no valid key (softmax over -inf only: NaN) gives zeros; NaN from the data itself stays NaN,
+    # as in the kernel (a corrupted cache must not come out looking finite).
+    probs = torch.where(valid.any(dim=1)[:, None, None, None], probs, 0.0)
     return torch.einsum("bhts,bhsd->bthd", probs, values).to(q.dtype)
 
 
