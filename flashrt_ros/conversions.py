@@ -147,11 +147,12 @@ def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
     return values
 
 
-def action_chunk(actions, width: int) -> np.ndarray:
-    """A policy's action chunk [horizon, >= width] -> float32 [horizon, width], refused (ConversionError naming
-    the first bad step and dim) when anything in it is NaN or infinite: such a chunk is never sent to a robot."""
+def action_chunk(actions, width: int | None = None) -> np.ndarray:
+    """A policy's action chunk [horizon, >= width] -> float32 [horizon, width] (None: every column), refused
+    (ConversionError naming the first bad step and dim) when anything in it is NaN or infinite: such a chunk
+    is never sent to a robot."""
     a = np.asarray(actions, dtype=np.float32)
-    if a.ndim != 2 or a.shape[1] < width:
+    if a.ndim != 2 or a.shape[1] < (width or 0):
         raise ConversionError(f"action chunk: expected [horizon, >= {width}], got {a.shape}")
     a = a[:, :width]
     bad = np.argwhere(~np.isfinite(a))

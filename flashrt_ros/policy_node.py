@@ -292,9 +292,8 @@ class PolicyNode(LifecycleNode):
             self._publish_error = f"publishing the chunk failed: {type(exc).__name__}: {exc}"
 
     def _publish(self, result):
-        actions = np.asarray(result.actions, dtype=np.float32)
         # (a NaN or infinite chunk raises here: reported by _tick as a failed publish, nothing is sent)
-        actions = conversions.action_chunk(actions, self.p.action_dim or len(self.p.joint_names) or actions.shape[1])
+        actions = conversions.action_chunk(result.actions, self.p.action_dim or len(self.p.joint_names) or None)
         self.health.stale_reason = ""
         msg = ActionChunk()
         msg.header.stamp = self.get_clock().now().to_msg()

@@ -498,6 +498,9 @@ class Pi05Engine:
         b = check_prefix(self.config, prefix, self.config.prefix_len)
         if b != self.batch:
             raise InputError(f"prefix.k: batch {b} but the engine holds batch {self.batch}")
+        self._copy_prefix(prefix)
+
+    def _copy_prefix(self, prefix: PrefixCache) -> None:
         buf = self.buffers
         for src, dst in ((prefix.k, buf.prefix_k), (prefix.v, buf.prefix_v), (prefix.pad_mask, buf.pad_mask),
                          (prefix.n_valid, buf.n_valid)):
@@ -511,7 +514,7 @@ class Pi05Engine:
         check_noise(self.config, noise, b)
         if not _same(prefix.k, self.buffers.prefix_k):
             self._resize(b)  # a cache from elsewhere may bring its own batch size
-        self.set_prefix(prefix)
+        self._copy_prefix(prefix)
         self.buffers.noise.copy_(noise)
         self.act()
         return self.buffers.actions.clone()

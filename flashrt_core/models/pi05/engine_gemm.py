@@ -589,9 +589,8 @@ class LinearPicker:
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
         self.device, self.mode, self.tuning, self.cache = torch.device(device), mode, False, cache
-        self.candidates = [c for c in CONFIGS if preload or len(c) < 6 or not c[5]]
-        if tma:
-            self.candidates += [c for c in TMA_CONFIGS if preload or not c[5]]
+        pool = CONFIGS + (TMA_CONFIGS if tma else [])
+        self.candidates = [c for c in pool if preload or len(c) < 6 or not c[5]]
         self.cache_name = ("linear_preload" if preload else "linear") + ("_tma" if tma else "")
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports

@@ -1,4 +1,4 @@
-"""Checks of pi0.5's model inputs, done before anything is written (the policy and both engines use them).
+"""Checks of pi0.5's model inputs, done by each engine's entry points before anything is written.
 
 Shapes, dtypes and devices are always checked. Values are checked only where that needs no device sync, i.e.
 on CPU tensors: token ids inside the vocabulary, the images of present cameras finite and in [-1, 1]. (A
@@ -11,7 +11,6 @@ import torch
 
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.config import Pi05Config
-from flashrt_core.models.pi05.reference import PrefixCache
 
 IMAGE_SLACK = 1e-3  # SigLIP inputs are in [-1, 1]; resampling may overshoot by rounding, never by more
 
@@ -70,9 +69,10 @@ def check_prefix(config: Pi05Config, prefix, length: int | None = None) -> int:
     """A PrefixCache of this model (k / v [depth, B, kv_heads, P, head_dim] floats, pad_mask [B, P], n_valid [B]
     integers, with P = `length` when given: the fused engine's buffers hold config.prefix_len tokens, the
     reference's caches as many as the observation had); returns its batch size B. InputError otherwise."""
-    if not isinstance(prefix, PrefixCache):
+    fields = ("k", "v", "pad_mask", "n_valid")
+    if not all(hasattr(prefix, name) for name in fields):
         raise InputError(f"prefix: expected a PrefixCache, got {type(prefix).__name__}")
-    for name in ("k", "v", "pad_mask", "n_valid"):
+    for name in fields:
         _tensor(f"prefix.{name}", getattr(prefix, name))
     g = config.vlm
     if prefix.k.ndim != 5:

@@ -17,7 +17,7 @@ import torch
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.checkpoint import load_checkpoint
 from flashrt_core.models.pi05.config import Pi05Config
-from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
+from flashrt_core.models.pi05.inputs import check_prefix
 from flashrt_core.models.pi05.preprocess import preprocess_images
 from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, format_prompt,
                                              tokenize_prompt)
@@ -91,16 +91,13 @@ class Pi05Policy:
         return torch.randn((batch, self.config.chunk_size, self.config.action_dim), generator=self.generator,
                            device=self.device, dtype=torch.float32)
 
-    # ---- stages (inputs checked by `inputs`: shapes and dtypes always, values only where no device sync) -----
+    # ---- stages (each engine checks its inputs before it writes anything: `inputs`) ------------------
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
-        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
         return self.engine.encode_prefix(images, image_masks, lang_tokens, lang_mask)
 
     def denoise(self, prefix: PrefixCache, noise: torch.Tensor | None = None) -> torch.Tensor:
-        batch = check_prefix(self.config, prefix)
         if noise is None:
-            noise = self.make_noise(batch)
-        check_noise(self.config, noise, batch)
+            noise = self.make_noise(check_prefix(self.config, prefix))
         return self.engine.denoise(prefix, noise)
 
     def sample_actions(self, images, img_masks, lang_tokens, lang_mask, noise=None) -> torch.Tensor:

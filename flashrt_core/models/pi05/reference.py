@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.pi05.weights import Pi05Weights
 
 # LeRobot's additive mask value (openpi): large and finite, so fully masked rows stay NaN-free.
@@ -198,10 +199,12 @@ class ReferenceEngine:
 
     @torch.no_grad()
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
+        check_model_inputs(self.weights.config, images, image_masks, lang_tokens, lang_mask)
         return encode_prefix(self.weights, images, image_masks, lang_tokens, lang_mask)
 
     @torch.no_grad()
     def denoise(self, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
+        check_noise(self.weights.config, noise, check_prefix(self.weights.config, prefix))
         return denoise(self.weights, prefix, noise)
 
 
