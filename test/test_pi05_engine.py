@@ -760,6 +760,111 @@ def test_skinny_linear_rejects_mismatched_fusion_inputs(dev):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,split", [(50, 40, 72, 1), (7, 48, 129, 2), (13, 24, 300, 4), (5, 16, 96, 0),
+                                         (19, 40, 200, 3)], ids=str)
+def test_deferred_partials_add_up_to_the_reduced_gemm_bit_for_bit(dev, dtype, m, n, k, split):
+    """skinny_linear(defer=True) leaves its split-K partials; summed by the gated residual + AdaRMS kernel (and
+    by its torch reference) they give exactly what the GEMM's own in-kernel reduction stores, and the
+    norm's outputs are then bit-identical to those after the reduced GEMM."""
+    from flashrt_core import kernels as K
+    from flashrt_core.models.pi05.engine_gemm import splits
+
+    g = torch.Generator().manual_seed(m + n + k + split)
+    x = torch.randn(2, m, k, generator=g).to(dev, dtype)
+    w = (0.2 * torch.randn(n, k, generator=g)).to(dev, dtype)
+    res = torch.randn(2, m, n, generator=g).to(dev, dtype)
+    gate, scale, shift = (torch.randn(n, generator=g).to(dev, dtype) for _ in range(3))
+    kw = dict(block_n=16, block_k=32, split_k=split)
+    parts = skinny_linear(x, w, defer=True, **kw)
+    reduced = skinny_linear(x, w, **kw)
+    assert isinstance(parts, K.Partials) and parts.splits == splits((16, 32, split), k)
+    assert parts.splits == (-(-k // 32) if split == 0 else split) or k % 32  # (a ragged K may need fewer)
+    assert parts.data.abs().min(0).values.max() > 0  # every split contributed
+    # The Triton kernels round fp32 -> bf16 alike (the interpreter truncates, the GPU rounds to nearest;
+    # torch rounds to nearest): bit for bit between the two kernel paths, in fp32 with torch too.
+    exact = dtype == torch.float32 or not interpreting()
+    tol = TOL["gemm_fp32"] if dtype == torch.float32 else 2e-2
+    total = parts.total()
+    assert torch.equal(total, reduced) if exact else (total.float() - reduced.float()).abs().max() <= \
+        2 ** -7 * reduced.float().abs().max()
+    want = F.linear(x.float(), w.float())
+    assert (total.float() - want).abs().max() <= tol * want.abs().max()
+    for backend in ("triton", "torch"):
+        got = K.gated_residual_ada_rms_norm(res, parts, gate, scale, shift, 1e-6, backend=backend)
+        ref = K.gated_residual_ada_rms_norm(res, reduced, gate, scale, shift, 1e-6, backend=backend)
+        if backend == "triton" or exact:
+            assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]), backend
+        else:
+            for a, b in zip(got, ref):
+                assert (a.float() - b.float()).abs().max() <= tol * b.float().abs().max()
+    assert torch.equal(K.gated_residual(res, parts, gate, backend="triton"),
+                       K.gated_residual(res, reduced, gate, backend="triton"))
+
+
+@pytest.mark.interpret
+def test_deferred_partials_refuse_what_they_cannot_carry(dev):
+    """defer= is for a plain product (a bias or a fusion would need the sum first), and a reader refuses
+    partials that do not fit its rows, with a KernelInputError naming the problem."""
+    from flashrt_core import kernels as K
+    from flashrt_core.kernels import KernelInputError
+
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(6, 64, generator=g).to(dev), torch.randn(32, 64, generator=g).to(dev), \
+        torch.randn(32, generator=g).to(dev)
+    with pytest.raises(KernelInputError, match="defer"):
+        skinny_linear(x, w, b, defer=True)
+    with pytest.raises(KernelInputError, match="defer"):
+        skinny_linear(x, w.repeat(2, 1), geglu=True, defer=True)
+    with pytest.raises(KernelInputError, match="defer"):
+        LinearPicker(dev)(x, w, b, defer=True)
+    parts = skinny_linear(x, w, defer=True, block_n=16, block_k=16, split_k=2)
+    res, vec = torch.randn(6, 32, generator=g).to(dev), torch.randn(32, generator=g).to(dev)
+    for wrong in (torch.randn(7, 32).to(dev), res.half(), torch.randn(6, 16).to(dev)):
+        with pytest.raises(KernelInputError, match="partials"):
+            K.gated_residual_ada_rms_norm(wrong, parts, vec, vec, vec, backend="triton")
+    bad = K.Partials(parts.data.to(torch.bfloat16), parts.dtype, parts.shape)
+    with pytest.raises(KernelInputError, match="partials"):
+        K.gated_residual_ada_rms_norm(res, bad, vec, vec, vec, backend="triton")
+
+
+def test_deferred_tuning_offers_only_short_reductions():
+    """With defer the picker offers the candidates of at most DEFER_MAX_SPLITS splits at the call's K (its
+    reader loads every partial); `splits` counts them as skinny_linear lays them out."""
+    from flashrt_core.models.pi05.engine_gemm import CONFIGS, DEFER_MAX_SPLITS, splits
+
+    picker = LinearPicker("cpu", preload=True)
+    assert splits((32, 128, 0, 4, 1), 4096) == 32 and splits((32, 512, 0, 4, 1), 4096) == 8
+    assert splits((16, 256, 4, 4, 3), 1024) == 4 and splits((16, 32, 3), 200) == 3 and splits((16, 32, 4), 40) == 2
+    for k in (1024, 2048, 4096):
+        offered = picker.candidates_for(Fusion(defer=True), k)
+        assert offered and all(splits(c, k) <= DEFER_MAX_SPLITS for c in offered)
+        assert set(offered) == {c for c in CONFIGS if splits(c, k) <= DEFER_MAX_SPLITS}
+    assert picker.candidates_for(Fusion(defer=True)) == picker.candidates_for(NO_FUSION)
+    assert Fusion(defer=True).tags(torch.bfloat16) == ("defer",)
+
+
+@pytest.mark.interpret
+def test_reduce_in_norm_gives_the_same_actions(dev):
+    """reduce_in_norm (the o / down GEMMs leave their partials to the norm kernel after them): bit-for-bit the
+    actions of the default engine with the Triton kernels, the same on the torch route, and refused
+    together with norm_in_gemm."""
+    config, state = pi05.build_tiny(5, micro_config())
+    weights = pi05.convert(config, state)
+    inputs = [t.to(dev) for t in micro_inputs(config, seed=8)]
+    for backend, gemm in (("triton", "triton"), ("torch", "torch")):
+        kw = dict(device=dev, backend=backend, gemm=gemm, graphs=False)
+        plain, deferred = Pi05Engine(weights, **kw), Pi05Engine(weights, reduce_in_norm=True, **kw)
+        assert deferred.reduce_in_norm and not plain.reduce_in_norm
+        with torch.no_grad():
+            want = plain.sample_actions(*inputs)
+            assert want.abs().max() > 0
+            assert torch.equal(deferred.sample_actions(*inputs), want), backend
+    with pytest.raises(ValueError, match="reduce_in_norm"):
+        Pi05Engine(weights, device=dev, reduce_in_norm=True, norm_in_gemm=True)
+
+
+@pytest.mark.interpret
 def test_split_k_tickets_are_reset_so_a_workspace_serves_call_after_call(dev):
     """The last program of each tile reduces the split partials and resets its ticket: a shared workspace
     is all zero again after every call, and repeated calls give bit-identical results."""
@@ -830,7 +935,8 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
-                                  "early_modulation", "early_positions", "fused_euler", "gemm_tma"])
+                                  "early_modulation", "early_positions", "fused_euler", "gemm_tma",
+                                  "reduce_in_norm"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V
@@ -851,6 +957,9 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
         f = forced.sample_actions(*_inputs(c), c["noise"])
         assert forced.captures == 2 and rel_l2(f, a) <= TOL["graph_vs_eager"]
         assert cosine(f, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(f, c["actions"]) <= TOL["bf16_rel_l2"]
+    if flag == "reduce_in_norm":  # the o / down GEMMs were tuned as deferred reductions, and the captured
+        # graph with split partials forced (gemm="triton" picks an unsplit form) agrees too
+        assert any("defer" in key for key in variant.linear.choices)
     if flag == "norm_in_gemm":  # the fused GEMM variants were tuned (not only the plain shapes)
         assert any("emit" in key for key in variant.linear.choices)
         assert any("norm" in key for key in variant.linear.choices)

@@ -18,11 +18,12 @@ import torch
 from flashrt_core.kernels import reference
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting,
                                          new_semaphore_workspace, pdl_scope, semaphore_workspace)
+from flashrt_core.kernels.partials import Partials
 from flashrt_core.kernels.reference import resized_hw, rope_cos_sin
 
 __all__ = [
     "available", "KernelInputError", "KernelUnavailableError", "rope_cos_sin", "resized_hw",
-    "new_semaphore_workspace", "semaphore_workspace", "pdl_scope",
+    "new_semaphore_workspace", "semaphore_workspace", "pdl_scope", "Partials",
     "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_residual", "gated_residual_ada_rms_norm",
     "geglu", "bias_gelu", "layer_norm", "add_layer_norm", "qkv_rope_cache", "attention", "preprocess_images",
 ]
@@ -110,7 +111,8 @@ def gated_residual(x, h, gate, *, out=None, backend=None):
 
 def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None,
                                 constant_mod=False, backend=None):
-    """Returns (x + h * gate, AdaRMS(x + h * gate))."""
+    """Returns (x + h * gate, AdaRMS(x + h * gate)). h may be `Partials` (a split-K GEMM's unreduced result):
+    they are summed in split order and rounded to h's dtype first, as the GEMM would have stored it."""
     if _use_triton("gated_residual_ada_rms_norm", backend, x.device):
         return _kernel("adarms", "gated_residual_ada_rms_norm")(x, h, gate, scale, shift, eps,
                                                                       out=out, x_out=x_out, prefetch=prefetch,

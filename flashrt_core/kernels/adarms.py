@@ -7,6 +7,9 @@ scale / shift / gate are [D] or [B, D] (one vector per batch element) and may be
 precomputed modulation table, as long as their last dim is contiguous. `constant_mod=True` declares them
 weights that no kernel writes (the expert's precomputed table): they are then requested before the kernel
 waits for the previous one (PDL), off the critical path after it.
+h may also be `Partials`, the unreduced result of a split-K GEMM (`engine_gemm.skinny_linear(defer=True)`):
+each row's S partials are summed in split order in fp32 and rounded to h's dtype before use, the value the
+GEMM's in-kernel reduction would have stored.
 Reference: `reference.ada_rms_norm_ref`, `gated_residual_ref`, `gated_residual_ada_rms_norm_ref`.
 """
 import torch
@@ -16,14 +19,18 @@ import triton.language as tl
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch, row_warps
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
 from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
+from flashrt_core.kernels.partials import Partials
 
 
 @triton.jit
 def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
                          g_stride, sc_stride, sh_stride, rows_per_batch, D, eps, PF_A0, PF_N0, PF_A1, PF_N1,
+                         part_stride,
                          HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-                         PREFETCH: tl.constexpr, EARLY_MOD: tl.constexpr):
-    """EARLY_MOD: gate / scale / shift are weights (never written by a kernel), loaded before the PDL wait."""
+                         PREFETCH: tl.constexpr, EARLY_MOD: tl.constexpr, PARTS: tl.constexpr):
+    """EARLY_MOD: gate / scale / shift are weights (never written by a kernel), loaded before the PDL wait.
+    PARTS > 0: H holds PARTS fp32 partials of h, part_stride elements apart, summed in order and rounded to
+    XO's dtype (h's: checked on the host)."""
     pdl_trigger(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // rows_per_batch
@@ -39,7 +46,13 @@ def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
     l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     x = tl.load(X_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_GATED:
-        h = tl.load(H_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        if PARTS > 0:
+            h = tl.zeros([BLOCK_D], dtype=tl.float32)
+            for s in tl.static_range(PARTS):  # fixed order, from zero: as the GEMM's own reduction adds them
+                h += tl.load(H_ptr + s * part_stride + row * D + cols, mask=mask, other=0.0)
+            h = h.to(XO_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            h = tl.load(H_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
         if not EARLY_MOD:
             g = tl.load(G_ptr + b * g_stride + cols, mask=mask, other=0.0).to(tl.float32)
         x_stored = (x + h * g).to(XO_ptr.dtype.element_ty)
@@ -72,9 +85,13 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None, consta
     pf = prefetch_args(op, x.device, prefetch)
     d = x.shape[-1]
     has_gated, do_norm = h is not None, scale is not None
-    g_stride = sc_stride = sh_stride = 0
-    if has_gated:
+    g_stride = sc_stride = sh_stride = parts = part_stride = 0
+    if isinstance(h, Partials):
+        h.check(op, x)
+        parts, part_stride, h = h.splits, h.data.stride(0), h.data
+    elif has_gated:
         check(op, "h", h, shape=tuple(x.shape), contiguous=True, device=x.device)
+    if has_gated:
         g_stride = _mod(op, "gate", gate, x)
         x_out = check_out(op, "x_out", x_out, x.shape, x.device) if x_out is not None else torch.empty_like(x)
     if do_norm:
@@ -87,9 +104,9 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None, consta
         _ada_rms_norm_kernel[(rows,)](
             x, h if has_gated else x, gate if has_gated else x, scale if do_norm else x,
             shift if do_norm else x, out if do_norm else x, x_out if has_gated else x,
-            g_stride, sc_stride, sh_stride, rows // batch, d, float(eps),
+            g_stride, sc_stride, sh_stride, rows // batch, d, float(eps), part_stride=part_stride,
             HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block), **pf,
-            EARLY_MOD=bool(constant_mod), **pdl_launch(x.device))
+            EARLY_MOD=bool(constant_mod), PARTS=parts, **pdl_launch(x.device))
     return out, x_out
 
 

@@ -8,6 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from flashrt_core.kernels.partials import dense
+
 
 # ---------------------------------------------------------------- RMSNorm (Gemma)
 def rms_norm_ref(x, weight, eps=1e-6, *, weight_offset=1.0):
@@ -40,12 +42,12 @@ def ada_rms_norm_ref(x, scale, shift, eps=1e-6):
 
 
 def gated_residual_ref(x, h, gate):
-    """x + h * gate (gate [D] or [B, D]), rounded to x's dtype."""
-    return (x.float() + h.float() * _per_row(gate, x)).to(x.dtype)
+    """x + h * gate (gate [D] or [B, D]), rounded to x's dtype. h may be `Partials`."""
+    return (x.float() + dense(h).float() * _per_row(gate, x)).to(x.dtype)
 
 
 def gated_residual_ada_rms_norm_ref(x, h, gate, scale, shift, eps=1e-6):
-    """(new_x, normed): new_x = x + h * gate, normed = AdaRMS(new_x, scale, shift)."""
+    """(new_x, normed): new_x = x + h * gate, normed = AdaRMS(new_x, scale, shift). h may be `Partials`."""
     new_x = gated_residual_ref(x, h, gate)
     return new_x, ada_rms_norm_ref(new_x, scale, shift, eps)
 

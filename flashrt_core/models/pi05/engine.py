@@ -87,7 +87,8 @@ class Pi05Engine:
                  tuning_cache="default", rope_in_attention: bool = False, norm_in_gemm: bool = False,
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
-                 early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False):
+                 early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
+                 reduce_in_norm: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -159,10 +160,19 @@ class Pi05Engine:
         per-thread loads. Off: on the H200 the picker took TMA forms only for the two tiny flow-step GEMMs
         (action in 1.33 vs 1.52 us, action out 3.06 vs 3.38 us); for QKV, o, gate|up and down the best TMA
         form was 0.15-0.8 us slower than the best pointer-loaded one, and act stayed where it was (6994 vs
-        6956 us interleaved p50, action cosine 1.000000; 1bdf079, `results/profile_pi05_w2_gemm_tma_ab.json`)."""
+        6956 us interleaved p50, action cosine 1.000000; 1bdf079, `results/profile_pi05_w2_gemm_tma_ab.json`).
+        reduce_in_norm: the action expert's o and down GEMMs leave their split-K partials unreduced
+        (`kernels.Partials`) and the gated residual + AdaRMS kernel after each adds them up while it reads the
+        row, so the GEMM's in-kernel reduction (a ticket, then the last program's reads of every partial)
+        leaves the chain. The picker then offers the skinny configurations of at most 8 splits. Same actions,
+        bit for bit where the same configuration is picked (the sum order and rounding are the GEMM's).
+        Not with norm_in_gemm (no norm kernel there)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
+        if reduce_in_norm and norm_in_gemm:
+            raise ValueError("reduce_in_norm: the partials are added up by the norm kernels, which norm_in_gemm "
+                             "removes; use one or the other")
         if rope_in_attention and rope_in_gemm:
             raise ValueError("rope_in_attention and rope_in_gemm: the rotation is done in one place or the other")
         device = torch.device(device) if device is not None else weights.action_in_w.device
@@ -189,6 +199,7 @@ class Pi05Engine:
         self.early_modulation = bool(early_modulation)
         self.early_positions = bool(early_positions)
         self.fused_euler = bool(fused_euler)
+        self.reduce_in_norm = bool(reduce_in_norm)
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
@@ -319,12 +330,12 @@ class Pi05Engine:
                     lin(g, L.down_w, residual=GatedResidual(x, w.ada_mlp[step, i, 2]),
                         emit=RowStats(following, xs, sums), backend=be)
                     continue
-                o = lin(a.flatten(2), L.o_w)
+                o = lin(a.flatten(2), L.o_w, defer=self.reduce_in_norm)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
                 x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x,
                                                      prefetch=pf and pf["attn_norm"][i],
                                                      constant_mod=self.early_modulation, backend=be)
-                d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
+                d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w, defer=self.reduce_in_norm)
                 gate = w.ada_mlp[step, i, 2]
                 mod = w.ada_attn[step, i + 1] if i + 1 < len(layers) else w.ada_final[step]
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x,

@@ -28,6 +28,7 @@ from flashrt_core import kernels as K
 from flashrt_core.bench import graph_ms
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
                                          precompile, semaphores)
+from flashrt_core.kernels.partials import Partials, dense
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
@@ -122,7 +123,7 @@ if triton is not None:
                             ROPE: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
                             CHUNKS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
-                            TMA: tl.constexpr, PDL: tl.constexpr):
+                            TMA: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
         """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to W's dtype on load (an fp32 X into a bf16 GEMM);
         GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu = W + up_rows rows.
         ROPE (the fused QKV projection, heads of 2 HALF dims): output column n of N = (HQ + 2 HKV) HALF is dim
@@ -132,6 +133,8 @@ if triton is not None:
         [B, HKV, >= T, 2 HALF] at row t (row = b T + t); Y is not written.
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
+        DEFER (any SPLIT, plain product only): each program stores its fp32 partial in P [SPLIT, M, N] and
+        stops there; the kernel that reads the result adds them up (`kernels.Partials`). No ticket, no Y.
         PRE_K > 0: the first PRE_K weight columns of the program's K range are loaded as one tile before
         waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
         covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
@@ -212,7 +215,10 @@ if triton is not None:
                     acc_up += tl.dot(x, wu, input_precision=PRECISION)
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = True
-        if SPLIT > 1:
+        if DEFER:
+            tl.store(P + rm[:, None] * N + rn[None, :] + pid_k * sps, acc, mask=out_mask)
+            last = False
+        elif SPLIT > 1:
             part = P + rm[:, None] * N + rn[None, :]
             tl.store(part + pid_k * sps, acc, mask=out_mask)
             if GEGLU or ROPE:  # the second accumulator's partials follow the first's
@@ -263,6 +269,9 @@ if triton is not None:
                              mask=m_ok[:, None] & (chunk < (N + 15) // 16)[None, :])
 
 
+# A deferred split-K reduction's reader (one program per row) loads S partial rows: 8 at most (32 KB of fp32
+# per 1024-wide row), so that read stays short.
+DEFER_MAX_SPLITS = 8
 STAT_CHUNK = 16  # columns per partial sum of squares in RowStats.sums (every BLOCK_N is a multiple of it)
 
 
@@ -392,7 +401,7 @@ def _check_fusions(x, n, geglu, norm, residual, emit, dtype):
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
                   preload=0, tma=False, norm: RowNorm | None = None, residual: GatedResidual | None = None,
-                  emit: RowStats | None = None, rope: QkvRope | None = None):
+                  emit: RowStats | None = None, rope: QkvRope | None = None, defer: bool = False):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
     program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait. preload (0 or a power of
@@ -401,7 +410,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     it (and it is returned); emit: also write the next AdaRMS's input and row sums (RowStats); rope: w is
     the fused QKV weight, split, rotated and written into q / k / v (QkvRope; q is returned). tma: the weight
     tiles are read through a tensor descriptor (TMA bulk copies; preload 0 or 1, block sizes up to 256, not
-    with rope)."""
+    with rope). defer: return the split-K partial products unreduced (`kernels.Partials`, for a reader that
+    adds them up: `kernels.gated_residual_ada_rms_norm`); a plain product only (no bias or fusion)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -426,8 +436,14 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit, w.dtype)
     if tma:
         _check_tma(w, block_n, block_k, preload, rope)
+    if defer and (b is not None or geglu or norm is not None or residual is not None or emit is not None
+                  or rope is not None):
+        raise KernelInputError("skinny_linear: defer= leaves a plain product's partials (no bias, geglu, norm, "
+                               "residual, emit or rope)")
     if rope is not None:
         y = rope.q
+    elif defer:
+        y = w  # (never written)
     else:
         y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
     interp = interpreting()
@@ -439,7 +455,10 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     one_step = k_per_split == block_k
     pre_k = block_k if one_step else min(preload * block_k, triton.next_power_of_2(k_per_split))
-    if split > 1:
+    if defer:
+        part = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+        tickets = part
+    elif split > 1:
         part = torch.empty((2 if paired else 1) * split, m, n, device=x.device, dtype=torch.float32)
         tickets = semaphores(grid[0] * grid[1], x.device)
     else:
@@ -464,8 +483,10 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         HALF=dh // 2,
         CHUNKS=triton.next_power_of_2(stat_chunks(kdim)), UPCAST=interp and w.dtype != torch.float32,
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PRE_K=pre_k, TMA=bool(tma), num_warps=num_warps, num_stages=1 if interp else num_stages,
-        **pdl_launch(x.device))
+        BLOCK_K=block_k, PRE_K=pre_k, TMA=bool(tma), DEFER=bool(defer), num_warps=num_warps,
+        num_stages=1 if interp else num_stages, **pdl_launch(x.device))
+    if defer:
+        return Partials(part, w.dtype, (*x.shape[:-1], n))
     return y if residual is not None or rope is not None else y.view(*x.shape[:-1], n)
 
 
@@ -543,11 +564,14 @@ class Fusion:
     residual: GatedResidual | None = None
     emit: RowStats | None = None
     rope: QkvRope | None = None
+    defer: bool = False  # the skinny GEMM may leave its split-K partials to the reader (`kernels.Partials`)
 
     def tags(self, dtype: torch.dtype) -> tuple:
         """Part of the tuning key: each fusion is another kernel specialization, tuned on its own (a residual
         stream in another dtype than the GEMM's `dtype`, the fp32 flow state, is one more)."""
         tags = tuple(name for name in ("norm", "residual", "emit", "rope") if getattr(self, name) is not None)
+        if self.defer:
+            tags += ("defer",)
         if self.residual is not None and self.residual.x.dtype != dtype:
             tags += (f"residual:{self.residual.x.dtype}",)
         return tags
@@ -558,14 +582,14 @@ class Fusion:
         return Fusion(self.norm, None if r is None else GatedResidual(r.x.clone(), r.gate),
                       None if e is None else RowStats(e.scale, torch.empty_like(e.scaled), torch.empty_like(e.sums)),
                       None if q is None else dataclasses.replace(q, q=torch.empty_like(q.q), k=q.k.clone(),
-                                                                 v=q.v.clone()))
+                                                                 v=q.v.clone()), self.defer)
 
     def outputs(self, y) -> list:
         """Everything the call writes, for comparing two routes."""
         if self.rope is not None:  # y is rope.q; k / v: the rows written
             t = self.rope.positions.shape[1]
             return [y, self.rope.k[:, :, :t], self.rope.v[:, :, :t]]
-        return [y] + ([self.emit.scaled, self.emit.sums] if self.emit is not None else [])
+        return [dense(y)] + ([self.emit.scaled, self.emit.sums] if self.emit is not None else [])
 
 
 NO_FUSION = Fusion()
@@ -595,8 +619,12 @@ class LinearPicker:
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
-    def __call__(self, x, w, b=None, *, norm=None, residual=None, emit=None, backend=None):
-        return self._run(x, w, b, False, backend, Fusion(norm, residual, emit))
+    def __call__(self, x, w, b=None, *, norm=None, residual=None, emit=None, defer=False, backend=None):
+        """defer: a skinny GEMM may return its split-K partials unreduced (`kernels.Partials`, for
+        `kernels.gated_residual_ada_rms_norm` to add up; cuBLAS returns the product): a plain product only."""
+        if defer and (b is not None or norm is not None or residual is not None or emit is not None):
+            raise KernelInputError("LinearPicker: defer= is for a plain product (no bias, norm, residual or emit)")
+        return self._run(x, w, b, False, backend, Fusion(norm, residual, emit, defer=bool(defer)))
 
     def geglu(self, x, w_gate_up, *, norm=None, backend=None):
         return self._run(x, w_gate_up, None, True, backend, Fusion(norm))
@@ -620,11 +648,15 @@ class LinearPicker:
             self.choices[key] = self._cached(key, x, w, b, geglu, backend, fusion)
         return _route(self.choices[key], x, w, b, geglu, backend, fusion)
 
-    def candidates_for(self, fusion=NO_FUSION) -> list:
-        """The configurations tried for a call. The QKV + RoPE epilogue (fusion.rope) pairs each output
+    def candidates_for(self, fusion=NO_FUSION, kdim: int | None = None) -> list:
+        """The configurations tried for a call (of inner dimension `kdim`). A deferred reduction (fusion.defer)
+        keeps those of at most DEFER_MAX_SPLITS splits: its reader loads every partial of each row, and that
+        read is not part of the GEMM's timing. The QKV + RoPE epilogue (fusion.rope) pairs each output
         column with its rotate-half partner, so its BLOCK_N counts pairs and a program reads 2 x BLOCK_N weight
         rows: it also gets every candidate at half the BLOCK_N (16 at least), the fused form of each plain
         tiling (the plain QKV's usual pick, (32, 128, 1, 4, 4, 2), has (16, 128, 1, 4, 4, 2) as its twin)."""
+        if fusion.defer and kdim is not None:
+            return [c for c in self.candidates if splits(c, kdim) <= DEFER_MAX_SPLITS]
         if fusion.rope is None:
             return list(self.candidates)
         plain = [c for c in self.candidates if len(c) < 7 or not c[6]]  # (TMA reads no gathered rows)
@@ -636,7 +668,7 @@ class LinearPicker:
         def check(config):
             return _same(_outputs(config, x, w, b, geglu, backend, fusion),
                          _outputs(None, x, w, b, geglu, backend, fusion))
-        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion), check,
+        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion, x.shape[-1]), check,
                              lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
     def _tune(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
@@ -646,7 +678,7 @@ class LinearPicker:
         overflow L2 (a decision streams every weight from HBM once per flow step). Fused outputs (residual
         stream, row stats) are never touched here: every trial writes into copies."""
         candidates = {"cublas": None}
-        for c in self.candidates_for(fusion):
+        for c in self.candidates_for(fusion, x.shape[-1]):
             candidates[str(c)] = c
         trial = fusion.scratch()
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
@@ -688,7 +720,7 @@ def _route(config, x, w, b, geglu, backend, fusion):
     if config is None:
         return _cublas(x, w, b, geglu, backend, fusion.norm, fusion.residual, fusion.emit, fusion.rope)
     return skinny_linear(x, w, b, geglu=geglu, norm=fusion.norm, residual=fusion.residual, emit=fusion.emit,
-                         rope=fusion.rope, **_kwargs(config))
+                         rope=fusion.rope, defer=fusion.defer, **_kwargs(config))
 
 
 def _outputs(config, x, w, b, geglu, backend, fusion) -> list:
@@ -699,6 +731,15 @@ def _outputs(config, x, w, b, geglu, backend, fusion) -> list:
 
 def _same(got: list, want: list) -> bool:
     return all(agrees(g, t, MATCH_REL) for g, t in zip(got, want))
+
+
+def splits(config, kdim: int) -> int:
+    """How many K splits (programs per output tile) a CONFIGS entry gives at inner dimension kdim, as
+    `skinny_linear` computes them (each split a whole number of BLOCK_K steps)."""
+    block_k, split = config[1], config[2]
+    wanted = -(-kdim // block_k) if split == 0 else split
+    k_per_split = -(-(-(-kdim // wanted)) // block_k) * block_k
+    return -(-kdim // k_per_split)
 
 
 def _kwargs(config):
