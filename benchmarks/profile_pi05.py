@@ -20,8 +20,9 @@ the tuning; `early_modulation` (default on): the expert's norms read their modul
 wait; `early_positions` (default on): the split/rotate kernel reads positions and cos / sin rows before
 the PDL wait; `fused_euler` (default on): the flow step's update in the action-out GEMM, the fp32 state
 read by the action-in GEMM; `gemm_tma`: skinny GEMM candidates that read their weight tiles through TMA
-descriptors join the tuning; `reduce_in_norm`: the o and down GEMMs leave their split-K partials to the
-norm kernel after them; several comma-separated flags are flipped together)
+descriptors join the tuning; `reduce_in_norm` (default on): the o and down GEMMs leave their split-K
+partials to the norm kernel after them; `reduce_in_rotate`: the QKV GEMM leaves its partials to the
+split/rotate kernel; several comma-separated flags are flipped together)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.
@@ -97,7 +98,8 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
 
 # Pi05Engine flags an A/B may flip
 AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart",
-            "gemm_preload", "early_modulation", "early_positions", "fused_euler", "gemm_tma", "reduce_in_norm")
+            "gemm_preload", "early_modulation", "early_positions", "fused_euler", "gemm_tma", "reduce_in_norm",
+            "reduce_in_rotate")
 
 
 def ab_flags(text: str) -> list[str]:

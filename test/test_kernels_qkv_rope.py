@@ -109,6 +109,54 @@ def test_constant_positions_read_early_with_the_same_result(dev, dtype, case):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_qkv_partials_are_added_up_on_load(dev, dtype, splits):
+    """qkv given as a split-K GEMM's unreduced partials (`kernels.Partials`): summed in split order and
+    rounded to the result's dtype on load, so q, k and v are bit for bit those from the summed qkv in fp32
+    (in bf16 the interpreter's rounding differs from torch's: within the bf16 tolerance), and the reference
+    takes partials too."""
+    b, t, hq, hkv, dh, s = 2, 5, 3, 1, 20, 9
+    data = randn(splits, b * t, (hq + 2 * hkv) * dh, dev=dev, seed=21 + splits)
+    parts = K.Partials(data, dtype, (b, t, (hq + 2 * hkv) * dh))
+    _, positions, cache = make(b, t, hq, hkv, dh, s, dtype, dev, seed=23)
+    cos, sin = K.rope_cos_sin(320, dh, device=dev)
+    outs = {}
+    for name, qkv in (("partials", parts), ("summed", parts.total())):
+        kc, vc = cache.clone(), cache.clone()
+        q = K.qkv_rope_cache(qkv, positions, cos, sin, kc, vc, 2, num_q_heads=hq, num_kv_heads=hkv,
+                             backend="triton")
+        outs[name] = (q, kc, vc)
+    kr, vr = cache.clone(), cache.clone()
+    q_ref = R.qkv_rope_cache_ref(parts, positions, cos, sin, kr, vr, 2, num_q_heads=hq, num_kv_heads=hkv)
+    assert outs["partials"][0].dtype == dtype
+    for got, summed, want in zip(outs["partials"], outs["summed"], (q_ref, kr, vr)):
+        if dtype == torch.float32:
+            assert torch.equal(got, summed)
+        close(got, summed)
+        close(got, want)
+
+
+@pytest.mark.interpret
+def test_qkv_partials_that_do_not_fit_are_refused(dev):
+    b, t, hq, hkv, dh = 1, 4, 2, 1, 8
+    cos, sin = K.rope_cos_sin(32, dh, device=dev)
+    positions = torch.zeros(b, t, dtype=torch.int64, device=dev)
+    cache = torch.zeros(b, hkv, 6, dh, device=dev)
+    width = (hq + 2 * hkv) * dh
+    flat = K.Partials(torch.randn(2, b * t, width, device=dev), torch.float32, (b * t, width))
+    wrong_rows = K.Partials(torch.randn(2, 3, width, device=dev), torch.float32, (b, t, width))
+    for parts in (flat, wrong_rows):
+        with pytest.raises(KernelInputError, match="partials"):
+            K.qkv_rope_cache(parts, positions, cos, sin, cache, cache.clone(), 0, num_q_heads=hq,
+                             num_kv_heads=hkv, backend="triton")
+    parts = K.Partials(torch.randn(2, b * t, width, device=dev), torch.bfloat16, (b, t, width))
+    with pytest.raises(KernelInputError, match="partials"):
+        K.qkv_rope_cache(parts, positions, cos, sin, cache.bfloat16(), cache.bfloat16(), 0, num_q_heads=hq,
+                         num_kv_heads=hkv, q_out=torch.empty(b, t, hq, dh, device=dev), backend="triton")
+
+
+@pytest.mark.interpret
 def test_token_major_cache_view_and_q_out(dev):
     """k/v caches may be any strided [B, Hkv, S, Dh] view, e.g. a token-major buffer transposed."""
     b, t, hq, hkv, dh, s = 2, 7, 4, 2, 24, 19

@@ -845,23 +845,25 @@ def test_deferred_tuning_offers_only_short_reductions():
 
 
 @pytest.mark.interpret
-def test_reduce_in_norm_gives_the_same_actions(dev):
-    """reduce_in_norm (the o / down GEMMs leave their partials to the norm kernel after them): bit-for-bit the
-    actions of the default engine with the Triton kernels, the same on the torch route, and refused
-    together with norm_in_gemm."""
+def test_deferred_reductions_give_the_same_actions(dev):
+    """reduce_in_norm / reduce_in_rotate (the o / down GEMMs leave their partials to the norm kernel after
+    them, the QKV GEMM to the split/rotate kernel): bit-for-bit the actions of the engine without them, with
+    the Triton kernels and on the torch route; off where their readers are not used."""
     config, state = pi05.build_tiny(5, micro_config())
     weights = pi05.convert(config, state)
     inputs = [t.to(dev) for t in micro_inputs(config, seed=8)]
     for backend, gemm in (("triton", "triton"), ("torch", "torch")):
         kw = dict(device=dev, backend=backend, gemm=gemm, graphs=False)
-        plain, deferred = Pi05Engine(weights, **kw), Pi05Engine(weights, reduce_in_norm=True, **kw)
-        assert deferred.reduce_in_norm and not plain.reduce_in_norm
+        plain = Pi05Engine(weights, reduce_in_norm=False, **kw)
+        deferred = Pi05Engine(weights, reduce_in_rotate=True, **kw)  # (reduce_in_norm: the default)
+        assert deferred.reduce_in_norm and deferred.reduce_in_rotate and not plain.reduce_in_norm
         with torch.no_grad():
             want = plain.sample_actions(*inputs)
             assert want.abs().max() > 0
             assert torch.equal(deferred.sample_actions(*inputs), want), backend
-    with pytest.raises(ValueError, match="reduce_in_norm"):
-        Pi05Engine(weights, device=dev, reduce_in_norm=True, norm_in_gemm=True)
+    for other in ("norm_in_gemm", "rope_in_gemm", "rope_in_attention"):
+        engine = Pi05Engine(weights, device=dev, graphs=False, reduce_in_rotate=True, **{other: True})
+        assert not engine.reduce_in_rotate and engine.reduce_in_norm == (other != "norm_in_gemm")
 
 
 @pytest.mark.interpret
@@ -936,7 +938,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
                                   "early_modulation", "early_positions", "fused_euler", "gemm_tma",
-                                  "reduce_in_norm"])
+                                  "reduce_in_norm", "reduce_in_rotate"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V
@@ -957,9 +959,9 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
         f = forced.sample_actions(*_inputs(c), c["noise"])
         assert forced.captures == 2 and rel_l2(f, a) <= TOL["graph_vs_eager"]
         assert cosine(f, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(f, c["actions"]) <= TOL["bf16_rel_l2"]
-    if flag == "reduce_in_norm":  # the o / down GEMMs were tuned as deferred reductions, and the captured
-        # graph with split partials forced (gemm="triton" picks an unsplit form) agrees too
-        assert any("defer" in key for key in variant.linear.choices)
+    if flag == "reduce_in_rotate":  # the QKV GEMM was tuned as a deferred reduction too
+        assert sum("defer" in key for key in variant.linear.choices) > \
+            sum("defer" in key for key in default.linear.choices)
     if flag == "norm_in_gemm":  # the fused GEMM variants were tuned (not only the plain shapes)
         assert any("emit" in key for key in variant.linear.choices)
         assert any("norm" in key for key in variant.linear.choices)

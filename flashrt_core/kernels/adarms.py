@@ -87,7 +87,7 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None, consta
     has_gated, do_norm = h is not None, scale is not None
     g_stride = sc_stride = sh_stride = parts = part_stride = 0
     if isinstance(h, Partials):
-        h.check(op, x)
+        h.check(op, tuple(x.shape), x.dtype, x.device)
         parts, part_stride, h = h.splits, h.data.stride(0), h.data
     elif has_gated:
         check(op, "h", h, shape=tuple(x.shape), contiguous=True, device=x.device)

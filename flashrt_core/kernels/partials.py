@@ -42,17 +42,22 @@ class Partials:
             acc = acc + self.data[s]
         return acc.to(self.dtype).view(self.shape)
 
-    def check(self, op: str, like: torch.Tensor) -> None:
-        """Raise KernelInputError unless these partials hold a result shaped like `like` in its dtype."""
-        rows = like.numel() // like.shape[-1] if like.dim() else 0
-        d = self.data
-        if (d.dim() != 3 or d.dtype != torch.float32 or not d.is_contiguous() or d.shape[0] < 1
-                or tuple(d.shape[1:]) != (rows, like.shape[-1]) or d.device != like.device
-                or tuple(self.shape) != tuple(like.shape) or self.dtype != like.dtype):
-            raise KernelInputError(
-                f"{op}: partials must be contiguous fp32 [S >= 1, {rows}, {like.shape[-1]}] on {like.device} "
-                f"for a {like.dtype} result of shape {tuple(like.shape)}, got {tuple(d.shape)} {d.dtype} on "
-                f"{d.device} for a {self.dtype} result of shape {tuple(self.shape)}")
+    def check(self, op: str, shape=None, dtype=None, device=None) -> None:
+        """Raise KernelInputError unless the partials are consistent (contiguous fp32 [S >= 1, rows, N] for a
+        result of `self.shape`) and, where given, hold a result of that shape, dtype and device."""
+        d, want = self.data, tuple(self.shape)
+        rows = 1
+        for size in want[:-1]:
+            rows *= size
+        if (d.dim() != 3 or d.dtype != torch.float32 or not d.is_contiguous() or d.shape[0] < 1 or not want
+                or tuple(d.shape[1:]) != (rows, want[-1])):
+            width = want[-1] if want else "N"
+            raise KernelInputError(f"{op}: partials must be contiguous fp32 [S >= 1, {rows}, {width}] for a result "
+                                   f"of shape {want}, got {tuple(d.shape)} {d.dtype}")
+        for name, got, expected in (("shape", want, None if shape is None else tuple(shape)),
+                                    ("dtype", self.dtype, dtype), ("device", d.device, device)):
+            if expected is not None and got != expected:
+                raise KernelInputError(f"{op}: partials of a result with {name} {got}, expected {expected}")
 
 
 def dense(h):

@@ -10,6 +10,9 @@ because an in-kernel sin/cos of angles up to ~1000 rad would be less accurate th
 Positions (and per-batch offsets) are device tensors, so they are not checked on the host (that would be a
 sync): a position outside the tables leaves its row unrotated, and a cache row outside [0, S) is not written,
 so a bad value can give wrong numbers but never touches memory outside the buffers.
+qkv may also be `Partials`, the unreduced result of a split-K QKV GEMM (`engine_gemm.skinny_linear(defer=True)`):
+each value's partials are summed in split order in fp32 and rounded to the result's dtype on load, the value
+the GEMM's in-kernel reduction would have stored.
 Reference: `reference.qkv_rope_cache_ref`.
 """
 import torch
@@ -19,17 +22,20 @@ import triton.language as tl
 from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2, pdl_launch
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
 from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
+from flashrt_core.kernels.partials import Partials
 
 
 @triton.jit(do_not_specialize=["offset"])  # one compiled kernel for every offset
 def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K_ptr, V_ptr,
                            T, n_positions, offset,
                            q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S, PF_A0, PF_N0, PF_A1, PF_N1,
-                           HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
+                           part_stride, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
                            OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
-                           PREFETCH: tl.constexpr, EARLY: tl.constexpr):
+                           PREFETCH: tl.constexpr, EARLY: tl.constexpr, PARTS: tl.constexpr):
     """EARLY: positions and the cos / sin tables are written by no kernel of this PDL chain, so every program
-    reads its token's position and table rows before waiting for the previous kernel."""
+    reads its token's position and table rows before waiting for the previous kernel.
+    PARTS > 0: QKV holds PARTS fp32 partials of qkv, part_stride elements apart, summed in order and rounded
+    to Q's dtype (the result's: checked on the host)."""
     pdl_trigger(PDL)
     token = tl.program_id(0).to(tl.int64)  # b * T + t
     head = tl.program_id(1)
@@ -46,8 +52,17 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
     pdl_wait(PDL)
     l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     src = QKV_ptr + token * ((HQ + 2 * HKV) * DH) + head * DH
-    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + half + i, mask=mask, other=0.0).to(tl.float32)
+    if PARTS > 0:
+        x1 = tl.zeros([BLOCK_HALF], dtype=tl.float32)
+        x2 = tl.zeros([BLOCK_HALF], dtype=tl.float32)
+        for p in tl.static_range(PARTS):  # fixed order, from zero: as the GEMM's own reduction adds them
+            x1 += tl.load(src + p * part_stride + i, mask=mask, other=0.0)
+            x2 += tl.load(src + p * part_stride + half + i, mask=mask, other=0.0)
+        x1 = x1.to(Q_ptr.dtype.element_ty).to(tl.float32)
+        x2 = x2.to(Q_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + half + i, mask=mask, other=0.0).to(tl.float32)
     if OFFSET_TENSOR:
         row = tl.load(OFF_ptr + b).to(tl.int64) + t
     else:
@@ -87,11 +102,20 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
     cache_offset is an int or an int tensor [B]. Returns q [B, T, Hq, Dh] (or fills q_out).
     prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`).
     constant_positions: positions, cos and sin are written by no kernel of this launch's PDL chain (the act
-    stage's positions, computed by torch ops before its first Triton kernel): they are read before the wait."""
+    stage's positions, computed by torch ops before its first Triton kernel): they are read before the wait.
+    qkv may be `Partials` of a [B, T, width] result (added up on load)."""
     op = "qkv_rope_cache"
-    check(op, "qkv", qkv, ndim=3, contiguous=True)
+    parts = part_stride = 0
+    if isinstance(qkv, Partials):
+        qkv.check(op)
+        if len(qkv.shape) != 3:
+            raise KernelInputError(f"{op}: partials of a [B, T, width] result expected, got shape {qkv.shape}")
+        parts, part_stride, dtype, shape, qkv = qkv.splits, qkv.data.stride(0), qkv.dtype, tuple(qkv.shape), qkv.data
+    else:
+        check(op, "qkv", qkv, ndim=3, contiguous=True)
+        dtype, shape = qkv.dtype, tuple(qkv.shape)
     pf = prefetch_args(op, qkv.device, prefetch)
-    b, t, width = qkv.shape
+    b, t, width = shape
     heads = num_q_heads + 2 * num_kv_heads
     if num_q_heads < 1 or num_kv_heads < 1 or width % heads:
         raise KernelInputError(
@@ -116,12 +140,16 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
                 f"{op}: `cache_offset` {cache_offset} + {t} tokens does not fit a cache of {k_cache.shape[2]} rows")
         offsets, offset = positions, int(cache_offset)  # OFF_ptr unused: any valid pointer will do
     q_shape = (b, t, num_q_heads, dh)
-    q_out = check_out(op, "q_out", q_out, q_shape, qkv.device) if q_out is not None else qkv.new_empty(q_shape)
+    q_out = check_out(op, "q_out", q_out, q_shape, qkv.device) if q_out is not None else \
+        torch.empty(q_shape, dtype=dtype, device=qkv.device)
+    if parts and q_out.dtype != dtype:
+        raise KernelInputError(f"{op}: q_out is {q_out.dtype}, but the partials hold a {dtype} result")
     if b * t:
         _qkv_rope_cache_kernel[(b * t, heads)](
             qkv, positions, cos, sin, offsets, q_out, k_cache, v_cache, t, cos.shape[0], offset,
             *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2], **pf,
-            HQ=num_q_heads, HKV=num_kv_heads, DH=dh, OFFSET_TENSOR=isinstance(cache_offset, torch.Tensor),
-            BLOCK_HALF=next_pow2(dh // 2, 16), EARLY=bool(constant_positions),
+            part_stride=part_stride, HQ=num_q_heads, HKV=num_kv_heads, DH=dh,
+            OFFSET_TENSOR=isinstance(cache_offset, torch.Tensor), BLOCK_HALF=next_pow2(dh // 2, 16),
+            EARLY=bool(constant_positions), PARTS=parts,
             num_warps=1 if dh <= 128 else 2, **pdl_launch(qkv.device))
     return q_out

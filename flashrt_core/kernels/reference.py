@@ -108,7 +108,8 @@ def rope_for_attention_ref(q, k2, positions, cos, sin):
 def qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads):
     """Split a fused [B, T, (Hq + 2 Hkv) * Dh] QKV, rotate q and k, write k/v into caches [B, Hkv, S, Dh]
     at rows cache_offset + t (an int, or an int tensor [B]); return q as [B, T, Hq, Dh]. A position outside
-    the tables leaves its token unrotated (as the kernel does)."""
+    the tables leaves its token unrotated (as the kernel does). qkv may be `Partials`."""
+    qkv = dense(qkv)
     b, t, width = qkv.shape
     dh = width // (num_q_heads + 2 * num_kv_heads)
     heads = qkv.reshape(b, t, num_q_heads + 2 * num_kv_heads, dh)

@@ -88,7 +88,7 @@ class Pi05Engine:
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
                  early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
-                 reduce_in_norm: bool = False):
+                 reduce_in_norm: bool = True, reduce_in_rotate: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -166,13 +166,14 @@ class Pi05Engine:
         row, so the GEMM's in-kernel reduction (a ticket, then the last program's reads of every partial)
         leaves the chain. The picker then offers the skinny configurations of at most 8 splits. Same actions,
         bit for bit where the same configuration is picked (the sum order and rounding are the GEMM's).
-        Not with norm_in_gemm (no norm kernel there)."""
+        On: act 7377 -> 7018 us interleaved p50 (6859 -> 6509 us under the profiler; o 5.08 -> 3.12 us, down
+        7.24 -> 4.85 us graph-timed; H200, fd4f555, `results/profile_pi05_w2_reduce_in_norm_ab.json`). No
+        effect with norm_in_gemm (no norm kernel there).
+        reduce_in_rotate: the same for the QKV GEMM, whose partials the split/rotate kernel adds up (no effect
+        where that kernel is not used: rope_in_attention, rope_in_gemm, norm_in_gemm)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
-        if reduce_in_norm and norm_in_gemm:
-            raise ValueError("reduce_in_norm: the partials are added up by the norm kernels, which norm_in_gemm "
-                             "removes; use one or the other")
         if rope_in_attention and rope_in_gemm:
             raise ValueError("rope_in_attention and rope_in_gemm: the rotation is done in one place or the other")
         device = torch.device(device) if device is not None else weights.action_in_w.device
@@ -199,7 +200,10 @@ class Pi05Engine:
         self.early_modulation = bool(early_modulation)
         self.early_positions = bool(early_positions)
         self.fused_euler = bool(fused_euler)
-        self.reduce_in_norm = bool(reduce_in_norm)
+        # (the partials' readers: the norm kernels and the split/rotate kernel, where this engine has them)
+        self.reduce_in_norm = bool(reduce_in_norm) and not self.norm_in_gemm
+        self.reduce_in_rotate = bool(reduce_in_rotate) and not (self.norm_in_gemm or self.rope_in_gemm
+                                                                or self.rope_in_attention)
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
@@ -298,7 +302,8 @@ class Pi05Engine:
             x_in = xs if self.norm_in_gemm else h
             if self.rope_in_gemm:  # q, suffix_k and suffix_v straight from the GEMM's epilogue
                 return lin.qkv_rope(x_in, L.qkv_w, qkv_out, norm=norm, backend=be), suffix_k, suffix_v, None
-            qkv = lin(x_in, L.qkv_w, norm=norm, backend=be) if self.norm_in_gemm else lin(x_in, L.qkv_w)
+            qkv = lin(x_in, L.qkv_w, norm=norm, backend=be) if self.norm_in_gemm else \
+                lin(x_in, L.qkv_w, defer=self.reduce_in_rotate)
             if self.rope_in_attention:  # strided views of the GEMM output; attention rotates q and k
                 heads = qkv.view(b, chunk, e.heads + 2 * e.kv_heads, e.head_dim)
                 return (heads[:, :, :e.heads], heads[:, :, e.heads:e.heads + e.kv_heads].transpose(1, 2),
