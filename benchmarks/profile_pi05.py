@@ -21,8 +21,8 @@ wait; `early_positions` (default on): the split/rotate kernel reads positions an
 the PDL wait; `fused_euler` (default on): the flow step's update in the action-out GEMM, the fp32 state
 read by the action-in GEMM; `gemm_tma`: skinny GEMM candidates that read their weight tiles through TMA
 descriptors join the tuning; `reduce_in_norm` (default on): the o and down GEMMs leave their split-K
-partials to the norm kernel after them; `reduce_in_rotate`: the QKV GEMM leaves its partials to the
-split/rotate kernel; several comma-separated flags are flipped together)
+partials to the norm kernel after them; `reduce_in_rotate` (default on): the QKV GEMM leaves its partials
+to the split/rotate kernel; several comma-separated flags are flipped together)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run.

@@ -854,9 +854,10 @@ def test_deferred_reductions_give_the_same_actions(dev):
     inputs = [t.to(dev) for t in micro_inputs(config, seed=8)]
     for backend, gemm in (("triton", "triton"), ("torch", "torch")):
         kw = dict(device=dev, backend=backend, gemm=gemm, graphs=False)
-        plain = Pi05Engine(weights, reduce_in_norm=False, **kw)
-        deferred = Pi05Engine(weights, reduce_in_rotate=True, **kw)  # (reduce_in_norm: the default)
-        assert deferred.reduce_in_norm and deferred.reduce_in_rotate and not plain.reduce_in_norm
+        plain = Pi05Engine(weights, reduce_in_norm=False, reduce_in_rotate=False, **kw)
+        deferred = Pi05Engine(weights, **kw)  # (both on: the default)
+        assert deferred.reduce_in_norm and deferred.reduce_in_rotate
+        assert not (plain.reduce_in_norm or plain.reduce_in_rotate)
         with torch.no_grad():
             want = plain.sample_actions(*inputs)
             assert want.abs().max() > 0
