@@ -960,8 +960,9 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
         f = forced.sample_actions(*_inputs(c), c["noise"])
         assert forced.captures == 2 and rel_l2(f, a) <= TOL["graph_vs_eager"]
         assert cosine(f, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(f, c["actions"]) <= TOL["bf16_rel_l2"]
-    if flag == "reduce_in_rotate":  # the QKV GEMM was tuned as a deferred reduction too
-        assert sum("defer" in key for key in variant.linear.choices) > \
+    if flag in ("reduce_in_norm", "reduce_in_rotate"):  # (on by default) the flipped engine tuned fewer GEMMs
+        # as deferred reductions: the o / down ones, or the QKV one, are plain products there
+        assert sum("defer" in key for key in variant.linear.choices) < \
             sum("defer" in key for key in default.linear.choices)
     if flag == "norm_in_gemm":  # the fused GEMM variants were tuned (not only the plain shapes)
         assert any("emit" in key for key in variant.linear.choices)
