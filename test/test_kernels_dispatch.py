@@ -84,7 +84,8 @@ def test_every_public_op_runs_on_both_backends():
         "preprocess_images": lambda be: K.preprocess_images(img, 16, backend=be),
     }
     assert set(calls) | {"available", "KernelInputError", "KernelUnavailableError", "rope_cos_sin",
-                         "resized_hw", "new_semaphore_workspace", "semaphore_workspace", "pdl_scope"} == set(K.__all__)
+                         "resized_hw", "new_semaphore_workspace", "semaphore_workspace", "pdl_scope",
+                         "Partials"} == set(K.__all__)
     for name, call in calls.items():
         got, want = call("triton"), call("torch")
         got = got if isinstance(got, tuple) else (got,)
