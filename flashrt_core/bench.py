@@ -114,6 +114,28 @@ def graph_ms(fn, items, rounds: int = 3, device=None) -> float:
     return statistics.median(times)
 
 
+def phase_samples(phases: dict, warmup: int = 3, iters: int = 20) -> dict:
+    """p50 ms of each phase of a call made of several host calls (name -> fn, run in order): a CUDA event is
+    recorded before the first and after each, with a sync after the last, so a phase's time is what it adds
+    to the whole call, host gaps included (where the GPU waited for the host to launch work)."""
+    names = list(phases)
+    for _ in range(warmup):
+        for fn in phases.values():
+            fn()
+    torch.cuda.synchronize()
+    samples = {name: [] for name in names}
+    for _ in range(iters):
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+        events[0].record()
+        for event, fn in zip(events[1:], phases.values()):
+            fn()
+            event.record()
+        events[-1].synchronize()
+        for i, name in enumerate(names):
+            samples[name].append(events[i].elapsed_time(events[i + 1]))
+    return {name: statistics.median(ms) for name, ms in samples.items()}
+
+
 def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
     """p50/p90/p99/mean ms of `cuda_samples`."""
     ms = sorted(cuda_samples(fn, warmup, iters))
@@ -286,9 +308,16 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
         prefix = engine.encode_prefix(inputs["images"], inputs["image_masks"], inputs["lang_tokens"],
                                       inputs["lang_mask"])
         act_only = time_cuda(lambda: engine.denoise(prefix, inputs["noise"]), warmup, iters)
+        # Where a whole decision's time goes beyond the two stage graphs (its staged calls one by one)
+        phases = phase_samples({
+            "set_observation": lambda: engine.set_observation(inputs["images"], inputs["image_masks"],
+                                                              inputs["lang_tokens"], inputs["lang_mask"]),
+            "observe": engine.observe,
+            "denoise": lambda: engine.denoise(prefix, inputs["noise"])}, warmup, iters)  # (prefix: the buffers)
         stage_ms = {"observe": time_cuda(engine.observe, warmup, iters)["p50_ms"],
                     "act": time_cuda(engine.act, warmup, iters)["p50_ms"]}
-    results["flashrt"] = {**whole, "peak_mem_gib": mem.gib, "captures": engine.captures}
+    results["flashrt"] = {**whole, "peak_mem_gib": mem.gib, "captures": engine.captures,
+                          "phases_p50_ms": phases}
     results["flashrt-act-only"] = {**act_only, "peak_mem_gib": mem.gib}
     costs = stage_costs(config, torch_dtype.itemsize, vis_dtype.itemsize)
     extra["stages"] = {s: achieved(costs[s], stage_ms[s]) for s in ("observe", "act")}
@@ -297,6 +326,7 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
     extra["attention_choices"] = engine.attend.report()
     log(f"[bench] flashrt p50 {whole['p50_ms']:.2f} ms, act-only {act_only['p50_ms']:.2f} ms "
         f"(observe {stage_ms['observe']:.2f} / act {stage_ms['act']:.2f}), build {extra['flashrt_build_s']:.1f} s")
+    log("[bench] a decision's phases, p50: " + ", ".join(f"{k} {v:.3f} ms" for k, v in phases.items()))
 
     if parity:
         ours = engine.sample_actions(inputs["images"], inputs["image_masks"], inputs["lang_tokens"],
