@@ -11,6 +11,9 @@ What makes it fast:
   gated residual, GeGLU, bias + GELU, LayerNorm (+ residual), QKV split + RoPE + K/V write, attention with
   padding / over the cached prefix; GEMMs run on merged weights (q|k|v, gate|up) through cuBLAS or the
   skinny Triton GEMM of `engine_gemm.py`, whichever measured faster for that shape on this GPU;
+- the action expert's split-K GEMMs (QKV, o, down) hand their fp32 partial sums to the kernel that reads
+  their result anyway (split/rotate, gated residual + AdaRMS), which adds them up in split order as it loads
+  the row (`kernels.Partials`): no in-kernel reduction at the end of those GEMMs;
 - AdaRMS scale/shift/gate of every step and layer come from the tables precomputed in `weights.py`;
 - `observe` and `act` are each captured once as a CUDA graph and replayed (no host syncs inside).
 On a CPU the same code runs with the kernels' torch references (or Triton under TRITON_INTERPRET=1).
