@@ -120,6 +120,30 @@ def test_a_missing_cameras_slot_never_reaches_the_actions(weights, engine_name, 
     assert (got - want).abs().max() <= TOL["masked_slot"]
 
 
+def test_the_observe_stage_sanitizes_buffers_filled_any_way(weights):
+    """Buffers written without set_observation (as a restored capsule writes them) with junk in a masked
+    camera's slot and token ids outside the vocabulary: the observe stage reads the slot as -1s and clamps
+    the ids, bit for bit what set_observation's clean copies give."""
+    images, masks, tokens, lang_mask, noise = inputs(weights.config, seed=4)
+    clean_images = images.clone()
+    clean_images[:, 1] = -1.0
+    high = tokens.clone()
+    high[0, 0] = weights.config.vocab_size + 7
+    clamped = tokens.clone()
+    clamped[0, 0] = weights.config.vocab_size - 1
+    engine = Pi05Engine(weights, backend="torch")
+    want = engine.sample_actions(clean_images, masks, clamped, lang_mask, noise)
+    engine.set_observation(images, masks, tokens, lang_mask)
+    buf = engine.buffers
+    buf.images[:, 1] = float("nan")
+    buf.lang_tokens[:, :tokens.shape[1]].copy_(high)
+    engine.observe()
+    prefix = R.PrefixCache(k=buf.prefix_k, v=buf.prefix_v, pad_mask=buf.pad_mask, n_valid=buf.n_valid)
+    got = engine.denoise(prefix, noise)
+    assert torch.isfinite(got).all() and want.abs().max() > 0
+    assert (got - want).abs().max() <= TOL["masked_slot"]
+
+
 def test_a_refused_denoise_or_prefix_keeps_the_engines_batch_and_buffers(weights):
     images, masks, tokens, lang_mask, noise = inputs(weights.config)
     engine = Pi05Engine(weights, backend="torch")

@@ -259,9 +259,15 @@ class Pi05Engine:
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         g, eps = c.vlm, c.rms_eps
         b, slots = buf.image_masks.shape
-        img = self._siglip(buf.images.flatten(0, 1))
+        # A masked (missing) camera reads as a -1 image, as LeRobot builds it, whatever its buffer holds
+        # (stale or NaN pixels), and token ids are clamped into the vocabulary (on CUDA an id past it would
+        # abort the context in the lookup; CPU ids were checked, see inputs.py). Done here rather than in
+        # set_observation: buffers filled any other way (a restored capsule) get the same, and the staged
+        # copies before the graph need no extra eager kernels.
+        pixels = torch.where(buf.image_masks[:, :, None, None, None], buf.images, -1.0)
+        img = self._siglip(pixels.flatten(0, 1))
         n_patch = img.shape[1]
-        lang = F.embedding(buf.lang_tokens, w.embed) * self.embed_scale
+        lang = F.embedding(buf.lang_tokens.clamp(0, c.vocab_size - 1), w.embed) * self.embed_scale
         x = torch.cat([img.view(b, slots * n_patch, -1), lang], dim=1)
         pad = torch.cat([buf.image_masks[:, :, None].expand(b, slots, n_patch).reshape(b, slots * n_patch),
                          buf.lang_mask], dim=1)
@@ -488,9 +494,9 @@ class Pi05Engine:
     def set_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
         """Copy one observation into the buffers: images [B, S<=slots, 3, size, size] in [-1, 1], masks [B, S],
         lang_tokens / lang_mask [B, L<=tokenizer_max_length]. Unused slots and prompt positions are masked; a
-        masked (missing) camera's image is replaced by -1s as LeRobot builds it, so whatever it held (stale or
-        NaN pixels) never reaches the actions. Everything is checked before anything is written
-        (`inputs.check_model_inputs`): a refused call leaves the buffers as they were."""
+        masked (missing) camera's image reads as -1s as LeRobot builds it (the observe stage does that), so
+        whatever it holds (stale or NaN pixels) never reaches the actions. Everything is checked before anything
+        is written (`inputs.check_model_inputs`): a refused call leaves the buffers as they were."""
         check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
         b, s = images.shape[:2]
         n = lang_tokens.shape[1]
@@ -500,9 +506,7 @@ class Pi05Engine:
         buf.images[:, s:].fill_(-1.0)
         buf.image_masks[:, :s].copy_(image_masks)
         buf.image_masks[:, s:].fill_(False)
-        buf.images[:, :s].masked_fill_(~buf.image_masks[:, :s, None, None, None], -1.0)
-        buf.lang_tokens[:, :n].copy_(lang_tokens)
-        buf.lang_tokens[:, :n].clamp_(0, self.config.vocab_size - 1)  # (CPU ids were checked; see inputs.py)
+        buf.lang_tokens[:, :n].copy_(lang_tokens)  # (clamped into the vocabulary by the observe stage)
         buf.lang_tokens[:, n:].zero_()
         buf.lang_mask[:, :n].copy_(lang_mask)
         buf.lang_mask[:, n:].fill_(False)
