@@ -10,6 +10,7 @@ reduction would have stored, so the results do not change, bit for bit.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,9 +47,7 @@ class Partials:
         """Raise KernelInputError unless the partials are consistent (contiguous fp32 [S >= 1, rows, N] for a
         result of `self.shape`) and, where given, hold a result of that shape, dtype and device."""
         d, want = self.data, tuple(self.shape)
-        rows = 1
-        for size in want[:-1]:
-            rows *= size
+        rows = math.prod(want[:-1])
         if (d.dim() != 3 or d.dtype != torch.float32 or not d.is_contiguous() or d.shape[0] < 1 or not want
                 or tuple(d.shape[1:]) != (rows, want[-1])):
             width = want[-1] if want else "N"

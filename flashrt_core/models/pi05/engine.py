@@ -502,8 +502,7 @@ class Pi05Engine:
         n = lang_tokens.shape[1]
         self._resize(b)
         buf = self.buffers
-        buf.images[:, :s].copy_(images)
-        buf.images[:, s:].fill_(-1.0)
+        buf.images[:, :s].copy_(images)  # (slots past s are masked: the observe stage reads them as -1s)
         buf.image_masks[:, :s].copy_(image_masks)
         buf.image_masks[:, s:].fill_(False)
         buf.lang_tokens[:, :n].copy_(lang_tokens)  # (clamped into the vocabulary by the observe stage)

@@ -215,12 +215,12 @@ if triton is not None:
                     acc_up += tl.dot(x, wu, input_precision=PRECISION)
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = True
-        if DEFER:
-            tl.store(P + rm[:, None] * N + rn[None, :] + pid_k * sps, acc, mask=out_mask)
-            last = False
-        elif SPLIT > 1:
+        if DEFER or SPLIT > 1:
             part = P + rm[:, None] * N + rn[None, :]
             tl.store(part + pid_k * sps, acc, mask=out_mask)
+        if DEFER:
+            last = False
+        elif SPLIT > 1:
             if GEGLU or ROPE:  # the second accumulator's partials follow the first's
                 tl.store(part + (SPLIT + pid_k) * sps, acc_up, mask=out_mask)
             tile = pid_m * tl.num_programs(0) + pid_n
@@ -380,6 +380,14 @@ def _rows_like(name, t, shape, dtype, dev):
                                f"{dev}, got {tuple(t.shape)} {t.dtype}")
 
 
+def _check_defer(op, b, geglu, fusion) -> None:
+    """A deferred reduction leaves a plain product's partials: no bias, GeGLU or fusion needs the sum first."""
+    if b is not None or geglu or any(f is not None for f in (fusion.norm, fusion.residual, fusion.emit,
+                                                               fusion.rope)):
+        raise KernelInputError(f"{op}: defer= leaves a plain product's partials (no bias, geglu, norm, residual, "
+                               "emit or rope)")
+
+
 def _check_fusions(x, n, geglu, norm, residual, emit, dtype):
     """dtype: the GEMM's (its weight's); x may be wider (fp32 rows into a bf16 GEMM are rounded on load)."""
     kdim, dev, m = x.shape[-1], x.device, x.numel() // x.shape[-1]
@@ -436,10 +444,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     _check_fusions(x, w.shape[0] if rope is not None else n, geglu, norm, residual, emit, w.dtype)
     if tma:
         _check_tma(w, block_n, block_k, preload, rope)
-    if defer and (b is not None or geglu or norm is not None or residual is not None or emit is not None
-                  or rope is not None):
-        raise KernelInputError("skinny_linear: defer= leaves a plain product's partials (no bias, geglu, norm, "
-                               "residual, emit or rope)")
+    if defer:
+        _check_defer("skinny_linear", b, geglu, Fusion(norm, residual, emit, rope))
     if rope is not None:
         y = rope.q
     elif defer:
@@ -448,10 +454,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
     interp = interpreting()
     block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
-    # Every split covers a whole number of BLOCK_K steps, so no K element is summed twice.
-    splits_wanted = triton.cdiv(kdim, block_k) if split_k == 0 else split_k
-    k_per_split = triton.cdiv(triton.cdiv(kdim, splits_wanted), block_k) * block_k
-    split = triton.cdiv(kdim, k_per_split)
+    k_per_split, split = split_layout(kdim, block_k, split_k)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     one_step = k_per_split == block_k
     pre_k = block_k if one_step else min(preload * block_k, triton.next_power_of_2(k_per_split))
@@ -622,9 +625,10 @@ class LinearPicker:
     def __call__(self, x, w, b=None, *, norm=None, residual=None, emit=None, defer=False, backend=None):
         """defer: a skinny GEMM may return its split-K partials unreduced (`kernels.Partials`, for
         `kernels.gated_residual_ada_rms_norm` to add up; cuBLAS returns the product): a plain product only."""
-        if defer and (b is not None or norm is not None or residual is not None or emit is not None):
-            raise KernelInputError("LinearPicker: defer= is for a plain product (no bias, norm, residual or emit)")
-        return self._run(x, w, b, False, backend, Fusion(norm, residual, emit, defer=bool(defer)))
+        fusion = Fusion(norm, residual, emit, defer=bool(defer))
+        if defer:  # (checked here too: the cuBLAS route would ignore defer)
+            _check_defer("LinearPicker", b, False, fusion)
+        return self._run(x, w, b, False, backend, fusion)
 
     def geglu(self, x, w_gate_up, *, norm=None, backend=None):
         return self._run(x, w_gate_up, None, True, backend, Fusion(norm))
@@ -733,13 +737,18 @@ def _same(got: list, want: list) -> bool:
     return all(agrees(g, t, MATCH_REL) for g, t in zip(got, want))
 
 
-def splits(config, kdim: int) -> int:
-    """How many K splits (programs per output tile) a CONFIGS entry gives at inner dimension kdim, as
-    `skinny_linear` computes them (each split a whole number of BLOCK_K steps)."""
-    block_k, split = config[1], config[2]
-    wanted = -(-kdim // block_k) if split == 0 else split
+def split_layout(kdim: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(K per split, number of splits) of `skinny_linear` at inner dimension kdim: split_k splits asked for
+    (0: one per BLOCK_K slice), each covering a whole number of BLOCK_K steps, so no K element is summed twice
+    (a ragged K may give fewer splits than asked)."""
+    wanted = -(-kdim // block_k) if split_k == 0 else split_k
     k_per_split = -(-(-(-kdim // wanted)) // block_k) * block_k
-    return -(-kdim // k_per_split)
+    return k_per_split, -(-kdim // k_per_split)
+
+
+def splits(config, kdim: int) -> int:
+    """How many K splits (programs per output tile) a CONFIGS entry gives at inner dimension kdim."""
+    return split_layout(kdim, config[1], config[2])[1]
 
 
 def _kwargs(config):
