@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|compile|views|profile|nopdl|ab] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -67,6 +67,9 @@ if [[ "$what" == nopdl ]]; then  # the same A/B without PDL (GPUs before sm_90 h
 fi
 if [[ "$what" == views ]]; then  # 1 and 3 views (engine, act-only, LeRobot eager; ~4 min with the tuning cache)
   bench bench_pi05 560 --out-dir "$OUT" --workloads views1,views3 --skip-compile
+fi
+if [[ "$what" == w2 ]]; then  # W2 without the compiled baseline (~4 min with tuning, ~2 min with the cache)
+  bench bench_pi05 560 --out-dir "$OUT" --workloads w2 --skip-compile
 fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2
