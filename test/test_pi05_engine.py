@@ -127,6 +127,58 @@ def test_staged_api_static_buffers_and_prompt_lengths(fixture_weights, cases):
     assert (junk - first).abs().max() < TOL["masked_change"]
 
 
+def test_the_decision_hooks_mark_each_prefix_layer_before_its_first_read(fixture_weights, cases):
+    """overlap_decision's graph orders the act stream after the observe stream by these hooks alone: the observe
+    body must announce prefix layer i only once its K/V are final, and the act body must wait for layer i
+    before it first reads that layer's prefix K/V (and for the valid count before anything), in the first flow
+    step only (later steps come after the whole first one)."""
+    c = cases["two_views_padded_prompt"]
+    engine = Pi05Engine(fixture_weights, backend="torch")
+    engine.set_observation(*_inputs(c))
+    buf, depth = engine.buffers, fixture_weights.config.vlm.depth
+    announced, snapshots = [], {}
+
+    def done(i):
+        announced.append(i)
+        snapshots[i] = (buf.n_valid.clone(), buf.pad_mask.clone()) if i < 0 else \
+            (buf.prefix_k[i].clone(), buf.prefix_v[i].clone())
+    with torch.no_grad():
+        engine._observe_body(prefix_done=done)
+    assert announced == [-1, *range(depth)]
+    for i, (k, v) in snapshots.items():
+        want = (buf.n_valid, buf.pad_mask) if i < 0 else (buf.prefix_k[i], buf.prefix_v[i])
+        assert torch.equal(k, want[0]) and torch.equal(v, want[1]), f"prefix layer {i} announced unfinished"
+    events, attend = [], engine.attend
+    layer_of = {buf.prefix_k[i].data_ptr(): i for i in range(depth)}
+
+    def recording_attend(q, k, v, **kw):
+        events.append(("read", layer_of[k.data_ptr()]))
+        return attend(q, k, v, **kw)
+    engine.attend = recording_attend
+    engine.buffers.noise.copy_(c["noise"])
+    with torch.no_grad():
+        engine._act_body(prefix_wait=lambda i: events.append(("wait", i)))
+    steps = fixture_weights.config.num_steps
+    assert events[0] == ("wait", -1)
+    assert [e for e in events if e[0] == "wait"] == [("wait", i) for i in range(-1, depth)]
+    for i in range(depth):  # the wait for layer i comes before the first read of it
+        assert events.index(("wait", i)) < events.index(("read", i))
+    assert sum(e[0] == "read" for e in events) == steps * depth
+    assert (buf.actions - c["actions"]).abs().max() < TOL["fp32_vs_lerobot"]  # the hooks change nothing
+
+
+def test_sample_actions_checks_the_noise_before_writing_anything(fixture_weights, cases):
+    a, b = cases["two_views_padded_prompt"], cases["one_view_240x320_two_missing"]
+    engine = Pi05Engine(fixture_weights, backend="torch", overlap_decision=True)
+    first = engine.sample_actions(*_inputs(a), a["noise"])
+    assert (first - a["actions"]).abs().max() < TOL["fp32_vs_lerobot"]
+    kept = {name: getattr(engine.buffers, name).clone() for name in ("images", "lang_tokens", "noise", "prefix_k")}
+    with pytest.raises(InputError, match="noise"):
+        engine.sample_actions(*_inputs(b), b["noise"][:, :-1])
+    for name, t in kept.items():
+        assert torch.equal(getattr(engine.buffers, name), t), f"{name} changed by a refused call"
+
+
 def test_denoise_accepts_a_foreign_prefix_and_batches(fixture_weights, cases):
     a, b = cases["two_views_padded_prompt"], cases["one_view_240x320_two_missing"]
     engine = Pi05Engine(fixture_weights, backend="torch")
@@ -920,6 +972,29 @@ def test_cuda_graphs_match_eager_and_never_recapture(fixture_weights, cases):
                             c["lang_mask"][:, :n], c["noise"] * 0.5)
     assert graphed.captures == 2
     assert cosine(again, want) >= TOL["bf16_cosine"] and rel_l2(again, want) <= TOL["bf16_rel_l2"]
+
+
+@pytest.mark.gpu
+def test_the_overlapped_decision_graph_matches_the_two_stage_graphs(fixture_weights, cases, tmp_path):
+    """overlap_decision: one graph with the act stage on a second stream, ordered after each prefix layer by
+    events. Same launch choices (shared tuning cache) -> the same actions as observe + act; a second
+    observation must reach the first flow step (a missing event would let it read the previous prefix)."""
+    c = cuda_case(cases)
+    staged = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path)
+    overlapped = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path,
+                            overlap_decision=True)
+    n = 5
+    second = (c["images"].flip(-1), c["image_masks"], c["lang_tokens"][:, :n], c["lang_mask"][:, :n])
+    for inputs, noise in ((_inputs(c), c["noise"]), (second, c["noise"] * 0.5), (_inputs(c), c["noise"])):
+        want = staged.sample_actions(*inputs, noise)
+        got = overlapped.sample_actions(*inputs, noise)
+        assert rel_l2(got, want) <= TOL["restart"]
+        assert torch.equal(overlapped.buffers.prefix_k, staged.buffers.prefix_k)
+    assert overlapped.captures == 1 and ("decision" in overlapped._graphs)
+    with torch.no_grad():
+        ref = R.sample_actions(fixture_weights.to("cuda"), *second, c["noise"] * 0.5)
+    got = overlapped.sample_actions(*second, c["noise"] * 0.5)
+    assert cosine(got, ref) >= TOL["bf16_cosine"] and rel_l2(got, ref) <= TOL["bf16_rel_l2"]
 
 
 @pytest.mark.gpu

@@ -91,7 +91,7 @@ class Pi05Engine:
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
                  early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
-                 reduce_in_norm: bool = True, reduce_in_rotate: bool = True):
+                 reduce_in_norm: bool = True, reduce_in_rotate: bool = True, overlap_decision: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -176,7 +176,12 @@ class Pi05Engine:
         where that kernel is not used: rope_in_attention, rope_in_gemm, norm_in_gemm). On: act 7009 -> 6832 us
         interleaved p50 with reduce_in_norm on in both (6701 -> 6540 us under the profiler; the QKV GEMM took
         (64, 512, 0, 8, 1), 2 splits; action cosine 0.999999; H200, 810d6d9,
-        `results/profile_pi05_w2_reduce_in_rotate_ab.json`)."""
+        `results/profile_pi05_w2_reduce_in_rotate_ab.json`).
+        overlap_decision: a whole decision (`decision()`, `sample_actions`) is one CUDA graph in which the act
+        stage runs on a second stream beside the observe stage: its first flow step's layer i waits only for
+        the observe stage's K/V of prefix layer i (events), not for the whole prefix, so that flow step fills
+        the SMs the prefix's kernels leave idle (their tails, the glue kernels). Same kernels, same actions;
+        `observe()` / `act()` alone are unchanged."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -210,6 +215,7 @@ class Pi05Engine:
         self.reduce_in_norm = bool(reduce_in_norm) and not self.norm_in_gemm
         self.reduce_in_rotate = bool(reduce_in_rotate) and not (self.norm_in_gemm or self.rope_in_gemm
                                                                 or self.rope_in_attention)
+        self.overlap_decision = bool(overlap_decision)
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
@@ -225,7 +231,9 @@ class Pi05Engine:
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
         # replay concurrently on different streams (observe beside act) and must not share them.
         self._tickets = {stage: K.new_semaphore_workspace(device) for stage in ("observe", "act")}
+        self._tickets["decision"] = self._tickets["observe"]  # (its act part switches to the act workspace)
         self._pool = None
+        self._act_stream = None  # overlap_decision's second stream (created on the first decision)
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
         self.hook_capture_errors: dict[tuple, str] = {}  # run_stage hooks that could not be captured, and why
 
@@ -254,8 +262,9 @@ class Pi05Engine:
             x, h = K.add_layer_norm(m, x, nw, nb, eps, residual_out=x, backend=be)
         return lin(h, w.proj_w, w.proj_b).to(self.dtype)
 
-    def _observe_body(self) -> None:
-        """images + prompt buffers -> prefix K/V, pad mask and valid count (the `observe` stage)."""
+    def _observe_body(self, prefix_done=None) -> None:
+        """images + prompt buffers -> prefix K/V, pad mask and valid count (the `observe` stage).
+        prefix_done(i) is called once prefix layer i's K/V are written (-1: the pad mask and valid count)."""
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         g, eps = c.vlm, c.rms_eps
         b, slots = buf.image_masks.shape
@@ -273,6 +282,8 @@ class Pi05Engine:
                          buf.lang_mask], dim=1)
         buf.pad_mask.copy_(pad)
         buf.n_valid.copy_(pad.sum(dim=1))
+        if prefix_done is not None:
+            prefix_done(-1)
         # Positions count valid tokens only; padding gets a clamped (unused) position.
         positions = (torch.cumsum(pad, dim=1) - 1).clamp_(min=0)
         layers = w.vlm_layers
@@ -280,6 +291,8 @@ class Pi05Engine:
         for i, L in enumerate(layers):
             q = K.qkv_rope_cache(lin(h, L.qkv_w), positions, self.cos, self.sin, buf.prefix_k[i], buf.prefix_v[i], 0,
                                  num_q_heads=g.heads, num_kv_heads=g.kv_heads, backend=be)
+            if prefix_done is not None:
+                prefix_done(i)
             if i == len(layers) - 1:
                 break  # the last layer's attention output and MLP only feed the unused prefix logits
             a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, backend=be)
@@ -288,11 +301,14 @@ class Pi05Engine:
             d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
             x, h = K.add_rms_norm(d, x, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
 
-    def _act_body(self) -> None:
-        """noise + prefix buffers -> `num_steps` Euler steps of the action expert -> actions (the `act` stage)."""
+    def _act_body(self, prefix_wait=None) -> None:
+        """noise + prefix buffers -> `num_steps` Euler steps of the action expert -> actions (the `act` stage).
+        prefix_wait(i) is called before the first read of prefix layer i's K/V (-1: of the valid count)."""
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         e, eps, chunk = c.expert, c.rms_eps, c.chunk_size
         b = buf.noise.shape[0]
+        if prefix_wait is not None:
+            prefix_wait(-1)
         positions = buf.n_valid[:, None] + torch.arange(chunk, device=self.device)
         if not self.rope_in_attention:  # the split/rotate kernel's outputs (the other path reads the QKV output)
             suffix_k = torch.empty(b, e.kv_heads, chunk, e.head_dim, device=self.device, dtype=self.dtype)
@@ -336,6 +352,8 @@ class Pi05Engine:
                                    constant_mod=self.early_modulation, backend=be)
             for i, L in enumerate(layers):
                 q, k2, v2, rope = qkv_heads(L, i, step)
+                if prefix_wait is not None and step == 0:
+                    prefix_wait(i)
                 # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k2, v2=v2, rope=rope,
                                 backend=be)
@@ -372,6 +390,27 @@ class Pi05Engine:
         """The AdaRMS fused into the expert GEMM `gemm` ("qkv", "gate_up" or "out") at a step and layer."""
         shift_w = self._shift_w[gemm][step] if layer is None else self._shift_w[gemm][step, layer]
         return RowNorm(sums, shift_w, self.config.rms_eps)
+
+    def _decision_body(self) -> None:
+        """observe then act; with overlap_decision on CUDA the act stage runs on a second stream that waits
+        for each prefix layer's K/V only where its first flow step reads them (fork and join: capturable)."""
+        if not (self.overlap_decision and self.device.type == "cuda"):
+            with self._launch_context("observe"):
+                self._observe_body()
+            with self._launch_context("act"):
+                self._act_body()
+            return
+        main = torch.cuda.current_stream(self.device)
+        if self._act_stream is None:
+            self._act_stream = torch.cuda.Stream(self.device)
+        side = self._act_stream
+        ready = [torch.cuda.Event() for _ in range(self.config.vlm.depth + 1)]  # [0]: valid count, [i + 1]: layer i
+        side.wait_stream(main)  # (fork: the buffers the caller filled before this decision)
+        with self._launch_context("observe"):
+            self._observe_body(prefix_done=lambda i: ready[i + 1].record(main))
+        with torch.cuda.stream(side), self._launch_context("act"):
+            self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1]))
+        main.wait_stream(side)  # (join)
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def _launch_context(self, stage: str) -> contextlib.ExitStack:
@@ -485,6 +524,16 @@ class Pi05Engine:
         """Run the `act` stage: buffers.noise + prefix buffers -> buffers.actions."""
         self._run("act", self._act_body)
 
+    def decision(self) -> None:
+        """A whole decision on the current buffers: images + prompt + noise -> prefix K/V and actions. Without
+        overlap_decision the two stage graphs one after the other; with it one graph of its own, in which the
+        act stage overlaps the observe stage (see `overlap_decision`)."""
+        if not (self.overlap_decision and self.use_graphs):
+            self.observe()
+            self.act()
+            return
+        self._run("decision", self._decision_body)
+
     # ---- staged API (copies into the static buffers) --------------------------------------------------
     def _resize(self, batch: int) -> None:
         if batch != self.batch:  # a new batch size needs new buffers and therefore new graphs
@@ -545,7 +594,14 @@ class Pi05Engine:
         return self.buffers.actions.clone()
 
     def sample_actions(self, images, image_masks, lang_tokens, lang_mask, noise) -> torch.Tensor:
-        return self.denoise(self.encode_prefix(images, image_masks, lang_tokens, lang_mask), noise)
+        """One whole decision (`decision()`): observation + noise -> actions [B, chunk, action_dim] fp32 (a fresh
+        tensor). Everything is checked before anything is written."""
+        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
+        check_noise(self.config, noise, images.shape[0])
+        self.set_observation(images, image_masks, lang_tokens, lang_mask)
+        self.buffers.noise.copy_(noise)
+        self.decision()
+        return self.buffers.actions.clone()
 
 
 def _shift_projections(w: Pi05Weights) -> dict[str, torch.Tensor]:
