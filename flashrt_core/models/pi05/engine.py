@@ -273,17 +273,19 @@ class Pi05Engine:
         # abort the context in the lookup; CPU ids were checked, see inputs.py). Done here rather than in
         # set_observation: buffers filled any other way (a restored capsule) get the same, and the staged
         # copies before the graph need no extra eager kernels.
-        pixels = torch.where(buf.image_masks[:, :, None, None, None], buf.images, -1.0)
-        img = self._siglip(pixels.flatten(0, 1))
-        n_patch = img.shape[1]
-        lang = F.embedding(buf.lang_tokens.clamp(0, c.vocab_size - 1), w.embed) * self.embed_scale
-        x = torch.cat([img.view(b, slots * n_patch, -1), lang], dim=1)
+        n_patch = c.vision.num_patches
+        # The pad mask and valid count first: they depend on the masks only (overlap_decision's act stream
+        # starts its first flow step on them while SigLIP runs).
         pad = torch.cat([buf.image_masks[:, :, None].expand(b, slots, n_patch).reshape(b, slots * n_patch),
                          buf.lang_mask], dim=1)
         buf.pad_mask.copy_(pad)
         buf.n_valid.copy_(pad.sum(dim=1))
         if prefix_done is not None:
             prefix_done(-1)
+        pixels = torch.where(buf.image_masks[:, :, None, None, None], buf.images, -1.0)
+        img = self._siglip(pixels.flatten(0, 1))
+        lang = F.embedding(buf.lang_tokens.clamp(0, c.vocab_size - 1), w.embed) * self.embed_scale
+        x = torch.cat([img.view(b, slots * n_patch, -1), lang], dim=1)
         # Positions count valid tokens only; padding gets a clamped (unused) position.
         positions = (torch.cumsum(pad, dim=1) - 1).clamp_(min=0)
         layers = w.vlm_layers
