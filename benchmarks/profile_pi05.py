@@ -26,7 +26,8 @@ to the split/rotate kernel; several comma-separated flags are flipped together)
 from the same weights, prints the action cosine between the two engines, profiles the variant's act stage
 in the same process (`act_<flag>_<on|off>` in the JSON) and times both act graphs without the profiler,
 alternating replays (`ab_timing`), so the two compare within one run; likewise both engines' whole decisions
-(`decision()`: both stage graphs, or overlap_decision's one graph; `ab_decision_timing`).
+(`decision()`: both stage graphs, or overlap_decision's one graph; `ab_decision_timing`) and observe graphs
+(`ab_observe_timing`).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
 # Pi05Engine flags an A/B may flip
 AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart",
             "gemm_preload", "early_modulation", "early_positions", "fused_euler", "gemm_tma", "reduce_in_norm",
-            "reduce_in_rotate", "overlap_decision")
+            "reduce_in_rotate", "overlap_decision", "gemm_mid")
 
 
 def ab_flags(text: str) -> list[str]:
@@ -190,6 +191,10 @@ def main(argv=None) -> int:
         print("act alone, interleaved, CUDA events: " + ", ".join(
             f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in timing.items()))
         profiles["ab_timing"] = timing
+        observe = interleaved_ms({"observe": engine.observe, f"observe_{variant_name[4:]}": variant.observe})
+        print("observe alone, interleaved, CUDA events: " + ", ".join(
+            f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in observe.items()))
+        profiles["ab_observe_timing"] = observe
         # a whole decision's graphs (observe + act, or the one graph of overlap_decision), buffers as filled
         decision = interleaved_ms({"decision": engine.decision, f"decision_{variant_name[4:]}": variant.decision})
         print("whole decision (graphs only), interleaved, CUDA events: " + ", ".join(

@@ -6,6 +6,7 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
     python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
     python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
     python test/ptx_testing.py --tma      # the same, and the TMA copies, of the TMA GEMM candidates
+    python test/ptx_testing.py --mid      # registers / spills / shared memory of the mid-size GEMM candidates
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -209,6 +210,20 @@ EXPERT_GEMMS = {"qkv": (2560, 1024, False), "o": (1024, 2048, False), "gate_up":
                 "down": (1024, 4096, False)}
 
 
+# SigLIP's GEMMs (M = 2 views x 256 patches): (N, K)
+SIGLIP_GEMMS = {"qkv": (3456, 1152), "o": (1152, 1152), "fc1": (4304, 1152), "fc2": (1152, 4304)}
+
+
+def mid_resources() -> dict:
+    """Registers / spills / shared memory of every mid-size GEMM candidate at SigLIP's shapes."""
+    out = {}
+    for config in engine_gemm.MID_CONFIGS:
+        for shape, (n, k) in SIGLIP_GEMMS.items():
+            found = gemm_case(512, n, k, config)
+            out[f"{config} {shape}"] = {key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
+    return out
+
+
 def preload_resources() -> dict:
     """Registers / spills of every preloading GEMM candidate at each expert shape: {"config shape": {...}}."""
     out = {}
@@ -284,6 +299,8 @@ if __name__ == "__main__":
         print(json.dumps(engine_scan(), indent=1))
     elif sys.argv[1:] == ["--preload"]:
         print(json.dumps(preload_resources(), indent=1))
+    elif sys.argv[1:] == ["--mid"]:
+        print(json.dumps(mid_resources(), indent=1))
     elif sys.argv[1:] == ["--tma"]:
         print(json.dumps(tma_resources(), indent=1))
     elif sys.argv[1:] == ["--precompile"]:

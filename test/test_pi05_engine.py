@@ -552,6 +552,36 @@ def test_every_gemm_candidate_computes_f_linear(dev, geglu):
 
 
 @pytest.mark.interpret
+def test_every_mid_gemm_candidate_computes_f_linear(dev):
+    """The mid-size candidates (`MID_CONFIGS`, rows in programs of BLOCK_M, for SigLIP's 512-row GEMMs) on an
+    odd shape: several row blocks with a ragged last one, a ragged K, a bias."""
+    from flashrt_core.kernels._common import KernelInputError
+    from flashrt_core.models.pi05.engine_gemm import MID_CONFIGS, _kwargs
+
+    g = torch.Generator().manual_seed(11)
+    m, n, k = 150, 72, 200
+    x = torch.randn(m, k, generator=g).to(dev)
+    w = torch.randn(n, k, generator=g).to(dev)
+    b = torch.randn(n, generator=g).to(dev)
+    want = F.linear(x, w, b)
+    for config in MID_CONFIGS:
+        got = skinny_linear(x, w, b, **_kwargs(config))
+        assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max(), config
+    with pytest.raises(KernelInputError, match="block_m"):
+        skinny_linear(x, w, b, block_m=48)
+
+
+def test_mid_gemm_candidates_are_offered_only_past_the_skinny_rows():
+    from flashrt_core.models.pi05.engine_gemm import MID_CONFIGS, SKINNY_MAX_M
+
+    picker = LinearPicker("cpu", mid=True)
+    assert picker.candidates_for(NO_FUSION, 1024, m=SKINNY_MAX_M + 1) == MID_CONFIGS
+    assert picker.candidates_for(NO_FUSION, 1024, m=50) == list(picker.candidates)
+    assert all(c not in picker.candidates_for(NO_FUSION, 1024, m=50) for c in MID_CONFIGS)
+    assert LinearPicker("cpu").mid is False
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,bias,geglu,split,preload,fuse", [
     (50, 40, 72, True, False, 1, 0, ""), (7, 33, 136, False, False, 2, 1, ""), (13, 2 * 20, 200, False, True, 1, 1, ""),
@@ -1032,7 +1062,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
                                   "early_modulation", "early_positions", "fused_euler", "gemm_tma",
-                                  "reduce_in_norm", "reduce_in_rotate", "overlap_decision"])
+                                  "reduce_in_norm", "reduce_in_rotate", "overlap_decision", "gemm_mid"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

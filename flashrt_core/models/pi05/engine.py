@@ -91,7 +91,8 @@ class Pi05Engine:
                  l2_prefetch: bool = False, rope_in_gemm: bool = False, attention_merge_apart: bool = False,
                  gemm_preload: bool = True, early_modulation: bool = True,
                  early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
-                 reduce_in_norm: bool = True, reduce_in_rotate: bool = True, overlap_decision: bool = True):
+                 reduce_in_norm: bool = True, reduce_in_rotate: bool = True, overlap_decision: bool = True,
+                 gemm_mid: bool = False):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -183,7 +184,10 @@ class Pi05Engine:
         the SMs the prefix's kernels leave idle (their tails, the glue kernels, SigLIP's small GEMMs). Same
         kernels, same actions (bit for bit on the H200); `observe()` / `act()` alone are unchanged. On: whole
         decision 11924 -> 11589 us interleaved p50 (graphs only; H200, ca08d1d,
-        `results/profile_pi05_w2_overlap_decision_ab.json`)."""
+        `results/profile_pi05_w2_overlap_decision_ab.json`).
+        gemm_mid: the GEMMs of 129-1024 rows (SigLIP's, the prefix's QKV / o / down) are tuned too, cuBLAS against
+        the Triton GEMM with mid-size tiles (`engine_gemm.MID_CONFIGS`: smaller tiles and split K where cuBLAS
+        leaves SMs idle, and PDL launches)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -225,7 +229,8 @@ class Pi05Engine:
             self.tuning_cache = tuning_cache or None
         else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
             self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
-        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache, preload=gemm_preload, tma=gemm_tma)
+        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache, preload=gemm_preload, tma=gemm_tma,
+                                   mid=gemm_mid)
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache,
                                       merge_apart=attention_merge_apart)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)

@@ -32,6 +32,7 @@ from flashrt_core.kernels.partials import Partials, dense
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
 SKINNY_MAX_M = 128  # above this the GEMM is compute-bound and cuBLAS wins
+MID_MAX_M = 1024  # ... except where its tiles leave SMs idle: SigLIP's GEMMs (512 rows) are offered MID_CONFIGS
 MATCH_REL = 3e-2  # a candidate's outputs vs cuBLAS's, relative to their largest entry
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
 # (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages[, preload]) tried per shape on CUDA.
@@ -61,6 +62,13 @@ TMA_CONFIGS = [(32, 128, 1, 4, 4, 0, 1), (32, 128, 1, 4, 6, 0, 1), (32, 64, 1, 4
                (16, 256, 1, 4, 4, 0, 1), (32, 256, 1, 4, 3, 0, 1), (32, 256, 0, 4, 1, 0, 1), (64, 256, 0, 8, 1, 0, 1),
                # 64 columns per program: as many weight bytes as row bytes per stage (x is staged too)
                (64, 128, 2, 4, 4, 0, 1), (64, 64, 2, 4, 8, 0, 1)]
+# Mid-size rows (SKINNY_MAX_M < M <= MID_MAX_M, `LinearPicker(mid=True)`): an 8th entry is BLOCK_M. At M = 512
+# cuBLAS runs SigLIP's o projection (512 x 1152 x 1152) at ~140 TFLOP/s: 36-45 output tiles for 132 SMs, and its
+# kernels take no part in PDL. These offer smaller tiles, split K, and the PDL launch overlap.
+MID_CONFIGS = [(64, 64, 1, 4, 4, 0, 0, 64), (128, 64, 1, 4, 4, 0, 0, 64), (64, 64, 1, 4, 4, 0, 0, 128),
+               (128, 64, 1, 8, 4, 0, 0, 128), (128, 64, 1, 8, 3, 0, 0, 128), (64, 128, 1, 4, 3, 0, 0, 64),
+               (64, 64, 2, 4, 4, 0, 0, 128), (128, 64, 2, 8, 4, 0, 0, 128), (64, 64, 2, 4, 4, 0, 0, 64),
+               (32, 64, 1, 4, 4, 0, 0, 64), (64, 64, 3, 4, 4, 0, 0, 128), (256, 64, 1, 8, 3, 0, 0, 128)]
 # (left out: (32, 128, 8, 4, 4, 0, 1), (64, 128, 0, 4, 1, 0, 1), (64, 128, 4, 4, 4, 0, 1) and (64, 128, 8, 4, 3, 0, 1)
 # spill at one expert shape or more on sm_90, `ptx_testing.py --tma`)
 # (none of these spills at the expert's shapes on sm_90: `test_kernels_ptx.py`; (64, 128, 4, 4, 4, 2) did at
@@ -409,7 +417,8 @@ def _check_fusions(x, n, geglu, norm, residual, emit, dtype):
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
                   preload=0, tma=False, norm: RowNorm | None = None, residual: GatedResidual | None = None,
-                  emit: RowStats | None = None, rope: QkvRope | None = None, defer: bool = False):
+                  emit: RowStats | None = None, rope: QkvRope | None = None, defer: bool = False,
+                  block_m: int | None = None):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
     program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait. preload (0 or a power of
@@ -419,7 +428,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     the fused QKV weight, split, rotated and written into q / k / v (QkvRope; q is returned). tma: the weight
     tiles are read through a tensor descriptor (TMA bulk copies; preload 0 or 1, block sizes up to 256, not
     with rope). defer: return the split-K partial products unreduced (`kernels.Partials`, for a reader that
-    adds them up: `kernels.gated_residual_ada_rms_norm`); a plain product only (no bias or fusion)."""
+    adds them up: `kernels.gated_residual_ada_rms_norm`); a plain product only (no bias or fusion).
+    block_m: rows per program, a power of two >= 16 (default: all rows up to SKINNY_MAX_M in one)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -453,7 +463,10 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     else:
         y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
     interp = interpreting()
-    block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
+    if block_m is None:
+        block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
+    elif block_m < 16 or block_m & (block_m - 1):
+        raise KernelInputError(f"skinny_linear: block_m must be a power of two >= 16, got {block_m}")
     k_per_split, split = split_layout(kdim, block_k, split_k)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     one_step = k_per_split == block_k
@@ -607,18 +620,21 @@ class LinearPicker:
     when that measures faster. mode: "auto" (time on CUDA, cuBLAS elsewhere), "torch" or "triton" (always
     the first skinny configuration where M is small: for tests)."""
 
-    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = False, tma: bool = False):
+    def __init__(self, device, mode: str = "auto", cache=None, preload: bool = False, tma: bool = False,
+                 mid: bool = False):
         """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
         instead of timing the candidates again; new choices are put into it. preload: also offer the
         candidates that request weight tiles before the PDL wait in their K loop (off: their choices are
         cached apart from the full candidate set's, so an A/B engine never reads the other's). tma: also offer
-        the candidates that read their weight tiles through TMA descriptors (TMA_CONFIGS; cached apart too)."""
+        the candidates that read their weight tiles through TMA descriptors (TMA_CONFIGS; cached apart too).
+        mid: GEMMs of SKINNY_MAX_M < M <= MID_MAX_M rows are tuned too, against MID_CONFIGS (else cuBLAS)."""
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")
         self.device, self.mode, self.tuning, self.cache = torch.device(device), mode, False, cache
         pool = CONFIGS + (TMA_CONFIGS if tma else [])
         self.candidates = [c for c in pool if preload or len(c) < 6 or not c[5]]
         self.cache_name = ("linear_preload" if preload else "linear") + ("_tma" if tma else "")
+        self.mid = bool(mid)
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
@@ -640,11 +656,12 @@ class LinearPicker:
 
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
-        skinny = m <= SKINNY_MAX_M and triton is not None and K.available(x.device)
+        limit = MID_MAX_M if self.mid and not geglu and not fusion.tags(w.dtype) else SKINNY_MAX_M
+        skinny = m <= limit and triton is not None and K.available(x.device)
         if self.mode == "torch" or not skinny or backend == "torch":
             return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":
-            return _route(CONFIGS[0], x, w, b, geglu, backend, fusion)
+            return _route(CONFIGS[0] if m <= SKINNY_MAX_M else MID_CONFIGS[0], x, w, b, geglu, backend, fusion)
         key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags(w.dtype))
         if key not in self.choices:
             if not (self.tuning and x.device.type == "cuda"):
@@ -652,13 +669,16 @@ class LinearPicker:
             self.choices[key] = self._cached(key, x, w, b, geglu, backend, fusion)
         return _route(self.choices[key], x, w, b, geglu, backend, fusion)
 
-    def candidates_for(self, fusion=NO_FUSION, kdim: int | None = None) -> list:
+    def candidates_for(self, fusion=NO_FUSION, kdim: int | None = None, m: int = 1) -> list:
         """The configurations tried for a call (of inner dimension `kdim`). A deferred reduction (fusion.defer)
         keeps those of at most DEFER_MAX_SPLITS splits: its reader loads every partial of each row, and that
         read is not part of the GEMM's timing. The QKV + RoPE epilogue (fusion.rope) pairs each output
         column with its rotate-half partner, so its BLOCK_N counts pairs and a program reads 2 x BLOCK_N weight
         rows: it also gets every candidate at half the BLOCK_N (16 at least), the fused form of each plain
-        tiling (the plain QKV's usual pick, (32, 128, 1, 4, 4, 2), has (16, 128, 1, 4, 4, 2) as its twin)."""
+        tiling (the plain QKV's usual pick, (32, 128, 1, 4, 4, 2), has (16, 128, 1, 4, 4, 2) as its twin).
+        Past SKINNY_MAX_M rows (`mid`, plain products only) the candidates are MID_CONFIGS."""
+        if m > SKINNY_MAX_M:
+            return list(MID_CONFIGS)
         if fusion.defer and kdim is not None:
             return [c for c in self.candidates if splits(c, kdim) <= DEFER_MAX_SPLITS]
         if fusion.rope is None:
@@ -672,7 +692,7 @@ class LinearPicker:
         def check(config):
             return _same(_outputs(config, x, w, b, geglu, backend, fusion),
                          _outputs(None, x, w, b, geglu, backend, fusion))
-        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion, x.shape[-1]), check,
+        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion, x.shape[-1], key[0]), check,
                              lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
     def _tune(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
@@ -682,7 +702,7 @@ class LinearPicker:
         overflow L2 (a decision streams every weight from HBM once per flow step). Fused outputs (residual
         stream, row stats) are never touched here: every trial writes into copies."""
         candidates = {"cublas": None}
-        for c in self.candidates_for(fusion, x.shape[-1]):
+        for c in self.candidates_for(fusion, x.shape[-1], key[0]):
             candidates[str(c)] = c
         trial = fusion.scratch()
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
@@ -754,4 +774,5 @@ def splits(config, kdim: int) -> int:
 def _kwargs(config):
     bn, bk, split, warps, stages, *rest = config
     return {"block_n": bn, "block_k": bk, "split_k": split, "num_warps": warps, "num_stages": stages,
-            "preload": rest[0] if rest else 0, "tma": bool(rest[1]) if len(rest) > 1 else False}
+            "preload": rest[0] if rest else 0, "tma": bool(rest[1]) if len(rest) > 1 else False,
+            "block_m": rest[2] if len(rest) > 2 else None}
