@@ -187,7 +187,12 @@ class Pi05Engine:
         `results/profile_pi05_w2_overlap_decision_ab.json`).
         gemm_mid: the GEMMs of 129-1024 rows (SigLIP's, the prefix's QKV / o / down) are tuned too, cuBLAS against
         the Triton GEMM with mid-size tiles (`engine_gemm.MID_CONFIGS`: smaller tiles and split K where cuBLAS
-        leaves SMs idle, and PDL launches)."""
+        leaves SMs idle, and PDL launches). Off: cuBLAS won every such shape on the H200 (graph-timed, weights
+        cycled past L2; best Triton form in brackets): SigLIP QKV 9.43 us (11.6), o 5.90 (7.65), fc1 10.5 (17.7),
+        fc2 15.6 (22.3), projector 6.99 (8.41); prefix QKV 11.6 (17.2), o 10.2 (16.4), down 56.4 (106), so the
+        picker kept cuBLAS and observe stayed where it was (5946 vs 5933 us interleaved p50; ccc8d16,
+        `results/profile_pi05_w2_gemm_mid_ab.json`): the skinny kernel's pointer-loaded, transposed weight tiles
+        are no match for cuBLAS's Hopper kernels once a GEMM has hundreds of rows."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
