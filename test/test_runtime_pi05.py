@@ -265,3 +265,58 @@ def test_fused_engine_runtime_matches_the_reference_engine():
     for ref, fused in zip(out["reference"], out["fused"]):
         np.testing.assert_allclose(fused.actions, ref.actions, atol=TOL["fused_vs_reference_cpu"], rtol=0)
         assert fused.prefix_id == ref.prefix_id and fused.observation_age_ms == ref.observation_age_ms
+
+
+def _fused_runtime(graphs: str, device: str = "cpu"):
+    from flashrt_core.contract.spec import load_contract
+
+    contract = load_contract(CONFIG).with_overrides(dtype="float32", rates={"observe": 10, "act": 50},
+                                                    limits={"max_observation_age_ms": 1000.0},
+                                                    options={"engine": "fused"})
+    return Runtime(type(contract)(**{**vars(contract), "graphs": graphs}), device=device, seed=0)
+
+
+def test_a_plan_of_observe_and_act_runs_as_one_engine_decision():
+    """contract graphs: plan, fused engine: a tick with observe and act runs them as one engine decision
+    (`Pi05Binding.device_plan` -> `Pi05Engine.run_decision`, one graph on CUDA); act-only ticks stay per stage.
+    On the CPU the same code runs eagerly: the actions are those of per-stage graphs, bit for bit."""
+    out, decisions = {}, []
+    for graphs in ("stage", "plan"):
+        rt = _fused_runtime(graphs)
+        engine = rt.binding.policy.engine
+        run_decision = engine.run_decision
+
+        def counting(hooks, key="hooks", run_decision=run_decision, graphs=graphs):
+            decisions.append(graphs)
+            return run_decision(hooks, key)
+        engine.run_decision = counting
+        out[graphs] = drive(rt, seed=12, ticks=11)
+    combined = [k for k, r in enumerate(out["plan"]) if r.ran == ["prompt", "observe", "act"] or
+                r.ran == ["observe", "act"]]
+    assert combined == [0, 5, 10] and decisions == ["plan"] * 3
+    for s, p in zip(out["stage"], out["plan"]):
+        assert s.ran == p.ran and s.prefix_id == p.prefix_id
+        np.testing.assert_array_equal(p.actions, s.actions)
+
+
+@pytest.mark.gpu
+def test_a_plan_of_observe_and_act_on_cuda_is_one_overlapped_engine_graph():
+    """The same on CUDA: the combined ticks replay the engine's decision graph (observe and act overlapped,
+    the contract copies inside), the others its act graph; actions as with per-stage graphs (two runtimes
+    tune their kernels apart: `deferred_vs_inline`)."""
+    out = {}
+    for graphs in ("stage", "plan"):
+        rt = _fused_runtime(graphs, device="cuda")
+        engine = rt.binding.policy.engine
+        if graphs == "plan":  # configure time captures the decision graph too (the buffers are put back)
+            before = {n: t.clone() for n, t in rt.buffers.tensors.items()}
+            rt.warmup()
+            assert ("decision", "contract") in engine._graphs
+            assert all(torch.equal(t, before[n]) for n, t in rt.buffers.tensors.items())
+        out[graphs] = drive(rt, seed=13, ticks=11)
+        assert engine.hook_capture_errors == {}
+        if graphs == "plan":
+            assert engine.overlap_decision and ("decision", "contract") in engine._graphs
+    for s, p in zip(out["stage"], out["plan"]):
+        assert s.ran == p.ran
+        np.testing.assert_allclose(p.actions, s.actions, atol=TOL["deferred_vs_inline"], rtol=0)

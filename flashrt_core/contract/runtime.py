@@ -288,7 +288,7 @@ class Runtime:
         groups = [stages] if self.contract.graphs == "plan" else [[s] for s in stages]
         events = []
         for group in groups:
-            fns = [self._device_parts[s] for s in group]
+            fns = self._group_parts(group)
             key = "+".join(group)
             start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
             if cuda:
@@ -301,6 +301,12 @@ class Runtime:
             else:
                 stage_ms[key] = stage_ms.get(key, 0.0) + (time.perf_counter() - start) * 1e3
         return events
+
+    def _group_parts(self, group: list[str]) -> list:
+        """The device callables of one plan group: the binding's own for the whole group where it has one
+        (`ModelBinding.device_plan`), else each stage's part in turn."""
+        fused = self.binding.device_plan(group) if len(group) > 1 else None
+        return [fused] if fused is not None else [self._device_parts[s] for s in group]
 
     def _collect_done(self) -> dict[str, float]:
         """GPU ms of the deferred stages of earlier steps that have completed (the rest stay pending)."""
@@ -331,7 +337,7 @@ class Runtime:
                     plans.append(group)
         with self._lock, torch.no_grad():
             for group in plans:
-                fns = [self._device_parts[s] for s in group]
+                fns = self._group_parts(group)
                 if tuple(group) not in self.graphs and self.graphs.enabled:
                     saved = self.buffers.clone_all()
                     self.graphs.run(tuple(group), lambda fns=fns: [fn(bufs) for fn in fns])
@@ -342,6 +348,10 @@ class Runtime:
                 saved = self.buffers.clone_all()
                 for s in stages:
                     self._device_parts[s](bufs)
+                if self.contract.graphs == "plan":  # the plans the binding runs as one (its own graph)
+                    for group in plans:
+                        if len(group) > 1 and self.binding.device_plan(group) is not None:
+                            self._group_parts(group)[0](bufs)
                 self.buffers.load_all(saved)
                 self._warmed = True
         self.warmup_s = time.perf_counter() - started

@@ -46,6 +46,12 @@ class ModelBinding:
         """A callable(bufs) doing the stage's device work, or None for host-only stages."""
         return None
 
+    def device_plan(self, stages):
+        """A callable(bufs) doing the device work of `stages` (a plan of two or more, in order) better than
+        their device parts one after another would (e.g. overlapped in one graph of the model's engine), or
+        None: then the runtime runs the parts in turn. The result must be what the parts give."""
+        return None
+
     def identity(self) -> str:
         """Model identity for fingerprints (architecture and sizes, not the weights)."""
         return self.name

@@ -171,9 +171,14 @@ class Pi05Binding(ModelBinding):
             return {"observe": self._observe_in_engine, "act": self._act_in_engine}.get(stage)
         return {"observe": self._observe, "act": self._act}.get(stage)
 
-    def _observe_in_engine(self, b) -> None:
-        """The `observe` device part inside the engine's CUDA graph: frames -> SigLIP input, prompt tokens ->
-        engine buffers, the stage, then the prefix out into the contract's buffers (one graph launch)."""
+    def device_plan(self, stages):
+        if list(stages) == ["observe", "act"] and hasattr(self.policy.engine, "run_decision"):
+            return self._decision_in_engine
+        return None
+
+    def _observe_hooks(self, b):
+        """(pre, post) of the `observe` device part in the engine: frames -> SigLIP input and prompt tokens ->
+        engine buffers; then the prefix out into the contract's buffers."""
         engine, c = self.policy.engine, self.config
 
         def pre():
@@ -186,24 +191,40 @@ class Pi05Binding(ModelBinding):
             b["prefix_v"].copy_(buf.prefix_v[:, 0])
             b["prefix_mask"].copy_(buf.pad_mask[0])
             b["prefix_valid"].copy_(buf.n_valid)
+        return pre, post
 
-        engine.run_stage("observe", pre, post, key="contract")
-
-    def _act_in_engine(self, b) -> None:
-        """The `act` device part inside the engine's CUDA graph: prefix and noise in, flow steps, the chunk out
-        (model space into prev_chunk, robot units into actions)."""
+    def _act_hooks(self, b, prefix: bool = True):
+        """(pre, post) of the `act` device part in the engine: the prefix (unless the engine's buffers already
+        hold it) and the noise in; then the chunk out (model space into prev_chunk, robot units into actions)."""
         engine = self.policy.engine
 
         def pre():
-            engine.set_prefix(prefix_cache(b))
+            if prefix:
+                engine.set_prefix(prefix_cache(b))
             engine.buffers.noise.copy_(b["noise"][None])
 
         def post():
             chunk = engine.buffers.actions[0]
             b["prev_chunk"].copy_(chunk)
             b["actions"].copy_(self._action_norm.unnormalize_actions(chunk[:, :self.dims["action_dim"]]))
+        return pre, post
 
-        engine.run_stage("act", pre, post, key="contract")
+    def _observe_in_engine(self, b) -> None:
+        """The `observe` device part inside the engine's CUDA graph (with its copies: one graph launch)."""
+        self.policy.engine.run_stage("observe", *self._observe_hooks(b), key="contract")
+
+    def _act_in_engine(self, b) -> None:
+        """The `act` device part inside the engine's CUDA graph (with its copies: one graph launch)."""
+        self.policy.engine.run_stage("act", *self._act_hooks(b), key="contract")
+
+    def _decision_in_engine(self, b) -> None:
+        """`observe` then `act` in one tick (contract graphs: plan) as one engine decision graph: act reads the
+        prefix observe just wrote into the engine's buffers (the same values observe copies out), so with the
+        engine's overlap_decision its first flow step runs beside the observe stage."""
+        from flashrt_core.models.pi05.engine import DecisionHooks
+
+        (observe_pre, observe_post), (act_pre, act_post) = self._observe_hooks(b), self._act_hooks(b, prefix=False)
+        self.policy.engine.run_decision(DecisionHooks(observe_pre, observe_post, act_pre, act_post), key="contract")
 
     def _observe(self, b) -> None:
         images, masks = device_images(b["images"], b["image_mask"], self.config.num_image_slots,

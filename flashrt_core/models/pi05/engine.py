@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,22 @@ class EngineBuffers:
             noise=torch.zeros(chunk, dtype=torch.float32, device=device),
             actions=torch.zeros(chunk, dtype=torch.float32, device=device),
         )
+
+
+@dataclass(frozen=True)
+class DecisionHooks:
+    """Callables (each optional) run around the stages of `Pi05Engine.run_decision`: fill the engine's buffers
+    before a stage (pre), copy its results out after it (post)."""
+
+    observe_pre: Callable[[], None] | None = None
+    observe_post: Callable[[], None] | None = None
+    act_pre: Callable[[], None] | None = None
+    act_post: Callable[[], None] | None = None
+
+
+def _call(fn) -> None:
+    if fn is not None:
+        fn()
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -405,14 +422,20 @@ class Pi05Engine:
         shift_w = self._shift_w[gemm][step] if layer is None else self._shift_w[gemm][step, layer]
         return RowNorm(sums, shift_w, self.config.rms_eps)
 
-    def _decision_body(self) -> None:
-        """observe then act; with overlap_decision on CUDA the act stage runs on a second stream that waits
-        for each prefix layer's K/V only where its first flow step reads them (fork and join: capturable)."""
+    def _decision_body(self, hooks: DecisionHooks | None = None) -> None:
+        """observe then act, each between its hooks; with overlap_decision on CUDA the act stage (and its hooks)
+        runs on a second stream that waits for each prefix layer's K/V only where its first flow step reads
+        them (fork and join: capturable)."""
+        h = hooks or DecisionHooks()
         if not (self.overlap_decision and self.device.type == "cuda"):
             with self._launch_context("observe"):
+                _call(h.observe_pre)
                 self._observe_body()
+                _call(h.observe_post)
             with self._launch_context("act"):
+                _call(h.act_pre)
                 self._act_body()
+                _call(h.act_post)
             return
         main = torch.cuda.current_stream(self.device)
         if self._act_stream is None:
@@ -421,9 +444,13 @@ class Pi05Engine:
         ready = [torch.cuda.Event() for _ in range(self.config.vlm.depth + 1)]  # [0]: valid count, [i + 1]: layer i
         side.wait_stream(main)  # (fork: the buffers the caller filled before this decision)
         with self._launch_context("observe"):
+            _call(h.observe_pre)
             self._observe_body(prefix_done=lambda i: ready[i + 1].record(main))
+            _call(h.observe_post)
         with torch.cuda.stream(side), self._launch_context("act"):
+            _call(h.act_pre)
             self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1]))
+            _call(h.act_post)
         main.wait_stream(side)  # (join)
 
     # ---- graphs ---------------------------------------------------------------------------------------
@@ -454,24 +481,42 @@ class Pi05Engine:
         fails run eagerly around the stage's own graph from then on (`hook_capture_errors` says why); other
         errors raised by pre / post in their first, eager run propagate."""
         body = {"observe": self._observe_body, "act": self._act_body}[stage]
-        name = (stage, key)
-        if self.use_graphs and name not in self.hook_capture_errors:
-            def whole():
-                if pre is not None:
-                    pre()
-                body()
-                if post is not None:
-                    post()
 
+        def whole():
+            _call(pre)
+            body()
+            _call(post)
+
+        def eager():  # the hooks around the stage's own graph
+            _call(pre)
+            self._run(stage, body)
+            _call(post)
+        self._run_hooked(stage, (stage, key), whole, eager)
+
+    def run_decision(self, hooks: DecisionHooks, key: str = "hooks") -> None:
+        """A whole decision (observe, then act) with hooks around each stage (`DecisionHooks`), recorded in one
+        CUDA graph (`run_stage`'s rules for hooks apply to all four). The act stage reads the prefix the
+        observe stage just wrote into the engine's buffers; with overlap_decision act_pre, the act stage and
+        act_post run on the second stream beside observe_pre, the observe stage and observe_post, so act_pre
+        must not read what those write (the noise is fine; the prefix is already in place)."""
+        def eager():  # the hooks around the stage graphs
+            _call(hooks.observe_pre)
+            self._run("observe", self._observe_body)
+            _call(hooks.observe_post)
+            _call(hooks.act_pre)
+            self._run("act", self._act_body)
+            _call(hooks.act_post)
+        self._run_hooked("decision", ("decision", key), lambda: self._decision_body(hooks), eager)
+
+    def _run_hooked(self, stage: str, name: tuple, whole, eager) -> None:
+        """Replay (capturing on first use) the graph `name` of `whole`, a stage body with its hooks; where
+        graphs are off or the hooks could not be captured, `eager()` runs the hooks around the stage graphs."""
+        if self.use_graphs and name not in self.hook_capture_errors:
             if name in self._graphs or self._capture(stage, whole, name, tolerate=True) is not None:
                 self._graphs[name].replay()
                 return
         with torch.no_grad():
-            if pre is not None:
-                pre()
-            self._run(stage, body)
-            if post is not None:
-                post()
+            eager()
 
     def _capture(self, stage: str, body, name=None, tolerate: bool = False) -> torch.cuda.CUDAGraph | None:
         # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
