@@ -216,6 +216,15 @@ def test_policy_load_fused_engine(fixtures_dir, cases):
     policy.engine.backend = "torch"
     actions = policy.sample_actions(*_inputs(c), noise=c["noise"])
     assert (actions - c["actions"]).abs().max() < TOL["fp32_vs_lerobot"]
+    # Without noise the policy draws it from its seeded generator, as the reference engine's policy does
+    # (the fused engine takes its one-call decision path, the reference engine its two stages).
+    fused = pi05.load(fixtures_dir / "lerobot_pi05_tiny", engine="fused", seed=3)
+    fused.engine.backend = "torch"
+    reference = pi05.load(fixtures_dir / "lerobot_pi05_tiny", engine="reference", seed=3)
+    a, b = fused.sample_actions(*_inputs(c)), reference.sample_actions(*_inputs(c))
+    assert (a - b).abs().max() < TOL["fp32_vs_lerobot"] and (a - actions).abs().max() > 0.1
+    with pytest.raises(InputError, match="images"):
+        fused.sample_actions(c["images"][:, :, :, :5], *_inputs(c)[1:])
 
 
 # ---- Triton kernels (interpreter on CPU, compiled on CUDA) ------------------------------------------------

@@ -2,8 +2,9 @@
 
 An engine is any module with `make_engine(weights)` returning an object with
 `encode_prefix(images, image_masks, lang_tokens, lang_mask) -> PrefixCache` and
-`denoise(prefix, noise) -> actions`; "reference" is the eager torch model, "fused" the module
-`flashrt_core.models.pi05.engine` (imported only when asked for).
+`denoise(prefix, noise) -> actions` (and optionally `sample_actions(...)`, a whole decision in one go);
+"reference" is the eager torch model, "fused" the module `flashrt_core.models.pi05.engine` (imported only
+when asked for).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.checkpoint import load_checkpoint
 from flashrt_core.models.pi05.config import Pi05Config
-from flashrt_core.models.pi05.inputs import check_prefix
+from flashrt_core.models.pi05.inputs import check_model_inputs, check_prefix
 from flashrt_core.models.pi05.preprocess import preprocess_images
 from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, format_prompt,
                                              tokenize_prompt)
@@ -105,7 +106,13 @@ class Pi05Policy:
         masks [B, S] (or a list of [B]) -> actions [B, chunk, action_dim] fp32 in normalized space."""
         if isinstance(images, (list, tuple)):
             images, img_masks = torch.stack(list(images), dim=1), torch.stack(list(img_masks), dim=1)
-        return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), noise)
+        whole = getattr(self.engine, "sample_actions", None)  # the fused engine's one-graph decision
+        if whole is None:
+            return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), noise)
+        if noise is None:  # (the batch size is read from checked inputs: a bad call says what is wrong)
+            check_model_inputs(self.config, images, img_masks, lang_tokens, lang_mask)
+            noise = self.make_noise(images.shape[0])
+        return whole(images, img_masks, lang_tokens, lang_mask, noise)
 
 
 def _pick_tokenizer(config: Pi05Config, folder: pathlib.Path | None, tokenizer):
