@@ -580,6 +580,32 @@ def test_every_mid_gemm_candidate_computes_f_linear(dev):
         skinny_linear(x, w, b, block_m=48)
 
 
+@pytest.mark.interpret
+def test_the_picker_routes_mid_rows_to_the_triton_gemm_only_with_mid_and_a_plain_product(dev, monkeypatch):
+    """LinearPicker._run's rule: rows past SKINNY_MAX_M go to cuBLAS unless `mid` is on, and even then GeGLU and
+    fused or deferred products stay with cuBLAS (their kernels are the skinny forms)."""
+    from flashrt_core.models.pi05 import engine_gemm
+    from flashrt_core.models.pi05.engine_gemm import MID_CONFIGS
+
+    calls = []
+    real = engine_gemm.skinny_linear
+    monkeypatch.setattr(engine_gemm, "skinny_linear", lambda *a, **kw: calls.append(kw.get("block_m")) or real(*a, **kw))
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(150, 40, generator=g).to(dev)
+    w = torch.randn(24, 40, generator=g).to(dev)
+    gu = torch.randn(48, 40, generator=g).to(dev)
+    LinearPicker(dev, mode="triton")(x, w)
+    assert calls == []  # mid off: cuBLAS
+    got = LinearPicker(dev, mode="triton", mid=True)(x, w)
+    assert calls == [MID_CONFIGS[0][7]]
+    assert (got - F.linear(x, w)).abs().max() <= TOL["gemm_fp32"] * F.linear(x, w).abs().max()
+    LinearPicker(dev, mode="triton", mid=True).geglu(x, gu)
+    LinearPicker(dev, mode="triton", mid=True)(x, w, defer=True)
+    assert calls == [MID_CONFIGS[0][7]]  # GeGLU, defer: cuBLAS still
+    LinearPicker(dev, mode="triton", mid=True)(x[:50], w)
+    assert calls == [MID_CONFIGS[0][7], None]  # skinny rows: the skinny form
+
+
 def test_mid_gemm_candidates_are_offered_only_past_the_skinny_rows():
     from flashrt_core.models.pi05.engine_gemm import MID_CONFIGS, SKINNY_MAX_M
 
@@ -1055,6 +1081,32 @@ def test_the_overlapped_decision_graph_matches_the_two_stage_graphs(fixture_weig
 
 
 @pytest.mark.gpu
+def test_run_decision_with_a_hook_that_waits_for_the_device_falls_back_to_the_stage_graphs(fixture_weights, cases):
+    """A decision hook that reads a value on the host cannot be captured: run_decision says so once and from
+    then on runs the hooks around the stage graphs, with the same results (and nothing left running on the
+    act stream from the refused warm-up)."""
+    from flashrt_core.models.pi05.engine import DecisionHooks
+
+    c = cuda_case(cases)
+    engine = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16)
+    want = engine.sample_actions(*_inputs(c), c["noise"]).clone()
+    out, seen = torch.zeros_like(want), []
+
+    def act_post():
+        seen.append(float(engine.buffers.actions.abs().max()))  # a host read: a sync
+        out.copy_(engine.buffers.actions)
+    for _ in range(2):
+        out.zero_()
+        engine.set_observation(*_inputs(c))
+        engine.buffers.noise.copy_(c["noise"])
+        engine.run_decision(DecisionHooks(act_post=act_post), key="host-read")
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    assert ("decision", "host-read") in engine.hook_capture_errors and ("decision", "host-read") not in engine._graphs
+    assert seen and all(v > 0 for v in seen)
+
+
+@pytest.mark.gpu
 def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp_path):
     c = cuda_case(cases)
     first = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path)
@@ -1091,6 +1143,11 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
         forced = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, gemm="triton", rope_in_gemm=True)
         f = forced.sample_actions(*_inputs(c), c["noise"])
         assert forced.captures == decision_graphs(forced) and rel_l2(f, a) <= TOL["graph_vs_eager"]
+        assert cosine(f, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(f, c["actions"]) <= TOL["bf16_rel_l2"]
+    if flag == "gemm_mid":  # the picker may keep cuBLAS for every mid shape: force the mid kernels once
+        forced = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, gemm="triton", gemm_mid=True)
+        f = forced.sample_actions(*_inputs(c), c["noise"])
+        assert rel_l2(f, a) <= TOL["graph_vs_eager"]
         assert cosine(f, c["actions"]) >= TOL["bf16_cosine"] and rel_l2(f, c["actions"]) <= TOL["bf16_rel_l2"]
     if flag in ("reduce_in_norm", "reduce_in_rotate"):  # (on by default) the flipped engine tuned fewer GEMMs
         # as deferred reductions: the o / down ones, or the QKV one, are plain products there

@@ -264,7 +264,8 @@ class Pi05Engine:
         self._pool = None
         self._act_stream = None  # overlap_decision's second stream (created on the first decision)
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
-        self.hook_capture_errors: dict[tuple, str] = {}  # run_stage hooks that could not be captured, and why
+        # graphs that could not be captured, and why: run_stage / run_decision hooks ((stage, key)), "decision"
+        self.hook_capture_errors: dict = {}
 
     @property
     def batch(self) -> int:
@@ -443,15 +444,17 @@ class Pi05Engine:
         side = self._act_stream
         ready = [torch.cuda.Event() for _ in range(self.config.vlm.depth + 1)]  # [0]: valid count, [i + 1]: layer i
         side.wait_stream(main)  # (fork: the buffers the caller filled before this decision)
-        with self._launch_context("observe"):
-            _call(h.observe_pre)
-            self._observe_body(prefix_done=lambda i: ready[i + 1].record(main))
-            _call(h.observe_post)
-        with torch.cuda.stream(side), self._launch_context("act"):
-            _call(h.act_pre)
-            self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1]))
-            _call(h.act_post)
-        main.wait_stream(side)  # (join)
+        try:
+            with self._launch_context("observe"):
+                _call(h.observe_pre)
+                self._observe_body(prefix_done=lambda i: ready[i + 1].record(main))
+                _call(h.observe_post)
+            with torch.cuda.stream(side), self._launch_context("act"):
+                _call(h.act_pre)
+                self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1]))
+                _call(h.act_post)
+        finally:  # (join, also when a hook or the body raised: nothing may stay queued on the side stream)
+            main.wait_stream(side)
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def _launch_context(self, stage: str) -> contextlib.ExitStack:
@@ -496,9 +499,13 @@ class Pi05Engine:
     def run_decision(self, hooks: DecisionHooks, key: str = "hooks") -> None:
         """A whole decision (observe, then act) with hooks around each stage (`DecisionHooks`), recorded in one
         CUDA graph (`run_stage`'s rules for hooks apply to all four). The act stage reads the prefix the
-        observe stage just wrote into the engine's buffers; with overlap_decision act_pre, the act stage and
-        act_post run on the second stream beside observe_pre, the observe stage and observe_post, so act_pre
-        must not read what those write (the noise is fine; the prefix is already in place)."""
+        observe stage just wrote into the engine's buffers. With overlap_decision act_pre, the act stage and
+        act_post run on the second stream beside observe_pre, the observe stage and observe_post, ordered only
+        by the prefix layers' events: the act hooks may neither read nor write anything the observe side
+        writes or reads (images, prompt, prefix K/V, pad mask, valid count, and whatever observe_pre reads /
+        observe_post writes), and the observe hooks may not touch the act side's (noise, actions). Filling the
+        noise in act_pre and copying the actions out in act_post is fine; copying a prefix in is not (the
+        engine's buffers already hold this decision's)."""
         def eager():  # the hooks around the stage graphs
             _call(hooks.observe_pre)
             self._run("observe", self._observe_body)
@@ -546,6 +553,8 @@ class Pi05Engine:
                 body()
         caller = torch.cuda.current_stream(self.device)
         caller.wait_stream(side)
+        if self._act_stream is not None:  # (a decision's act stream, joined into `side` already: belt and braces)
+            caller.wait_stream(self._act_stream)
         if refused is not None:
             self.hook_capture_errors[name] = refused
             return None
@@ -570,10 +579,20 @@ class Pi05Engine:
         return graph
 
     def capture(self) -> None:
-        """Capture both stage graphs now (otherwise each is captured on its first use)."""
+        """Capture both stage graphs now, and with overlap_decision the decision graph (otherwise each is
+        captured on its first use)."""
         for stage, body in (("observe", self._observe_body), ("act", self._act_body)):
             if stage not in self._graphs:
                 self._capture(stage, body)
+        if self.overlap_decision and self.use_graphs and "decision" not in self._graphs:
+            self._decision_graph_ready()
+
+    def _decision_graph_ready(self) -> bool:
+        """Capture the decision graph (overlap_decision) if it is not yet; False where it could not be
+        captured (`hook_capture_errors["decision"]` says why; decisions then run the two stage graphs)."""
+        if "decision" not in self._graphs and "decision" not in self.hook_capture_errors:
+            self._capture("decision", self._decision_body, "decision", tolerate=True)
+        return "decision" in self._graphs
 
     def observe(self) -> None:
         """Run the `observe` stage on the current buffer contents (graph replay on CUDA)."""
@@ -587,11 +606,11 @@ class Pi05Engine:
         """A whole decision on the current buffers: images + prompt + noise -> prefix K/V and actions. Without
         overlap_decision the two stage graphs one after the other; with it one graph of its own, in which the
         act stage overlaps the observe stage (see `overlap_decision`)."""
-        if not (self.overlap_decision and self.use_graphs):
-            self.observe()
-            self.act()
+        if self.overlap_decision and self.use_graphs and self._decision_graph_ready():
+            self._graphs["decision"].replay()
             return
-        self._run("decision", self._decision_body)
+        self.observe()
+        self.act()
 
     # ---- staged API (copies into the static buffers) --------------------------------------------------
     def _resize(self, batch: int) -> None:
@@ -606,6 +625,10 @@ class Pi05Engine:
         whatever it holds (stale or NaN pixels) never reaches the actions. Everything is checked before anything
         is written (`inputs.check_model_inputs`): a refused call leaves the buffers as they were."""
         check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
+        self._write_observation(images, image_masks, lang_tokens, lang_mask)
+
+    def _write_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
+        """set_observation's copies, after its checks."""
         b, s = images.shape[:2]
         n = lang_tokens.shape[1]
         self._resize(b)
@@ -657,7 +680,7 @@ class Pi05Engine:
         tensor). Everything is checked before anything is written."""
         check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
         check_noise(self.config, noise, images.shape[0])
-        self.set_observation(images, image_masks, lang_tokens, lang_mask)
+        self._write_observation(images, image_masks, lang_tokens, lang_mask)
         self.buffers.noise.copy_(noise)
         self.decision()
         return self.buffers.actions.clone()
