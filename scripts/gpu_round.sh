@@ -12,7 +12,8 @@
 # ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_positions, fused_euler, or several comma-separated,
 # flipped together; ~1 min each with parallel tuning, 2026-12-03); several A/Bs in one call: separate them
 # with ';' (FLASHRT_AB="fused_euler;early_positions"), each gets an equal share of the 560 s.
-# tests: the whole GPU suite takes ~6-7 min since 3ca414b (49 tests): give it a device call of its own.
+# tests: the whole GPU suite outgrew one device call (~6-7 min at 3ca414b, 49 tests; 52 since): run it as two,
+# FLASHRT_TEST_PART=engine and FLASHRT_TEST_PART=rest.
 # FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
 # .cache/tuning/ here and add ".cache/tuning" to the call's carry: a fresh machine then skips the ~215 s of
 # GEMM / attention tuning (the cache checks each choice once), which `compile` needs to fit in one call.
@@ -40,8 +41,14 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 status=0
 if [[ "$what" == tests || "$what" == all ]]; then
   echo "== GPU tests ==" | tee -a "$LOG"
-  timeout "${FLASHRT_TEST_TIMEOUT:-560}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-    --continue-on-collection-errors "$@" test 2>&1 | tee -a "$LOG" | tail -25
+  # FLASHRT_TEST_PATHS: which test files (default: all); FLASHRT_TEST_PART=engine|rest splits the suite in two
+  # device calls (test_pi05_engine.py alone, then the others), each well inside a call's 600 s
+  paths="${FLASHRT_TEST_PATHS:-test}"
+  if [[ "${FLASHRT_TEST_PART:-}" == engine ]]; then paths="test/test_pi05_engine.py"; fi
+  if [[ "${FLASHRT_TEST_PART:-}" == rest ]]; then paths="test --ignore=test/test_pi05_engine.py"; fi
+  # shellcheck disable=SC2086
+  timeout "${FLASHRT_TEST_TIMEOUT:-560}" python3 -m pytest -m gpu -q -p no:cacheprovider --durations=12 \
+    --continue-on-collection-errors "$@" $paths 2>&1 | tee -a "$LOG" | tail -40
   status=${PIPESTATUS[0]}
 fi
 bench() {  # name, timeout seconds, arguments...
