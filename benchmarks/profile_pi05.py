@@ -164,7 +164,8 @@ def main(argv=None) -> int:
     variant, variant_name = None, None
     if args.ab:  # flipped from the engine's own defaults
         flipped = {f: not inspect.signature(Pi05Engine).parameters[f].default for f in args.ab}
-        variant_name = "act_" + "_".join(f"{f}_{'on' if v else 'off'}" for f, v in flipped.items())
+        flip_name = "_".join(f"{f}_{'on' if v else 'off'}" for f, v in flipped.items())
+        variant_name = "act_" + flip_name
         variant = Pi05Engine(w32, device="cuda", tuning_cache=engine.tuning_cache, **flipped, **options)
     del w32
     inputs = random_inputs(config, 0, "cuda")
@@ -191,12 +192,12 @@ def main(argv=None) -> int:
         print("act alone, interleaved, CUDA events: " + ", ".join(
             f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in timing.items()))
         profiles["ab_timing"] = timing
-        observe = interleaved_ms({"observe": engine.observe, f"observe_{variant_name[4:]}": variant.observe})
+        observe = interleaved_ms({"observe": engine.observe, f"observe_{flip_name}": variant.observe})
         print("observe alone, interleaved, CUDA events: " + ", ".join(
             f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in observe.items()))
         profiles["ab_observe_timing"] = observe
         # a whole decision's graphs (observe + act, or the one graph of overlap_decision), buffers as filled
-        decision = interleaved_ms({"decision": engine.decision, f"decision_{variant_name[4:]}": variant.decision})
+        decision = interleaved_ms({"decision": engine.decision, f"decision_{flip_name}": variant.decision})
         print("whole decision (graphs only), interleaved, CUDA events: " + ", ".join(
             f"{n} p50 {t['p50_ms'] * 1e3:.0f} us (p90 {t['p90_ms'] * 1e3:.0f})" for n, t in decision.items()))
         profiles["ab_decision_timing"] = decision

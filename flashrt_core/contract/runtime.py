@@ -350,8 +350,9 @@ class Runtime:
                     self._device_parts[s](bufs)
                 if self.contract.graphs == "plan":  # the plans the binding runs as one (its own graph)
                     for group in plans:
-                        if len(group) > 1 and self.binding.device_plan(group) is not None:
-                            self._group_parts(group)[0](bufs)
+                        fused = self.binding.device_plan(group) if len(group) > 1 else None
+                        if fused is not None:
+                            fused(bufs)
                 self.buffers.load_all(saved)
                 self._warmed = True
         self.warmup_s = time.perf_counter() - started

@@ -259,8 +259,8 @@ class Pi05Engine:
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
         # replay concurrently on different streams (observe beside act) and must not share them.
+        # (the decision graph has none of its own: its observe and act parts each enter their stage's)
         self._tickets = {stage: K.new_semaphore_workspace(device) for stage in ("observe", "act")}
-        self._tickets["decision"] = self._tickets["observe"]  # (its act part switches to the act workspace)
         self._pool = None
         self._act_stream = None  # overlap_decision's second stream (created on the first decision)
         self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
@@ -461,7 +461,8 @@ class Pi05Engine:
         """What every kernel launch of a stage runs under: no autograd, the stage's ticket workspace, PDL on/off."""
         stack = contextlib.ExitStack()
         stack.enter_context(torch.no_grad())
-        stack.enter_context(K.semaphore_workspace(self._tickets[stage]))
+        if stage in self._tickets:
+            stack.enter_context(K.semaphore_workspace(self._tickets[stage]))
         stack.enter_context(K.pdl_scope(self.pdl))
         return stack
 
@@ -515,15 +516,24 @@ class Pi05Engine:
             _call(hooks.act_post)
         self._run_hooked("decision", ("decision", key), lambda: self._decision_body(hooks), eager)
 
-    def _run_hooked(self, stage: str, name: tuple, whole, eager) -> None:
-        """Replay (capturing on first use) the graph `name` of `whole`, a stage body with its hooks; where
-        graphs are off or the hooks could not be captured, `eager()` runs the hooks around the stage graphs."""
-        if self.use_graphs and name not in self.hook_capture_errors:
-            if name in self._graphs or self._capture(stage, whole, name, tolerate=True) is not None:
-                self._graphs[name].replay()
-                return
+    def _run_hooked(self, stage: str, name, whole, eager) -> None:
+        """Replay the graph `name` of `whole` (`_hooked_graph`); where there is none, `eager()` runs the same
+        work around the stage graphs."""
+        graph = self._hooked_graph(stage, name, whole)
+        if graph is not None:
+            graph.replay()
+            return
         with torch.no_grad():
             eager()
+
+    def _hooked_graph(self, stage: str, name, whole) -> torch.cuda.CUDAGraph | None:
+        """The graph `name` of `whole` (a stage body with hooks, or the decision), captured on first use; None
+        where graphs are off or it could not be captured (`hook_capture_errors[name]` says why, once)."""
+        if not self.use_graphs or name in self.hook_capture_errors:
+            return None
+        if name not in self._graphs:
+            self._capture(stage, whole, name, tolerate=True)
+        return self._graphs.get(name)
 
     def _capture(self, stage: str, body, name=None, tolerate: bool = False) -> torch.cuda.CUDAGraph | None:
         # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
@@ -584,15 +594,8 @@ class Pi05Engine:
         for stage, body in (("observe", self._observe_body), ("act", self._act_body)):
             if stage not in self._graphs:
                 self._capture(stage, body)
-        if self.overlap_decision and self.use_graphs and "decision" not in self._graphs:
-            self._decision_graph_ready()
-
-    def _decision_graph_ready(self) -> bool:
-        """Capture the decision graph (overlap_decision) if it is not yet; False where it could not be
-        captured (`hook_capture_errors["decision"]` says why; decisions then run the two stage graphs)."""
-        if "decision" not in self._graphs and "decision" not in self.hook_capture_errors:
-            self._capture("decision", self._decision_body, "decision", tolerate=True)
-        return "decision" in self._graphs
+        if self.overlap_decision:
+            self._hooked_graph("decision", "decision", self._decision_body)
 
     def observe(self) -> None:
         """Run the `observe` stage on the current buffer contents (graph replay on CUDA)."""
@@ -606,11 +609,13 @@ class Pi05Engine:
         """A whole decision on the current buffers: images + prompt + noise -> prefix K/V and actions. Without
         overlap_decision the two stage graphs one after the other; with it one graph of its own, in which the
         act stage overlaps the observe stage (see `overlap_decision`)."""
-        if self.overlap_decision and self.use_graphs and self._decision_graph_ready():
-            self._graphs["decision"].replay()
+        def stages():
+            self.observe()
+            self.act()
+        if not self.overlap_decision:
+            stages()
             return
-        self.observe()
-        self.act()
+        self._run_hooked("decision", "decision", self._decision_body, stages)  # (stages: where not captured)
 
     # ---- staged API (copies into the static buffers) --------------------------------------------------
     def _resize(self, batch: int) -> None:

@@ -761,9 +761,11 @@ def split_layout(kdim: int, block_k: int, split_k: int) -> tuple[int, int]:
     """(K per split, number of splits) of `skinny_linear` at inner dimension kdim: split_k splits asked for
     (0: one per BLOCK_K slice), each covering a whole number of BLOCK_K steps, so no K element is summed twice
     (a ragged K may give fewer splits than asked)."""
-    wanted = -(-kdim // block_k) if split_k == 0 else split_k
-    k_per_split = -(-(-(-kdim // wanted)) // block_k) * block_k
-    return k_per_split, -(-kdim // k_per_split)
+    def cdiv(a, b):
+        return -(-a // b)
+    wanted = cdiv(kdim, block_k) if split_k == 0 else split_k
+    k_per_split = cdiv(cdiv(kdim, wanted), block_k) * block_k
+    return k_per_split, cdiv(kdim, k_per_split)
 
 
 def splits(config, kdim: int) -> int:
