@@ -93,6 +93,61 @@ def test_cpu_engine_matches_lerobot(fixture_weights, cases, name):
     assert err < TOL["fp32_vs_lerobot"], f"{name}: max abs error {err:.3g}"
 
 
+def test_patch_embed_is_the_strided_convolution():
+    """SigLIP's patch embedding as one GEMM over gathered patches (patch_gemm) equals conv2d + flatten on
+    odd shapes (4 channels, 5x5 patches, a 15x10 image: 3x2 patches), fp32, relative to the output's max."""
+    from flashrt_core.kernels._common import KernelInputError
+    from flashrt_core.models.pi05.engine_blas import patch_embed
+    g = torch.Generator().manual_seed(3)
+    pixels = torch.randn(3, 4, 15, 10, generator=g)
+    w = torch.randn(7, 4, 5, 5, generator=g) * 0.2
+    b = torch.randn(7, generator=g)
+    want = F.conv2d(pixels, w, b, stride=5).flatten(2).transpose(1, 2)
+    got = patch_embed(pixels, w, b)
+    assert got.shape == want.shape == (3, 6, 7)
+    assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+    with pytest.raises(KernelInputError, match="do not tile"):
+        patch_embed(pixels[..., :8], w, b)
+
+
+def test_linear_bias_gelu_tanh_on_cpu_is_linear_then_bias_gelu():
+    from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh
+    g = torch.Generator().manual_seed(4)
+    x, w, b = torch.randn(2, 9, 24, generator=g), torch.randn(40, 24, generator=g) * 0.3, torch.randn(40, generator=g)
+    want = KR.bias_gelu_ref(F.linear(x, w), b)
+    got = linear_bias_gelu_tanh(x, w, b)
+    assert got.shape == (2, 9, 40) and (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
+
+
+@pytest.mark.gpu
+def test_linear_bias_gelu_tanh_on_cuda_is_the_tanh_gelu():
+    """The cuBLASLt bias + GELU epilogue computes SigLIP's tanh GELU (not the erf form): fp32, where the two
+    forms differ by up to ~5e-4 and the GEMM's own error is ~1e-6."""
+    from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh
+    if interpreting():
+        pytest.skip("needs CUDA (TRITON_INTERPRET=0)")
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(512, 96, generator=g), torch.randn(200, 96, generator=g) * 0.2, torch.randn(200, generator=g)
+    x, w, b = x.cuda(), w.cuda(), b.cuda()
+    pre = torch.matmul(x.double(), w.double().t()) + b.double()
+    got = linear_bias_gelu_tanh(x, w, b).double()
+    tanh_err = (got - F.gelu(pre, approximate="tanh")).abs().max().item()
+    erf_err = (got - F.gelu(pre)).abs().max().item()
+    assert tanh_err <= 2e-5 * pre.abs().max().item() and erf_err > 10 * tanh_err
+    got16 = linear_bias_gelu_tanh(x.bfloat16(), w.bfloat16(), b.bfloat16()).double()
+    assert rel_l2(got16, F.gelu(pre, approximate="tanh")) <= 1e-2
+
+
+def test_cpu_engine_patch_gemm_and_gelu_epilogue_match_the_plain_forms(fixture_weights, cases):
+    """patch_gemm / gelu_epilogue off (conv2d; GEMM + bias_gelu kernel) give the default engine's actions (fp32,
+    absolute: only the patch products' summation order differs)."""
+    c = cases["two_views_padded_prompt"]
+    a = Pi05Engine(fixture_weights, backend="torch").sample_actions(*_inputs(c), c["noise"])
+    b = Pi05Engine(fixture_weights, backend="torch", patch_gemm=False, gelu_epilogue=False).sample_actions(
+        *_inputs(c), c["noise"])
+    assert (a - b).abs().max().item() <= TOL["fp32_vs_reference"]
+
+
 def test_cpu_bf16_engine_vs_fp32_reference(fixture_weights, cases):
     c = cases["two_views_padded_prompt"]
     engine = Pi05Engine(fixture_weights, dtype=torch.bfloat16, backend="torch")
@@ -1123,7 +1178,8 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 @pytest.mark.gpu
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
                                   "early_modulation", "early_positions", "fused_euler", "gemm_tma",
-                                  "reduce_in_norm", "reduce_in_rotate", "overlap_decision", "gemm_mid"])
+                                  "reduce_in_norm", "reduce_in_rotate", "overlap_decision", "gemm_mid",
+                                  "patch_gemm", "gelu_epilogue"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

@@ -32,6 +32,7 @@ from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
+from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh, patch_embed
 from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm, RowStats,
                                                   stat_chunks)
 from flashrt_core.models.pi05.engine_tuning import TuningCache
@@ -109,7 +110,7 @@ class Pi05Engine:
                  gemm_preload: bool = True, early_modulation: bool = True,
                  early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
                  reduce_in_norm: bool = True, reduce_in_rotate: bool = True, overlap_decision: bool = True,
-                 gemm_mid: bool = False):
+                 gemm_mid: bool = False, patch_gemm: bool = True, gelu_epilogue: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -209,7 +210,14 @@ class Pi05Engine:
         fc2 15.6 (22.3), projector 6.99 (8.41); prefix QKV 11.6 (17.2), o 10.2 (16.4), down 56.4 (106), so the
         picker kept cuBLAS and observe stayed where it was (5946 vs 5933 us interleaved p50; ccc8d16,
         `results/profile_pi05_w2_gemm_mid_ab.json`): the skinny kernel's pointer-loaded, transposed weight tiles
-        are no match for cuBLAS's Hopper kernels once a GEMM has hundreds of rows."""
+        are no match for cuBLAS's Hopper kernels once a GEMM has hundreds of rows.
+        patch_gemm: SigLIP's patch embedding (a 14x14 stride-14 convolution) as what it is, one GEMM over the
+        images' patches (a reshape copy of the pixels, then cuBLAS with the bias), instead of `F.conv2d`
+        (on CUDA cuDNN converts the input and weight to NHWC and the output back around its kernel). Same
+        math up to the products' summation order.
+        gelu_epilogue: on CUDA SigLIP's fc1 + bias + tanh-GELU is one cuBLASLt GEMM with a bias + GELU
+        epilogue (`engine_blas.linear_bias_gelu_tanh`) instead of the GEMM and the bias_gelu kernel after it.
+        Not used where the GEMM picker may route fc1 to the Triton GEMM (gemm_mid)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -244,6 +252,8 @@ class Pi05Engine:
         self.reduce_in_rotate = bool(reduce_in_rotate) and not (self.norm_in_gemm or self.rope_in_gemm
                                                                 or self.rope_in_attention)
         self.overlap_decision = bool(overlap_decision)
+        self.patch_gemm = bool(patch_gemm)
+        self.gelu_epilogue = bool(gelu_epilogue) and not gemm_mid
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
@@ -275,8 +285,11 @@ class Pi05Engine:
     def _siglip(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [N, 3, S, S] -> projected image tokens [N, patches, vlm.width] in the model dtype."""
         w, vc, eps, be, lin = self.weights, self.config.vision, self.config.ln_eps, self.backend, self.linear
-        x = F.conv2d(pixels, w.patch_w, w.patch_b, stride=vc.patch)
-        x = (x.flatten(2).transpose(1, 2) + w.pos_emb).contiguous()
+        if self.patch_gemm:
+            x = patch_embed(pixels, w.patch_w, w.patch_b) + w.pos_emb
+        else:
+            x = F.conv2d(pixels, w.patch_w, w.patch_b, stride=vc.patch)
+            x = (x.flatten(2).transpose(1, 2) + w.pos_emb).contiguous()
         n, t = x.shape[:2]
         layers = w.vision_layers
         h = K.layer_norm(x, layers[0].ln1_w, layers[0].ln1_b, eps, backend=be)
@@ -286,7 +299,10 @@ class Pi05Engine:
             a = self.attend(qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2), backend=be)
             o = lin(a.reshape(n, t, vc.hidden), L.out_w, L.out_b)
             x, h = K.add_layer_norm(o, x, L.ln2_w, L.ln2_b, eps, residual_out=x, backend=be)
-            f = K.bias_gelu(lin(h, L.fc1_w), L.fc1_b, backend=be)
+            if self.gelu_epilogue and h.is_cuda:
+                f = linear_bias_gelu_tanh(h, L.fc1_w, L.fc1_b)
+            else:
+                f = K.bias_gelu(lin(h, L.fc1_w), L.fc1_b, backend=be)
             m = lin(f, L.fc2_w, L.fc2_b)
             nw, nb = (layers[i + 1].ln1_w, layers[i + 1].ln1_b) if i + 1 < len(layers) else (w.post_ln_w, w.post_ln_b)
             x, h = K.add_layer_norm(m, x, nw, nb, eps, residual_out=x, backend=be)

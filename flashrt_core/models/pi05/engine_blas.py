@@ -1,0 +1,39 @@
+"""GEMMs of the engine that cuBLAS does whole, in a form that saves the kernels around them (SigLIP).
+
+SigLIP's GEMMs have 512 rows for two views, where cuBLAS beats the project's Triton GEMM
+(`Pi05Engine(gemm_mid=...)`), so what can go is the work around them: the patch embedding's convolution
+(cuDNN converts layouts around its kernel) becomes one GEMM over gathered patches, and fc1's bias + tanh GELU
+becomes cuBLASLt's epilogue instead of a kernel of its own.
+References: `F.conv2d`; `kernels.reference.bias_gelu_ref` after `F.linear`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.kernels._common import KernelInputError
+
+
+def patch_embed(pixels: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A ViT patch embedding, `conv2d(pixels, w, b, stride=patch)` with w [hidden, C, patch, patch], as one GEMM:
+    pixels [N, C, H, W] (H, W multiples of the patch) -> [N, (H / patch) * (W / patch), hidden], patches in
+    row-major order as `conv2d(...).flatten(2).transpose(1, 2)` gives them. The patches are gathered by one
+    reshape copy, each flattened in the weight's (channel, row, column) order."""
+    n, c, hgt, wid = pixels.shape
+    p = w.shape[-1]
+    if w.shape[1:] != (c, p, p) or hgt % p or wid % p:
+        raise KernelInputError(f"patch_embed: pixels {tuple(pixels.shape)} do not tile into the weight's "
+                               f"{tuple(w.shape[1:])} patches")
+    gh, gw = hgt // p, wid // p
+    patches = pixels.reshape(n, c, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5).reshape(n * gh * gw, c * p * p)
+    return F.linear(patches, w.reshape(w.shape[0], -1), b).view(n, gh * gw, w.shape[0])
+
+
+def linear_bias_gelu_tanh(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(x @ w^T + b), on CUDA as one cuBLASLt GEMM with a bias + GELU epilogue (`torch._addmm_activation`,
+    whose GELU is the tanh form on CUDA; on CPU it would be the erf form, so CPU takes F.linear + gelu here).
+    Reference: `kernels.reference.bias_gelu_ref(F.linear(x, w), b)`."""
+    if not x.is_cuda:
+        return F.gelu(F.linear(x, w, b), approximate="tanh")
+    y = torch._addmm_activation(b, x.reshape(-1, x.shape[-1]), w.t(), use_gelu=True)
+    return y.view(*x.shape[:-1], w.shape[0])
