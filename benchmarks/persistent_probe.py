@@ -14,6 +14,11 @@ barrier. This measures the two costs that decide it, on the expert's real byte c
              them in registers until after it (what the skinny GEMMs do before their PDL wait)
   launches   the same phases as one kernel launch each, in a CUDA graph with PDL (the first PREFETCH tiles
              loaded before the PDL wait): the engine's launch structure with the work reduced to the stream
+  AHEAD = n MB (sm_90+; third config entry): besides, before every barrier (persistent) or PDL wait
+             (launches) the programs issue bulk L2 prefetches (`kernels._prefetch`, fire-and-forget: no
+             register or shared memory holds them) for the next n MB of weights in stream order that no
+             earlier prefetch covered, so HBM keeps streaming while the programs synchronize and while the
+             phases without weights run; the loads after the barrier then hit L2
 Every variant reads the same bytes and sums them (the sums are checked against each other), so the
 difference is the synchronization alone. It is a probe of the launch structure, not an engine path: the
 real phases also compute (GEMM tiles, attention, norms).
@@ -41,6 +46,8 @@ import triton.language as tl  # noqa: E402
 from _common import write_result  # noqa: E402
 from flashrt_core.kernels._common import pdl_launch  # noqa: E402
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait  # noqa: E402
+from flashrt_core.kernels._prefetch import (PREFETCH_CHUNK, PREFETCH_LANES, _prefetch_range,  # noqa: E402
+                                            prefetch_supported)
 
 # The expert's weights per layer (0: a phase without weights, where the attention or a norm would run).
 LAYER_PHASES = (("qkv", 2560 * 1024), ("attention", 0), ("o", 1024 * 2048), ("norm", 0), ("gate_up", 8192 * 1024),
@@ -90,15 +97,25 @@ def _sum(tiles):
 
 
 @triton.jit
-def _persistent_kernel(W, BOUNDS, BAR, ACC, n_phases, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _l2_window(WADDR, start, end, pid, nprog):
+    """Bulk L2 prefetch of weight elements [start, end) (bf16 at byte address WADDR), shared over the grid."""
+    if end > start:
+        _prefetch_range(WADDR + start * 2, (end - start) * 2, pid, nprog, PREFETCH_CHUNK, PREFETCH_LANES)
+
+
+@triton.jit
+def _persistent_kernel(W, BOUNDS, BAR, ACC, n_phases, WADDR, l2_ahead, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+                       AHEAD: tl.constexpr, BLOCK: tl.constexpr):
     """Phase p streams W[BOUNDS[p]:BOUNDS[p + 1]] (tiles dealt round-robin to the programs, UNROLL tiles per
     load), then a grid barrier. PREFETCH > 0: before the barrier each program loads its first PREFETCH
     tiles of the next phase and keeps them in registers, summing them only after the barrier (the loads
-    are in flight while it waits)."""
+    are in flight while it waits). AHEAD: before each barrier the grid also prefetches into L2 the `l2_ahead`
+    weight elements after the phase (only those no earlier window covered)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     total = 0.0
+    covered = tl.load(BOUNDS)  # weights before this element are (being) prefetched already
+    end_all = tl.load(BOUNDS + n_phases)
     if PREFETCH > 0:
         ahead = _tiles(W, tl.multiple_of(tl.load(BOUNDS), _ALIGN), tl.multiple_of(tl.load(BOUNDS + 1), _ALIGN), pid,
                        nprog, PREFETCH, BLOCK)
@@ -115,20 +132,28 @@ def _persistent_kernel(W, BOUNDS, BAR, ACC, n_phases, UNROLL: tl.constexpr, PREF
         if PREFETCH > 0:  # past the last phase: an empty range
             following = tl.multiple_of(tl.load(BOUNDS + p + 2, mask=p + 1 < n_phases, other=0), _ALIGN)
             ahead = _tiles(W, hi, tl.maximum(following, hi), pid, nprog, PREFETCH, BLOCK)
+        if AHEAD:
+            window_end = tl.minimum(hi + l2_ahead, end_all)
+            _l2_window(WADDR, tl.maximum(covered, hi), window_end, pid, nprog)
+            covered = tl.maximum(covered, window_end)
         grid_barrier(BAR, nprog)
     tl.store(ACC + pid, total)
 
 
 @triton.jit
-def _phase_kernel(W, lo, hi, ACC, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
-                  BLOCK: tl.constexpr):  # lo, hi: multiples of ALIGN (Triton sees them divisible by 16)
-    """One phase as its own launch: the first PREFETCH tiles loaded before the PDL wait, the rest after;
-    the program's sum is added to ACC[pid] (the previous launch's write is complete after the wait)."""
+def _phase_kernel(W, lo, hi, ACC, WADDR, pf_start, pf_end, UNROLL: tl.constexpr, PREFETCH: tl.constexpr,
+                  AHEAD: tl.constexpr, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    """One phase as its own launch (lo, hi: multiples of ALIGN, which Triton sees divisible by 16): the first
+    PREFETCH tiles loaded before the PDL wait, the rest after; the program's sum is added to ACC[pid] (the
+    previous launch's write is complete after the wait). AHEAD: weight elements [pf_start, pf_end) are
+    prefetched into L2 before the wait."""
     pdl_trigger(PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     total = 0.0
     start = pid
+    if AHEAD:
+        _l2_window(WADDR, pf_start, pf_end, pid, nprog)
     if PREFETCH > 0:
         ahead = _tiles(W, lo, hi, pid, nprog, PREFETCH, BLOCK)
         start = pid + PREFETCH * nprog
@@ -150,23 +175,42 @@ def phase_bounds(layers: int, scale: float = 1.0) -> list[int]:
     return bounds
 
 
-def run_persistent(w, bounds_t, bar, acc, grid: int, unroll: int = 1, prefetch: int = 0):
+def run_persistent(w, bounds_t, bar, acc, grid: int, unroll: int = 1, prefetch: int = 0, ahead: int = 0):
     acc.zero_()
-    launch_persistent(w, bounds_t, bar, acc, grid, unroll, prefetch)
+    launch_persistent(w, bounds_t, bar, acc, grid, unroll, prefetch, ahead)
     return acc
 
 
-def launch_persistent(w, bounds_t, bar, acc, grid: int, unroll: int, prefetch: int):
-    """One launch of the persistent kernel; returns what Triton's launcher returns (the compiled kernel)."""
-    return _persistent_kernel[(grid,)](w, bounds_t, bar, acc, len(bounds_t) - 1, UNROLL=unroll, PREFETCH=prefetch,
-                                       BLOCK=BLOCK, num_warps=WARPS)
+def launch_persistent(w, bounds_t, bar, acc, grid: int, unroll: int, prefetch: int, ahead: int = 0):
+    """One launch of the persistent kernel; returns what Triton's launcher returns (the compiled kernel).
+    ahead: weight elements prefetched into L2 past each phase (0: none)."""
+    return _persistent_kernel[(grid,)](w, bounds_t, bar, acc, len(bounds_t) - 1, w.data_ptr(), max(ahead, 1),
+                                       UNROLL=unroll, PREFETCH=prefetch, AHEAD=ahead > 0, BLOCK=BLOCK,
+                                       num_warps=WARPS)
 
 
-def run_launches(w, bounds, acc, grid: int, unroll: int = 1, prefetch: int = 0):
+def prefetch_windows(bounds: list[int], ahead: int) -> list[tuple[int, int]]:
+    """Per phase launch, the weight elements [start, end) to prefetch into L2 before its PDL wait: the `ahead`
+    elements after the phase's own, less what an earlier launch's window covered (empty: start == end).
+    The persistent kernel computes the same windows before its barriers."""
+    windows, covered = [], bounds[0]
+    for hi in bounds[1:]:
+        end = min(hi + ahead, bounds[-1]) if ahead > 0 else hi
+        start = max(covered, hi)
+        windows.append((start, max(start, end)))
+        covered = max(covered, end)
+    return windows
+
+
+def run_launches(w, bounds, acc, grid: int, unroll: int = 1, prefetch: int = 0, ahead: int = 0):
+    """One launch per phase; with ahead, launch i prefetches the window after phase i - 1 (issued before its
+    PDL wait, while phase i - 1 finishes: the launch-structure twin of the persistent kernel's prefetch
+    before the barrier after phase i - 1)."""
     acc.zero_()
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        _phase_kernel[(grid,)](w, lo, hi, acc, UNROLL=unroll, PREFETCH=prefetch, BLOCK=BLOCK, num_warps=WARPS,
-                               **pdl_launch(w.device))
+    windows = [(bounds[0], bounds[0])] + prefetch_windows(bounds, ahead)[:-1]
+    for (lo, hi), (pf_start, pf_end) in zip(zip(bounds[:-1], bounds[1:]), windows):
+        _phase_kernel[(grid,)](w, lo, hi, acc, w.data_ptr(), pf_start, pf_end, UNROLL=unroll, PREFETCH=prefetch,
+                               AHEAD=ahead > 0, BLOCK=BLOCK, num_warps=WARPS, **pdl_launch(w.device))
     return acc
 
 
@@ -209,9 +253,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default="benchmarks/results/persistent_probe_h200.json")
     p.add_argument("--barriers", type=int, default=2000)
-    p.add_argument("--configs", default="1,0 1,1 2,2 2,4 4,0 4,4",
-                   help="UNROLL,PREFETCH pairs: tiles per load, and next-phase tiles loaded before each barrier "
-                        "(persistent) or before the PDL wait (launches)")
+    p.add_argument("--configs", default="1,0 2,4 4,4 1,0,8 2,4,8 2,0,16 2,4,16 4,4,16 2,4,32",
+                   help="UNROLL,PREFETCH[,AHEAD]: tiles per load, next-phase tiles loaded before each barrier "
+                        "(persistent) or before the PDL wait (launches), and MB of weights prefetched into L2 "
+                        "ahead of the stream there (sm_90+; default 0)")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -230,26 +275,31 @@ def main(argv=None) -> int:
     bounds_t = torch.tensor(bounds, dtype=torch.int64, device=dev)
     nbytes = bounds[-1] * 2
     want = float(w.float().sum())
-    configs = [tuple(int(v) for v in c.split(",")) for c in args.configs.split()]
+    configs = [(*(int(v) for v in c.split(",")), 0)[:3] for c in args.configs.split()]
+    if any(a > 0 for *_, a in configs) and not prefetch_supported(dev):
+        raise SystemExit("AHEAD needs bulk L2 prefetch (sm_90+, compiled kernels)")
     results = {}
     fits = {}
-    for unroll, prefetch in configs:  # one program per SM always fits; it also compiles the kernel
+    for unroll, prefetch, mb in configs:  # one program per SM always fits; it also compiles the kernel
         kernel = launch_persistent(w, bounds_t, torch.zeros(1, dtype=torch.int64, device=dev),
-                                   torch.zeros(sms, device=dev), sms, unroll, prefetch)
-        fits[(unroll, prefetch)] = programs_per_sm(kernel, dev)
+                                   torch.zeros(sms, device=dev), sms, unroll, prefetch, mb * 2 ** 19)
+        fits[(unroll, prefetch, mb)] = programs_per_sm(kernel, dev)
     for per_sm in (1, 2):
         grid = sms * per_sm
         acc = torch.zeros(grid, dtype=torch.float32, device=dev)
         bar = torch.zeros(1, dtype=torch.int64, device=dev)  # a counter per grid size (see grid_barrier)
-        for unroll, prefetch in configs:
-            tag = f"u{unroll}_p{prefetch}_grid{grid}"
-            variants = {f"launches_pdl_{tag}": lambda u=unroll, f=prefetch: run_launches(w, bounds, acc, grid, u, f)}
-            if per_sm <= fits[(unroll, prefetch)]:
-                variants[f"persistent_{tag}"] = lambda u=unroll, f=prefetch: run_persistent(w, bounds_t, bar, acc,
-                                                                                         grid, u, f)
+        for unroll, prefetch, mb in configs:
+            tag = f"u{unroll}_p{prefetch}_a{mb}_grid{grid}"
+            ahead = mb * 2 ** 19  # bf16 elements
+            variants = {f"launches_pdl_{tag}": lambda u=unroll, f=prefetch, a=ahead: run_launches(w, bounds, acc,
+                                                                                                grid, u, f, a)}
+            if per_sm <= fits[(unroll, prefetch, mb)]:
+                variants[f"persistent_{tag}"] = lambda u=unroll, f=prefetch, a=ahead: run_persistent(
+                    w, bounds_t, bar, acc, grid, u, f, a)
             else:
-                results[f"persistent_{tag}"] = {"skipped": f"{fits[(unroll, prefetch)]} program(s) per SM fit"}
-                print(f"persistent_{tag}: skipped, only {fits[(unroll, prefetch)]} program(s) per SM fit")
+                fit = fits[(unroll, prefetch, mb)]
+                results[f"persistent_{tag}"] = {"skipped": f"{fit} program(s) per SM fit"}
+                print(f"persistent_{tag}: skipped, only {fit} program(s) per SM fit")
             for name, fn in variants.items():
                 got = float(fn().sum())
                 if abs(got - want) > 1e-6 * abs(want) + 1e3:
@@ -257,7 +307,7 @@ def main(argv=None) -> int:
                 ms = graph_time_ms(fn)
                 results[name] = {"ms_per_flow_step": ms, "us_per_layer": ms * 1e3 / LAYERS,
                                  "tb_per_s": nbytes / ms / 1e9, "unroll": unroll, "prefetch_tiles": prefetch,
-                                 "grid": grid}
+                                 "l2_ahead_mb": mb, "grid": grid}
                 print(f"{name:36s} {ms * 1e3:8.0f} us per flow step  {ms * 1e3 / LAYERS:6.1f} us per layer  "
                       f"{nbytes / ms / 1e9:5.2f} TB/s")
     workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES],

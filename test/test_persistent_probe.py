@@ -67,3 +67,24 @@ def test_persistent_grids_run_only_where_every_program_is_resident(probe, monkey
     assert probe.programs_per_sm(kernel(255), "cuda") == 2
     assert probe.programs_per_sm(kernel(56, shared=100 * 1024), "cuda") == 2
     assert probe.programs_per_sm(types.SimpleNamespace(), "cuda") == 1  # unknown: one per SM only
+
+
+def test_prefetch_windows_cover_each_weight_once_in_stream_order(probe):
+    """The L2 windows (AHEAD) run ahead of the stream: each starts where the phase (or an earlier window) ends,
+    never reaches past the weights nor more than `ahead` past its phase, no weight is prefetched twice, and
+    once `ahead` spans the largest phase every weight after the first phase is prefetched."""
+    bounds = probe.phase_bounds(2, scale=1.3e-3)
+    largest = max(hi - lo for lo, hi in zip(bounds[:-1], bounds[1:]))
+    for ahead in (1024, 5000, largest, 10 ** 9):
+        windows = probe.prefetch_windows(bounds, ahead)
+        assert len(windows) == len(bounds) - 1
+        covered = []
+        for (start, end), hi in zip(windows, bounds[1:]):
+            assert hi <= start <= end <= min(hi + ahead, bounds[-1])
+            covered += list(range(start, end))
+        assert covered == sorted(set(covered))
+        if ahead >= largest:
+            assert covered == list(range(bounds[1], bounds[-1]))
+        else:
+            assert len(covered) < bounds[-1] - bounds[1]
+    assert all(start == end for start, end in probe.prefetch_windows(bounds, 0))
