@@ -1,0 +1,198 @@
+"""Does a weight stream that runs ahead through the phase barriers reach copy speed? (GPU round, sm_90+)
+
+  python benchmarks/tma_stream_probe.py --json benchmarks/results/tma_stream_probe_h200.json
+
+`persistent_probe.py` showed that the act stage's launch structure caps even a bare weight stream at ~2.2
+TB/s (15.7 us per layer, ~2.8 ms per act): each phase boundary (a launch, or a grid barrier) stalls the
+stream, and Triton can only hold a few early tiles in registers across it; bulk L2 prefetches made it worse.
+This probe streams the same bytes (a flow step's expert weights, 18 x 34.6 MB in 126 phases, three per layer
+without weights) with the structure a persistent act kernel would have: every program keeps STAGES tiles
+in flight as TMA copies into a ring of shared-memory slots (Gluon: tensor-memory-accelerator loads signalled
+by mbarriers, no registers held), its issue cursor walking its tiles of every phase in order, past the phase
+boundaries, while its consume cursor sums the tiles of the current phase and then waits at a grid barrier.
+So at each barrier the next phase's first tiles are already on their way. Sums are checked as in
+`persistent_probe.py`, and its fastest launch structure (two programs per SM, 4 tiles requested before the
+PDL wait) runs in the same process as the baseline.
+It is a probe of the structure, not an engine path: the real phases also compute (GEMM tiles, attention,
+norms). The grid barrier is `persistent_probe.grid_barrier`'s (all programs resident: one per SM, or two
+where the shared memory allows).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma  # noqa: E402
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
+
+from _common import write_result  # noqa: E402
+from persistent_probe import LAYERS, LAYER_PHASES, graph_time_ms, phase_bounds, run_launches  # noqa: E402
+
+TILE_ROWS, TILE_COLS = 32, 128  # bf16: 8 KB per tile, 256-byte rows (the flat weights viewed as [-1, 128])
+TILE = TILE_ROWS * TILE_COLS
+WARPS = 4
+# Triton 3.6 (the GPU machine) names the CTA-wide barrier thread_barrier, 3.9 (here) barrier
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# ... and the TMA load async_copy_global_to_shared, which 3.9 replaced by async_load (same arguments)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _next_tile(phase, tile, pid, nprog, TILES, n_phases):
+    """The program's tile after (phase, tile): tiles of a phase dealt round-robin, phases in order (phases
+    without weights have none); phase == n_phases once the program has no tile left."""
+    tile = tile + nprog
+    count = _tiles_of(TILES, phase, n_phases)
+    while (phase < n_phases) & (tile >= count):
+        phase += 1
+        tile = pid
+        count = _tiles_of(TILES, phase, n_phases)
+    return phase, tile
+
+
+@gluon.jit
+def _tiles_of(TILES, phase, n_phases):
+    """How many tiles phase `phase` has (0 past the last)."""
+    live = phase < n_phases
+    return gl.load(TILES + phase + 1, mask=live, other=0) - gl.load(TILES + phase, mask=live, other=0)
+
+
+@gluon.jit
+def _issue(desc, ring, ready, slot, phase, tile, TILES, n_phases, TILE_ROWS: gl.constexpr):
+    """Start the TMA copy of (phase, tile) into ring slot `slot` (nothing past the last phase)."""
+    live = phase < n_phases
+    row = (gl.load(TILES + phase, mask=live, other=0) + tile) * TILE_ROWS
+    mbarrier.expect(ready.index(slot), desc.block_type.nbytes, pred=live)
+    _tma_load(desc, [row, 0], ready.index(slot), ring.index(slot), pred=live)
+
+
+@gluon.jit
+def _grid_barrier(BAR, nprog):
+    _cta_barrier()
+    drawn = gl.atomic_add(BAR, 1, sem="acq_rel", scope="gpu")
+    target = (drawn // nprog + 1) * nprog
+    seen = drawn + 1
+    while seen < target:
+        seen = gl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+    _cta_barrier()
+
+
+@gluon.jit
+def _tma_stream_kernel(desc, TILES, BAR, ACC, n_phases, STAGES: gl.constexpr, TILE_ROWS: gl.constexpr,
+                       TILE_COLS: gl.constexpr, WARPS: gl.constexpr):
+    """TILES[p]: phase p's first tile (tiles of TILE_ROWS x TILE_COLS in the flat weights); the program sums
+    its tiles of every phase, with a grid barrier after each phase, the copies STAGES tiles ahead."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE_ROWS, TILE_COLS], desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    # issue cursor: the first STAGES tiles of the program's sequence
+    i_phase, i_tile = _next_tile(pid * 0, pid - nprog, pid, nprog, TILES, n_phases)  # (a tensor 0: loop-carried)
+    for s in gl.static_range(STAGES):
+        _issue(desc, ring, ready, s, i_phase, i_tile, TILES, n_phases, TILE_ROWS)
+        i_phase, i_tile = _next_tile(i_phase, i_tile, pid, nprog, TILES, n_phases)
+    total = gl.zeros([TILE_ROWS, TILE_COLS], gl.float32, layout)
+    used = 0  # tiles consumed so far: slot used % STAGES, its fill number used // STAGES
+    for p in range(n_phases):
+        n_mine = gl.cdiv(gl.load(TILES + p + 1) - gl.load(TILES + p) - pid, nprog)
+        for _ in range(n_mine):
+            slot = used % STAGES
+            mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
+            total += ring.index(slot).load(layout).to(gl.float32)
+            _cta_barrier()  # every warp has read the slot before the copy that refills it
+            fence_async_shared()
+            _issue(desc, ring, ready, slot, i_phase, i_tile, TILES, n_phases, TILE_ROWS)
+            i_phase, i_tile = _next_tile(i_phase, i_tile, pid, nprog, TILES, n_phases)
+            used += 1
+        _grid_barrier(BAR, nprog)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+    gl.store(ACC + pid, gl.sum(gl.sum(total, 1), 0))
+
+
+def tile_bounds(bounds: list[int]) -> list[int]:
+    """Phase bounds in tiles (each phase must be whole tiles)."""
+    if any(b % TILE for b in bounds):
+        raise ValueError(f"tma_stream_probe: every phase must be a multiple of {TILE} elements")
+    return [b // TILE for b in bounds]
+
+
+def descriptor(w: torch.Tensor) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for([TILE_ROWS, TILE_COLS], gl.bfloat16)
+    return TensorDescriptor.from_tensor(w.view(-1, TILE_COLS), [TILE_ROWS, TILE_COLS], layout)
+
+
+def run_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int):
+    acc.zero_()
+    return launch_tma_stream(w, desc, tiles_t, bar, acc, grid, stages)
+
+
+def launch_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int):
+    _tma_stream_kernel[(grid,)](desc, tiles_t, bar, acc, len(tiles_t) - 1, STAGES=stages, TILE_ROWS=TILE_ROWS,
+                                TILE_COLS=TILE_COLS, WARPS=WARPS, num_warps=WARPS)
+    return acc
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", default="benchmarks/results/tma_stream_probe_h200.json")
+    p.add_argument("--stages", default="2,4,8,16")
+    args = p.parse_args(argv)
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    bounds = phase_bounds(LAYERS)
+    w = (torch.randn(bounds[-1], device=dev) + 1.0).to(torch.bfloat16)
+    nbytes = bounds[-1] * 2
+    want = float(w.float().sum())
+    tiles_t = torch.tensor(tile_bounds(bounds), dtype=torch.int32, device=dev)
+    desc = descriptor(w)
+    results = {}
+
+    def record(name, fn, **info):
+        try:
+            got = float(fn().sum())
+            if abs(got - want) > 1e-6 * abs(want) + 1e3:
+                raise RuntimeError(f"sum {got} != {want}: not every byte read once")
+            ms = graph_time_ms(fn)
+        except Exception as exc:  # a configuration this GPU or Triton cannot run: reported, not fatal
+            torch.cuda.synchronize()
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", **info}
+            print(f"{name:36s} failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        results[name] = {"ms_per_flow_step": ms, "us_per_layer": ms * 1e3 / LAYERS, "tb_per_s": nbytes / ms / 1e9,
+                         **info}
+        print(f"{name:36s} {ms * 1e3:8.0f} us per flow step  {ms * 1e3 / LAYERS:6.1f} us per layer  "
+              f"{nbytes / ms / 1e9:5.2f} TB/s")
+
+    acc = torch.zeros(2 * sms, dtype=torch.float32, device=dev)
+    record("launches_pdl_u2_p4_grid264", lambda: run_launches(w, bounds, acc, 2 * sms, 2, 4), grid=2 * sms)
+    smem = torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
+    for stages in (int(s) for s in args.stages.split(",")):
+        for per_sm in (1, 2):
+            if per_sm * (stages * TILE * 2 + 2048) > smem:  # every program must be resident (grid barrier)
+                continue
+            grid = per_sm * sms
+            bar = torch.zeros(1, dtype=torch.int64, device=dev)
+            record(f"tma_stream_s{stages}_grid{grid}",
+                   lambda g=grid, s=stages, b=bar: run_tma_stream(w, desc, tiles_t, b, acc[:g], g, s),
+                   stages=stages, grid=grid)
+    workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES],
+                "mb_per_layer": sum(2 * n for _, n in LAYER_PHASES) / 1e6, "tile_bytes": TILE * 2, "sms": sms}
+    write_result(args.json, workload, {"stream": results})
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
