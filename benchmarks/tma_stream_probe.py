@@ -38,6 +38,7 @@ from persistent_probe import LAYERS, LAYER_PHASES, graph_time_ms, phase_bounds, 
 
 TILE_ROWS, TILE_COLS = 32, 128  # bf16: 8 KB per tile, 256-byte rows (the flat weights viewed as [-1, 128])
 TILE = TILE_ROWS * TILE_COLS
+ROWS_CHOICES = (32, 128)  # 8 and 32 KB tiles
 WARPS = 4
 # Triton 3.6 (the GPU machine) names the CTA-wide barrier thread_barrier, 3.9 (here) barrier
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -46,30 +47,29 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
-def _next_tile(phase, tile, pid, nprog, TILES, n_phases):
-    """The program's tile after (phase, tile): tiles of a phase dealt round-robin, phases in order (phases
-    without weights have none); phase == n_phases once the program has no tile left."""
+def _phase_tiles(TILES, phase, n_phases):
+    """(first tile, tile count) of phase `phase` ((0, 0) past the last)."""
+    live = phase < n_phases
+    base = gl.load(TILES + phase, mask=live, other=0)
+    return base, gl.load(TILES + phase + 1, mask=live, other=0) - base
+
+
+@gluon.jit
+def _next_tile(phase, tile, base, count, pid, nprog, TILES, n_phases):
+    """The program's tile after (phase, tile) with its phase's (first tile, count) kept in registers: tiles of
+    a phase dealt round-robin, phases in order (those without weights have none), TILES read only when the
+    phase changes; phase == n_phases once the program has no tile left."""
     tile = tile + nprog
-    count = _tiles_of(TILES, phase, n_phases)
     while (phase < n_phases) & (tile >= count):
         phase += 1
         tile = pid
-        count = _tiles_of(TILES, phase, n_phases)
-    return phase, tile
+        base, count = _phase_tiles(TILES, phase, n_phases)
+    return phase, tile, base, count
 
 
 @gluon.jit
-def _tiles_of(TILES, phase, n_phases):
-    """How many tiles phase `phase` has (0 past the last)."""
-    live = phase < n_phases
-    return gl.load(TILES + phase + 1, mask=live, other=0) - gl.load(TILES + phase, mask=live, other=0)
-
-
-@gluon.jit
-def _issue(desc, ring, ready, slot, phase, tile, TILES, n_phases, TILE_ROWS: gl.constexpr):
-    """Start the TMA copy of (phase, tile) into ring slot `slot` (nothing past the last phase)."""
-    live = phase < n_phases
-    row = (gl.load(TILES + phase, mask=live, other=0) + tile) * TILE_ROWS
+def _issue(desc, ring, ready, slot, live, row):
+    """Start the TMA copy of the tile at `row` into ring slot `slot` (nothing when not live)."""
     mbarrier.expect(ready.index(slot), desc.block_type.nbytes, pred=live)
     _tma_load(desc, [row, 0], ready.index(slot), ring.index(slot), pred=live)
 
@@ -97,49 +97,48 @@ def _tma_stream_kernel(desc, TILES, BAR, ACC, n_phases, STAGES: gl.constexpr, TI
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    # issue cursor: the first STAGES tiles of the program's sequence
-    i_phase, i_tile = _next_tile(pid * 0, pid - nprog, pid, nprog, TILES, n_phases)  # (a tensor 0: loop-carried)
+    # issue cursor: the first STAGES tiles of the program's sequence (phase: a tensor 0, loop-carried)
+    i_base, i_count = _phase_tiles(TILES, pid * 0, n_phases)
+    i_phase, i_tile, i_base, i_count = _next_tile(pid * 0, pid - nprog, i_base, i_count, pid, nprog, TILES, n_phases)
     for s in gl.static_range(STAGES):
-        _issue(desc, ring, ready, s, i_phase, i_tile, TILES, n_phases, TILE_ROWS)
-        i_phase, i_tile = _next_tile(i_phase, i_tile, pid, nprog, TILES, n_phases)
-    total = gl.zeros([TILE_ROWS, TILE_COLS], gl.float32, layout)
+        _issue(desc, ring, ready, s, i_phase < n_phases, (i_base + i_tile) * TILE_ROWS)
+        i_phase, i_tile, i_base, i_count = _next_tile(i_phase, i_tile, i_base, i_count, pid, nprog, TILES, n_phases)
+    total = gl.zeros([TILE_COLS], gl.float32, gl.SliceLayout(0, layout))
     used = 0  # tiles consumed so far: slot used % STAGES, its fill number used // STAGES
     for p in range(n_phases):
         n_mine = gl.cdiv(gl.load(TILES + p + 1) - gl.load(TILES + p) - pid, nprog)
         for _ in range(n_mine):
             slot = used % STAGES
             mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
-            total += ring.index(slot).load(layout).to(gl.float32)
+            total += gl.sum(ring.index(slot).load(layout).to(gl.float32), 0)
             _cta_barrier()  # every warp has read the slot before the copy that refills it
             fence_async_shared()
-            _issue(desc, ring, ready, slot, i_phase, i_tile, TILES, n_phases, TILE_ROWS)
-            i_phase, i_tile = _next_tile(i_phase, i_tile, pid, nprog, TILES, n_phases)
+            _issue(desc, ring, ready, slot, i_phase < n_phases, (i_base + i_tile) * TILE_ROWS)
+            i_phase, i_tile, i_base, i_count = _next_tile(i_phase, i_tile, i_base, i_count, pid, nprog, TILES,
+                                                          n_phases)
             used += 1
         _grid_barrier(BAR, nprog)
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
-    gl.store(ACC + pid, gl.sum(gl.sum(total, 1), 0))
+    gl.store(ACC + pid, gl.sum(total, 0))
 
 
-def tile_bounds(bounds: list[int]) -> list[int]:
-    """Phase bounds in tiles (each phase must be whole tiles)."""
-    if any(b % TILE for b in bounds):
-        raise ValueError(f"tma_stream_probe: every phase must be a multiple of {TILE} elements")
-    return [b // TILE for b in bounds]
+def tile_bounds(bounds: list[int], rows: int = TILE_ROWS) -> list[int]:
+    """Phase bounds in tiles of rows x TILE_COLS elements (each phase must be whole tiles)."""
+    tile = rows * TILE_COLS
+    if any(b % tile for b in bounds):
+        raise ValueError(f"tma_stream_probe: every phase must be a multiple of {tile} elements")
+    return [b // tile for b in bounds]
 
 
-def descriptor(w: torch.Tensor) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for([TILE_ROWS, TILE_COLS], gl.bfloat16)
-    return TensorDescriptor.from_tensor(w.view(-1, TILE_COLS), [TILE_ROWS, TILE_COLS], layout)
+def descriptor(w: torch.Tensor, rows: int = TILE_ROWS) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for([rows, TILE_COLS], gl.bfloat16)
+    return TensorDescriptor.from_tensor(w.view(-1, TILE_COLS), [rows, TILE_COLS], layout)
 
 
-def run_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int):
+def run_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int, rows: int = TILE_ROWS):
     acc.zero_()
-    return launch_tma_stream(w, desc, tiles_t, bar, acc, grid, stages)
-
-
-def launch_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int):
-    _tma_stream_kernel[(grid,)](desc, tiles_t, bar, acc, len(tiles_t) - 1, STAGES=stages, TILE_ROWS=TILE_ROWS,
+    _tma_stream_kernel[(grid,)](desc, tiles_t, bar, acc, len(tiles_t) - 1, STAGES=stages, TILE_ROWS=rows,
                                 TILE_COLS=TILE_COLS, WARPS=WARPS, num_warps=WARPS)
     return acc
 
@@ -155,8 +154,6 @@ def main(argv=None) -> int:
     w = (torch.randn(bounds[-1], device=dev) + 1.0).to(torch.bfloat16)
     nbytes = bounds[-1] * 2
     want = float(w.float().sum())
-    tiles_t = torch.tensor(tile_bounds(bounds), dtype=torch.int32, device=dev)
-    desc = descriptor(w)
     results = {}
 
     def record(name, fn, **info):
@@ -178,17 +175,22 @@ def main(argv=None) -> int:
     acc = torch.zeros(2 * sms, dtype=torch.float32, device=dev)
     record("launches_pdl_u2_p4_grid264", lambda: run_launches(w, bounds, acc, 2 * sms, 2, 4), grid=2 * sms)
     smem = torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
-    for stages in (int(s) for s in args.stages.split(",")):
-        for per_sm in (1, 2):
-            if per_sm * (stages * TILE * 2 + 2048) > smem:  # every program must be resident (grid barrier)
-                continue
-            grid = per_sm * sms
-            bar = torch.zeros(1, dtype=torch.int64, device=dev)
-            record(f"tma_stream_s{stages}_grid{grid}",
-                   lambda g=grid, s=stages, b=bar: run_tma_stream(w, desc, tiles_t, b, acc[:g], g, s),
-                   stages=stages, grid=grid)
+    for rows in ROWS_CHOICES:
+        tiles_t = torch.tensor(tile_bounds(bounds, rows), dtype=torch.int32, device=dev)
+        desc = descriptor(w, rows)
+        for stages in (int(s) for s in args.stages.split(",")):
+            for per_sm in (1, 2):
+                if per_sm * (stages * rows * TILE_COLS * 2 + 2048) > smem:  # all resident (grid barrier)
+                    continue
+                grid = per_sm * sms
+                bar = torch.zeros(1, dtype=torch.int64, device=dev)
+                record(f"tma_stream_r{rows}_s{stages}_grid{grid}",
+                       lambda g=grid, s=stages, b=bar, d=desc, t=tiles_t, r=rows: run_tma_stream(w, d, t, b, acc[:g],
+                                                                                             g, s, r),
+                       stages=stages, grid=grid, tile_kb=rows * TILE_COLS * 2 // 1024)
     workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES],
-                "mb_per_layer": sum(2 * n for _, n in LAYER_PHASES) / 1e6, "tile_bytes": TILE * 2, "sms": sms}
+                "mb_per_layer": sum(2 * n for _, n in LAYER_PHASES) / 1e6, "tile_rows": ROWS_CHOICES,
+                "tile_cols": TILE_COLS, "sms": sms}
     write_result(args.json, workload, {"stream": results})
     print(f"wrote {args.json}")
     return 0
