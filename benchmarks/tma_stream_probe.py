@@ -13,6 +13,9 @@ boundaries, while its consume cursor sums the tiles of the current phase and the
 So at each barrier the next phase's first tiles are already on their way. Sums are checked as in
 `persistent_probe.py`, and its fastest launch structure (two programs per SM, 4 tiles requested before the
 PDL wait) runs in the same process as the baseline.
+A second form (`_tma_stream_ws_kernel`) moves the copies to a producer warp of their own (Gluon warp
+specialization): the producer walks the tile sequence and refills each slot as soon as the consumers hand it
+back through an `empty` mbarrier; the consumers only wait, read, hand back and synchronize.
 It is a probe of the structure, not an engine path: the real phases also compute (GEMM tiles, attention,
 norms). The grid barrier is `persistent_probe.grid_barrier`'s (all programs resident: one per SM, or two
 where the shared memory allows).
@@ -123,6 +126,63 @@ def _tma_stream_kernel(desc, TILES, BAR, ACC, n_phases, STAGES: gl.constexpr, TI
     gl.store(ACC + pid, gl.sum(total, 0))
 
 
+@gluon.jit
+def _ws_consumer(ring, ready, empty, TILES, BAR, ACC, n_phases, STAGES: gl.constexpr, TILE_COLS: gl.constexpr,
+                 WARPS: gl.constexpr):
+    """Default partition: sum the program's tiles phase by phase (slot k % STAGES holds its k-th tile), hand
+    each slot back to the producer, and wait at the grid barrier after each phase."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    total = gl.zeros([TILE_COLS], gl.float32, gl.SliceLayout(0, layout))
+    used = 0
+    for p in range(n_phases):
+        n_mine = gl.cdiv(gl.load(TILES + p + 1) - gl.load(TILES + p) - pid, nprog)
+        for _ in range(n_mine):
+            slot = used % STAGES
+            mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
+            total += gl.sum(ring.index(slot).load(layout).to(gl.float32), 0)
+            _cta_barrier()  # every consumer warp has read the slot before it is handed back
+            mbarrier.arrive(empty.index(slot), count=1)
+            used += 1
+        _grid_barrier(BAR, nprog)
+    gl.store(ACC + pid, gl.sum(total, 0))
+
+
+@gluon.jit
+def _ws_producer(desc, ring, ready, empty, TILES, n_phases, STAGES: gl.constexpr, TILE_ROWS: gl.constexpr):
+    """Worker partition (one warp): copy the program's tiles of every phase in order into the ring, each as
+    soon as its slot is free; it never waits at the grid barrier, so it runs up to STAGES tiles ahead."""
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    base, count = _phase_tiles(TILES, pid * 0, n_phases)
+    phase, tile, base, count = _next_tile(pid * 0, pid - nprog, base, count, pid, nprog, TILES, n_phases)
+    issued = 0
+    while phase < n_phases:
+        slot = issued % STAGES
+        # a fresh mbarrier passes a wait for parity 1: the first lap through the ring does not wait
+        mbarrier.wait(empty.index(slot), ((issued // STAGES) & 1) ^ 1)
+        _issue(desc, ring, ready, slot, phase < n_phases, (base + tile) * TILE_ROWS)
+        phase, tile, base, count = _next_tile(phase, tile, base, count, pid, nprog, TILES, n_phases)
+        issued += 1
+
+
+@gluon.jit
+def _tma_stream_ws_kernel(desc, TILES, BAR, ACC, n_phases, STAGES: gl.constexpr, TILE_ROWS: gl.constexpr,
+                          TILE_COLS: gl.constexpr, WARPS: gl.constexpr):
+    """The same stream with the copies issued by a producer warp of their own (warp specialization): the
+    consumers' path per tile is a wait, the read and the hand-back only."""
+    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, TILE_ROWS, TILE_COLS], desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    gl.warp_specialize([(_ws_consumer, (ring, ready, empty, TILES, BAR, ACC, n_phases, STAGES, TILE_COLS, WARPS)),
+                        (_ws_producer, (desc, ring, ready, empty, TILES, n_phases, STAGES, TILE_ROWS))],
+                       [1], [48])
+
+
 def tile_bounds(bounds: list[int], rows: int = TILE_ROWS) -> list[int]:
     """Phase bounds in tiles of rows x TILE_COLS elements (each phase must be whole tiles)."""
     tile = rows * TILE_COLS
@@ -136,10 +196,12 @@ def descriptor(w: torch.Tensor, rows: int = TILE_ROWS) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(w.view(-1, TILE_COLS), [rows, TILE_COLS], layout)
 
 
-def run_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int, rows: int = TILE_ROWS):
+def run_tma_stream(w, desc, tiles_t, bar, acc, grid: int, stages: int, rows: int = TILE_ROWS, ws: bool = False):
+    """ws: the warp-specialized kernel (a producer warp issues the copies)."""
     acc.zero_()
-    _tma_stream_kernel[(grid,)](desc, tiles_t, bar, acc, len(tiles_t) - 1, STAGES=stages, TILE_ROWS=rows,
-                                TILE_COLS=TILE_COLS, WARPS=WARPS, num_warps=WARPS)
+    kernel = _tma_stream_ws_kernel if ws else _tma_stream_kernel
+    kernel[(grid,)](desc, tiles_t, bar, acc, len(tiles_t) - 1, STAGES=stages, TILE_ROWS=rows, TILE_COLS=TILE_COLS,
+                    WARPS=WARPS, num_warps=WARPS)
     return acc
 
 
@@ -172,6 +234,9 @@ def main(argv=None) -> int:
         print(f"{name:36s} {ms * 1e3:8.0f} us per flow step  {ms * 1e3 / LAYERS:6.1f} us per layer  "
               f"{nbytes / ms / 1e9:5.2f} TB/s")
 
+    workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES],
+                "mb_per_layer": sum(2 * n for _, n in LAYER_PHASES) / 1e6, "tile_rows": ROWS_CHOICES,
+                "tile_cols": TILE_COLS, "sms": sms}
     acc = torch.zeros(2 * sms, dtype=torch.float32, device=dev)
     record("launches_pdl_u2_p4_grid264", lambda: run_launches(w, bounds, acc, 2 * sms, 2, 4), grid=2 * sms)
     smem = torch.cuda.get_device_properties(dev).shared_memory_per_multiprocessor
@@ -183,14 +248,14 @@ def main(argv=None) -> int:
                 if per_sm * (stages * rows * TILE_COLS * 2 + 2048) > smem:  # all resident (grid barrier)
                     continue
                 grid = per_sm * sms
-                bar = torch.zeros(1, dtype=torch.int64, device=dev)
-                record(f"tma_stream_r{rows}_s{stages}_grid{grid}",
-                       lambda g=grid, s=stages, b=bar, d=desc, t=tiles_t, r=rows: run_tma_stream(w, d, t, b, acc[:g],
-                                                                                             g, s, r),
-                       stages=stages, grid=grid, tile_kb=rows * TILE_COLS * 2 // 1024)
-    workload = {"layers": LAYERS, "phases_per_layer": [n for n, _ in LAYER_PHASES],
-                "mb_per_layer": sum(2 * n for _, n in LAYER_PHASES) / 1e6, "tile_rows": ROWS_CHOICES,
-                "tile_cols": TILE_COLS, "sms": sms}
+                # the warp-specialized form takes the whole register file (setmaxnreg): one program per SM
+                for ws in ((False, True) if per_sm == 1 else (False,)):
+                    bar = torch.zeros(1, dtype=torch.int64, device=dev)
+                    record(f"tma_stream{'_ws' if ws else ''}_r{rows}_s{stages}_grid{grid}",
+                           lambda g=grid, s=stages, b=bar, d=desc, t=tiles_t, r=rows, x=ws: run_tma_stream(
+                               w, d, t, b, acc[:g], g, s, r, x),
+                           stages=stages, grid=grid, tile_kb=rows * TILE_COLS * 2 // 1024, warp_specialized=ws)
+                    write_result(args.json, workload, {"stream": results})  # kept if a later variant hangs
     write_result(args.json, workload, {"stream": results})
     print(f"wrote {args.json}")
     return 0

@@ -217,7 +217,8 @@ SIGLIP_GEMMS = {"qkv": (3456, 1152), "o": (1152, 1152), "fc1": (4304, 1152), "fc
 
 def tma_stream_resources() -> dict:
     """The Gluon weight-stream probe (benchmarks/tma_stream_probe.py) per ring depth: registers / spills /
-    shared memory and its PTX's TMA tensor copies, mbarrier waits and grid-barrier atomics."""
+    shared memory and its PTX's TMA tensor copies, mbarrier waits and grid-barrier atomics; "ws": the
+    warp-specialized form (producer warp) at 4 stages."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import tma_stream_probe as probe
 
@@ -234,6 +235,14 @@ def tma_stream_resources() -> dict:
         out[str(stages)] = {**resources(kernel), "tensor_copies": ptx.count("cp.async.bulk.tensor"),
                             "mbarrier_waits": len(re.findall(r"mbarrier\.try_wait", ptx)),
                             "atomics": len(re.findall(r"atom\.", ptx))}
+    ws = probe._tma_stream_ws_kernel.warmup(
+        probe.descriptor(w), tiles, torch.zeros(1, dtype=torch.int64), torch.zeros(132), len(tiles) - 1,
+        STAGES=4, TILE_ROWS=probe.TILE_ROWS, TILE_COLS=probe.TILE_COLS, WARPS=probe.WARPS, num_warps=probe.WARPS,
+        grid=(132,))
+    ptx = ws.asm["ptx"]
+    out["ws"] = {**resources(ws), "tensor_copies": ptx.count("cp.async.bulk.tensor"),
+                 "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive", ptx)),
+                 "register_reallocations": ptx.count("setmaxnreg")}
     return out
 
 

@@ -1,7 +1,8 @@
 """The Gluon weight-stream probe (benchmarks/tma_stream_probe.py) without a GPU: its phases split into whole
 TMA tiles, and its kernel compiles for sm_90 (H100 / H200) with what makes it the structure being probed: a
 ring of STAGES shared-memory slots filled by TMA tensor copies (one per slot up front, one refill per
-consumed tile), mbarrier waits, a grid-barrier atomic, and no register spills. Whether it reads every byte
+consumed tile), mbarrier waits, a grid-barrier atomic, and no register spills; its warp-specialized form
+has a producer warp's copies, the consumers' mbarrier hand-backs and registers moved between the two. Whether it reads every byte
 once is checked on the GPU, where the probe compares its sums with the weights' (Gluon kernels do not run in
 Triton's interpreter)."""
 import importlib.util
@@ -47,6 +48,10 @@ def test_the_stream_kernel_compiles_for_sm_90_as_a_tma_ring():
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
+    ws = report.pop("ws")
+    # the producer warp's one copy site, the consumers' hand-back, registers moved between the partitions
+    assert ws["tensor_copies"] >= 1 and ws["mbarrier_arrives"] >= 1 and ws["register_reallocations"] >= 1, ws
+    assert ws["stack_bytes"] == 0 and ws["shared_bytes"] >= 4 * 8192, ws
     for stages, r in report.items():
         s = int(stages)
         assert r["tensor_copies"] == s + 1, r  # the STAGES copies up front, one refill in the loop
