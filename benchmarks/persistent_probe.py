@@ -184,7 +184,7 @@ def run_persistent(w, bounds_t, bar, acc, grid: int, unroll: int = 1, prefetch: 
 def launch_persistent(w, bounds_t, bar, acc, grid: int, unroll: int, prefetch: int, ahead: int = 0):
     """One launch of the persistent kernel; returns what Triton's launcher returns (the compiled kernel).
     ahead: weight elements prefetched into L2 past each phase (0: none)."""
-    return _persistent_kernel[(grid,)](w, bounds_t, bar, acc, len(bounds_t) - 1, w.data_ptr(), max(ahead, 1),
+    return _persistent_kernel[(grid,)](w, bounds_t, bar, acc, len(bounds_t) - 1, w.data_ptr(), ahead,
                                        UNROLL=unroll, PREFETCH=prefetch, AHEAD=ahead > 0, BLOCK=BLOCK,
                                        num_warps=WARPS)
 

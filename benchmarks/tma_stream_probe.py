@@ -78,6 +78,31 @@ def _issue(desc, ring, ready, slot, live, row):
 
 
 @gluon.jit
+def _first_tile(TILES, pid, nprog, n_phases):
+    """The issue cursor at the program's first tile: (phase, tile, phase's first tile, its count); the phase
+    starts as a tensor 0 (it is loop-carried)."""
+    base, count = _phase_tiles(TILES, pid * 0, n_phases)
+    return _next_tile(pid * 0, pid - nprog, base, count, pid, nprog, TILES, n_phases)
+
+
+@gluon.jit
+def _my_tiles(TILES, p, pid, nprog):
+    """How many of phase p's tiles are the program's (dealt round-robin)."""
+    return gl.cdiv(gl.load(TILES + p + 1) - gl.load(TILES + p) - pid, nprog)
+
+
+@gluon.jit
+def _take(ring, ready, used, layout: gl.constexpr, STAGES: gl.constexpr):
+    """Wait for the program's tile number `used` (slot used % STAGES, its fill used // STAGES) and return its
+    column sums; every warp of the caller has read the slot when this returns."""
+    slot = used % STAGES
+    mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
+    sums = gl.sum(ring.index(slot).load(layout).to(gl.float32), 0)
+    _cta_barrier()
+    return sums
+
+
+@gluon.jit
 def _grid_barrier(BAR, nprog):
     _cta_barrier()
     drawn = gl.atomic_add(BAR, 1, sem="acq_rel", scope="gpu")
@@ -100,23 +125,18 @@ def _tma_stream_kernel(desc, TILES, BAR, ACC, n_phases, STAGES: gl.constexpr, TI
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    # issue cursor: the first STAGES tiles of the program's sequence (phase: a tensor 0, loop-carried)
-    i_base, i_count = _phase_tiles(TILES, pid * 0, n_phases)
-    i_phase, i_tile, i_base, i_count = _next_tile(pid * 0, pid - nprog, i_base, i_count, pid, nprog, TILES, n_phases)
+    # issue cursor: the first STAGES tiles of the program's sequence
+    i_phase, i_tile, i_base, i_count = _first_tile(TILES, pid, nprog, n_phases)
     for s in gl.static_range(STAGES):
         _issue(desc, ring, ready, s, i_phase < n_phases, (i_base + i_tile) * TILE_ROWS)
         i_phase, i_tile, i_base, i_count = _next_tile(i_phase, i_tile, i_base, i_count, pid, nprog, TILES, n_phases)
     total = gl.zeros([TILE_COLS], gl.float32, gl.SliceLayout(0, layout))
     used = 0  # tiles consumed so far: slot used % STAGES, its fill number used // STAGES
     for p in range(n_phases):
-        n_mine = gl.cdiv(gl.load(TILES + p + 1) - gl.load(TILES + p) - pid, nprog)
-        for _ in range(n_mine):
-            slot = used % STAGES
-            mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
-            total += gl.sum(ring.index(slot).load(layout).to(gl.float32), 0)
-            _cta_barrier()  # every warp has read the slot before the copy that refills it
+        for _ in range(_my_tiles(TILES, p, pid, nprog)):
+            total += _take(ring, ready, used, layout, STAGES)  # (read by every warp before the refill)
             fence_async_shared()
-            _issue(desc, ring, ready, slot, i_phase < n_phases, (i_base + i_tile) * TILE_ROWS)
+            _issue(desc, ring, ready, used % STAGES, i_phase < n_phases, (i_base + i_tile) * TILE_ROWS)
             i_phase, i_tile, i_base, i_count = _next_tile(i_phase, i_tile, i_base, i_count, pid, nprog, TILES,
                                                           n_phases)
             used += 1
@@ -137,13 +157,9 @@ def _ws_consumer(ring, ready, empty, TILES, BAR, ACC, n_phases, STAGES: gl.const
     total = gl.zeros([TILE_COLS], gl.float32, gl.SliceLayout(0, layout))
     used = 0
     for p in range(n_phases):
-        n_mine = gl.cdiv(gl.load(TILES + p + 1) - gl.load(TILES + p) - pid, nprog)
-        for _ in range(n_mine):
-            slot = used % STAGES
-            mbarrier.wait(ready.index(slot), (used // STAGES) & 1)
-            total += gl.sum(ring.index(slot).load(layout).to(gl.float32), 0)
-            _cta_barrier()  # every consumer warp has read the slot before it is handed back
-            mbarrier.arrive(empty.index(slot), count=1)
+        for _ in range(_my_tiles(TILES, p, pid, nprog)):
+            total += _take(ring, ready, used, layout, STAGES)  # (read by every consumer warp before the hand-back)
+            mbarrier.arrive(empty.index(used % STAGES), count=1)
             used += 1
         _grid_barrier(BAR, nprog)
     gl.store(ACC + pid, gl.sum(total, 0))
@@ -155,8 +171,7 @@ def _ws_producer(desc, ring, ready, empty, TILES, n_phases, STAGES: gl.constexpr
     soon as its slot is free; it never waits at the grid barrier, so it runs up to STAGES tiles ahead."""
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    base, count = _phase_tiles(TILES, pid * 0, n_phases)
-    phase, tile, base, count = _next_tile(pid * 0, pid - nprog, base, count, pid, nprog, TILES, n_phases)
+    phase, tile, base, count = _first_tile(TILES, pid, nprog, n_phases)
     issued = 0
     while phase < n_phases:
         slot = issued % STAGES

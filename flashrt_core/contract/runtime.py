@@ -302,10 +302,15 @@ class Runtime:
                 stage_ms[key] = stage_ms.get(key, 0.0) + (time.perf_counter() - start) * 1e3
         return events
 
+    def _fused_part(self, group: list[str]):
+        """The binding's own device callable for a plan group of two or more stages (`ModelBinding.device_plan`),
+        or None."""
+        return self.binding.device_plan(group) if len(group) > 1 else None
+
     def _group_parts(self, group: list[str]) -> list:
-        """The device callables of one plan group: the binding's own for the whole group where it has one
-        (`ModelBinding.device_plan`), else each stage's part in turn."""
-        fused = self.binding.device_plan(group) if len(group) > 1 else None
+        """The device callables of one plan group: the binding's own for the whole group where it has one,
+        else each stage's part in turn."""
+        fused = self._fused_part(group)
         return [fused] if fused is not None else [self._device_parts[s] for s in group]
 
     def _collect_done(self) -> dict[str, float]:
@@ -349,10 +354,8 @@ class Runtime:
                 for s in stages:
                     self._device_parts[s](bufs)
                 if self.contract.graphs == "plan":  # the plans the binding runs as one (its own graph)
-                    for group in plans:
-                        fused = self.binding.device_plan(group) if len(group) > 1 else None
-                        if fused is not None:
-                            fused(bufs)
+                    for fused in filter(None, map(self._fused_part, plans)):
+                        fused(bufs)
                 self.buffers.load_all(saved)
                 self._warmed = True
         self.warmup_s = time.perf_counter() - started
