@@ -72,6 +72,8 @@ def main(argv=None):
         sys.exit("library_attention_probe: needs a CUDA GPU")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from flashrt_core.kernels.flash_attention import attention
+
     dev, dt = torch.device("cuda"), torch.bfloat16
     rows = []
 
@@ -94,7 +96,7 @@ def main(argv=None):
                             None if v2 is None else v2.float())
         for config in [None, *PICKS[shape]]:
             record(shape, f"engine kernel {config or 'heuristic'}",
-                   lambda c=config: K.attention(q, k, v, mask, k2, v2, config=c), ref)
+                   lambda c=config: attention(q, k, v, mask, k2, v2, config=c), ref)
         # SDPA over [B, H, S, D] views; keys concatenated where there is a second set; K/V expanded to the heads
         h = q.shape[2]
         kc, vc = (k, v) if k2 is None else (torch.cat([k, k2], 2), torch.cat([v, v2], 2))
@@ -132,13 +134,13 @@ def main(argv=None):
         used = torch.full((b,), n, device=dev, dtype=torch.int32)
         ref_c = attention_ref(q.float(), kbuf[:, :n].transpose(1, 2).float(), vbuf[:, :n].transpose(1, 2).float(),
                               None)
-        for splits in (None, 2, 4, 8):
-            def fa2(splits=splits):
-                out = torch.ops.aten._flash_attention_forward(
-                    q.reshape(b * t, h, -1), kbuf.reshape(b * s, k.shape[1], -1), vbuf.reshape(b * s, k.shape[1], -1),
-                    cu_q, cu_k, t, s, 0.0, False, False, seqused_k=used, num_splits=splits)[0]
-                return out.view(q.shape)
-            record(shape, f"fa2 varlen seqused_k, valid keys first, num_splits {splits}", fa2, ref_c, False)
+
+        def fa2():
+            out = torch.ops.aten._flash_attention_forward(
+                q.reshape(b * t, h, -1), kbuf.reshape(b * s, k.shape[1], -1), vbuf.reshape(b * s, k.shape[1], -1),
+                cu_q, cu_k, t, s, 0.0, False, False, seqused_k=used)[0]
+            return out.view(q.shape)
+        record(shape, "fa2 varlen seqused_k, valid keys first", fa2, ref_c, False)
 
     print(f"\n{'shape':8} {'name':62} {'PDL us':>8} {'no PDL':>8} {'rel L2':>9}")
     for r in rows:
