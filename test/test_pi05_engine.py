@@ -148,17 +148,6 @@ def test_cpu_engine_patch_gemm_and_gelu_epilogue_match_the_plain_forms(fixture_w
     assert (a - b).abs().max().item() <= TOL["fp32_vs_reference"]
 
 
-def test_cpu_engine_view_streams_matches_one_siglip_over_all_views(fixture_weights, cases):
-    """view_streams (SigLIP once per camera slot; on CPU one after the other) gives the default engine's
-    actions (fp32, absolute): three camera slots, all valid or some masked."""
-    for name in PI05_CASES:
-        c = cases[name]
-        a = Pi05Engine(fixture_weights, backend="torch").sample_actions(*_inputs(c), c["noise"])
-        b = Pi05Engine(fixture_weights, backend="torch", view_streams=True).sample_actions(*_inputs(c), c["noise"])
-        assert (a - b).abs().max().item() <= TOL["fp32_vs_reference"]
-        assert a.abs().max().item() > 0
-
-
 def test_cpu_bf16_engine_vs_fp32_reference(fixture_weights, cases):
     c = cases["two_views_padded_prompt"]
     engine = Pi05Engine(fixture_weights, dtype=torch.bfloat16, backend="torch")
@@ -1190,7 +1179,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
                                   "early_modulation", "early_positions", "fused_euler", "gemm_tma",
                                   "reduce_in_norm", "reduce_in_rotate", "overlap_decision", "gemm_mid",
-                                  "patch_gemm", "gelu_epilogue", "view_streams"])
+                                  "patch_gemm", "gelu_epilogue"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V
@@ -1220,8 +1209,6 @@ def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases,
         # as deferred reductions: the o / down ones, or the QKV one, are plain products there
         assert sum("defer" in key for key in variant.linear.choices) < \
             sum("defer" in key for key in default.linear.choices)
-    if flag == "view_streams":  # the second camera slot's SigLIP ran on a stream of its own, in the graphs too
-        assert len(variant._view_streams) == c["images"].shape[1] - 1 >= 1
     if flag == "norm_in_gemm":  # the fused GEMM variants were tuned (not only the plain shapes)
         assert any("emit" in key for key in variant.linear.choices)
         assert any("norm" in key for key in variant.linear.choices)

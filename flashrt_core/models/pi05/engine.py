@@ -110,8 +110,7 @@ class Pi05Engine:
                  gemm_preload: bool = True, early_modulation: bool = True,
                  early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
                  reduce_in_norm: bool = True, reduce_in_rotate: bool = True, overlap_decision: bool = True,
-                 gemm_mid: bool = False, patch_gemm: bool = True, gelu_epilogue: bool = True,
-                 view_streams: bool = False):
+                 gemm_mid: bool = False, patch_gemm: bool = True, gelu_epilogue: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -221,11 +220,7 @@ class Pi05Engine:
         epilogue (`engine_blas.linear_bias_gelu_tanh`) instead of the GEMM and the bias_gelu kernel after it.
         Not used where the GEMM picker may route fc1 to the Triton GEMM (gemm_mid). On: observe 5958 -> 5824 us,
         whole decision 11670 -> 11554 us (interleaved p50, H200, 972a64f,
-        `results/profile_pi05_w2_gelu_epilogue_ab.json`).
-        view_streams: SigLIP runs once per camera slot instead of once over all images, and on CUDA each slot's
-        tower has a CUDA stream (and ticket workspace) of its own, forked from and joined to the stage's
-        stream (capturable): one view's small GEMMs, attention and norms fill the SMs the other's leave idle.
-        Same math (each image's tokens never meet another image's in SigLIP); the GEMMs run at half the rows."""
+        `results/profile_pi05_w2_gelu_epilogue_ab.json`)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -262,8 +257,6 @@ class Pi05Engine:
         self.overlap_decision = bool(overlap_decision)
         self.patch_gemm = bool(patch_gemm)
         self.gelu_epilogue = bool(gelu_epilogue) and not gemm_mid
-        self.view_streams = bool(view_streams)
-        self._view_streams: list = []  # view_streams: (stream, ticket workspace) per camera slot past the first
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
@@ -318,32 +311,6 @@ class Pi05Engine:
             x, h = K.add_layer_norm(m, x, nw, nb, eps, residual_out=x, backend=be)
         return lin(h, w.proj_w, w.proj_b).to(self.dtype)
 
-    def _image_tokens(self, pixels: torch.Tensor) -> list[torch.Tensor]:
-        """pixels [B, slots, 3, S, S] -> the slots' image tokens as [B, tokens, vlm.width] pieces in slot order
-        (their concatenation along dim 1 is the prefix's image part): one SigLIP over all images, or with
-        view_streams one per slot, on CUDA slot j > 0 on a stream of its own (forked from the current stream,
-        joined back before returning; its kernels take their tickets from a workspace of their own)."""
-        b, slots = pixels.shape[:2]
-        if not self.view_streams or slots < 2:
-            return [self._siglip(pixels.flatten(0, 1)).view(b, -1, self.config.vlm.width)]
-        if pixels.device.type != "cuda":
-            return [self._siglip(pixels[:, j]) for j in range(slots)]
-        main = torch.cuda.current_stream(self.device)
-        while len(self._view_streams) < slots - 1:
-            self._view_streams.append((torch.cuda.Stream(self.device), K.new_semaphore_workspace(self.device)))
-        side = self._view_streams[:slots - 1]
-        for stream, _ in side:
-            stream.wait_stream(main)
-        try:
-            pieces = [self._siglip(pixels[:, 0])]
-            for j, (stream, tickets) in enumerate(side, start=1):
-                with torch.cuda.stream(stream), K.semaphore_workspace(tickets):
-                    pieces.append(self._siglip(pixels[:, j]))
-        finally:  # (join, also when a launch raised: nothing may stay queued on a side stream)
-            for stream, _ in side:
-                main.wait_stream(stream)
-        return pieces
-
     def _observe_body(self, prefix_done=None) -> None:
         """images + prompt buffers -> prefix K/V, pad mask and valid count (the `observe` stage).
         prefix_done(i) is called once prefix layer i's K/V are written (-1: the pad mask and valid count)."""
@@ -365,9 +332,9 @@ class Pi05Engine:
         if prefix_done is not None:
             prefix_done(-1)
         pixels = torch.where(buf.image_masks[:, :, None, None, None], buf.images, -1.0)
-        img = self._image_tokens(pixels)
+        img = self._siglip(pixels.flatten(0, 1))
         lang = F.embedding(buf.lang_tokens.clamp(0, c.vocab_size - 1), w.embed) * self.embed_scale
-        x = torch.cat([*img, lang], dim=1)
+        x = torch.cat([img.view(b, slots * n_patch, -1), lang], dim=1)
         # Positions count valid tokens only; padding gets a clamped (unused) position.
         positions = (torch.cumsum(pad, dim=1) - 1).clamp_(min=0)
         layers = w.vlm_layers
