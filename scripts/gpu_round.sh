@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|probes|attention|runtime] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|probes|attention|runtime|chain] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -89,6 +89,9 @@ fi
 if [[ "$what" == runtime ]]; then  # the contract runtime (both observe modes) and the capsules (~4 min with the cache)
   bench bench_runtime 400 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
   bench bench_capsule 150 --fused-kv --runtime --json "$OUT/capsule_h200.json"
+fi
+if [[ "$what" == chain ]]; then  # the act stage's candidates re-ranked inside the act graph (~4 min with the cache)
+  bench chain_tuning_probe 560 --json "$OUT/chain_tuning_probe_h200.json"
 fi
 if [[ "$what" == attention ]]; then  # the engine's attention kernel vs library routes at W2's shapes (~1 min)
   bench library_attention_probe 300 --json "$OUT/library_attention_probe_h200.json"
