@@ -101,7 +101,7 @@ def gemm_table(report: list[dict], dtype_bytes: int = 2) -> None:
 # Pi05Engine flags an A/B may flip
 AB_FLAGS = ("norm_in_gemm", "rope_in_attention", "l2_prefetch", "rope_in_gemm", "attention_merge_apart",
             "gemm_preload", "early_modulation", "early_positions", "fused_euler", "gemm_tma", "reduce_in_norm",
-            "reduce_in_rotate", "overlap_decision", "gemm_mid", "patch_gemm", "gelu_epilogue")
+            "reduce_in_rotate", "overlap_decision", "gemm_mid", "patch_gemm", "gelu_epilogue", "rerank_in_graph")
 
 
 def ab_flags(text: str) -> list[str]:

@@ -1168,8 +1168,12 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
     a = first.sample_actions(*_inputs(c), c["noise"])
     assert first.linear.choices and first.attend.choices and list(tmp_path.glob("*.json"))
     second = Pi05Engine(fixture_weights, device="cuda", dtype=torch.bfloat16, tuning_cache=tmp_path)
-    assert second.tuning_cache.loaded_from_disk == len(first.linear.choices) + len(first.attend.choices)
+    # (the act-graph ranking of the deferred GEMMs is cached too: the second engine times none of them)
+    assert first.rerank_timings and all(len(t) >= 2 for t in first.rerank_timings.values())
+    assert second.tuning_cache.loaded_from_disk == (len(first.linear.choices) + len(first.attend.choices)
+                                                    + len(first.rerank_timings))
     b = second.sample_actions(*_inputs(c), c["noise"])
+    assert second.rerank_timings == {}
     assert second.linear.choices == first.linear.choices and second.attend.choices == first.attend.choices
     assert all(t.get("from_cache") for t in [*second.linear.timings.values(), *second.attend.timings.values()])
     assert rel_l2(b, a) <= TOL["restart"]
@@ -1179,7 +1183,7 @@ def test_a_restarted_engine_reuses_the_tuned_choices(fixture_weights, cases, tmp
 @pytest.mark.parametrize("flag", ["rope_in_attention", "norm_in_gemm", "l2_prefetch", "rope_in_gemm", "gemm_preload",
                                   "early_modulation", "early_positions", "fused_euler", "gemm_tma",
                                   "reduce_in_norm", "reduce_in_rotate", "overlap_decision", "gemm_mid",
-                                  "patch_gemm", "gelu_epilogue"])
+                                  "patch_gemm", "gelu_epilogue", "rerank_in_graph"])
 def test_engine_variants_graphs_match_the_default_graphs(fixture_weights, cases, flag):
     """An engine flag that changes the expert's kernels (rope on attention load; AdaRMS norms and gated
     residuals inside the GEMMs, tuned and captured; L2 prefetches in the glue kernels; split / rope / K/V

@@ -35,6 +35,7 @@ from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, che
 from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh, patch_embed
 from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm, RowStats,
                                                   stat_chunks)
+from flashrt_core.models.pi05.engine_rerank import rerank
 from flashrt_core.models.pi05.engine_tuning import TuningCache
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
@@ -110,7 +111,8 @@ class Pi05Engine:
                  gemm_preload: bool = True, early_modulation: bool = True,
                  early_positions: bool = True, fused_euler: bool = True, gemm_tma: bool = False,
                  reduce_in_norm: bool = True, reduce_in_rotate: bool = True, overlap_decision: bool = True,
-                 gemm_mid: bool = False, patch_gemm: bool = True, gelu_epilogue: bool = True):
+                 gemm_mid: bool = False, patch_gemm: bool = True, gelu_epilogue: bool = True,
+                 rerank_in_graph: bool = True):
         """weights: engine layout (`convert`), moved to `device` / `dtype` when given (default: where they are).
         vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps fp32 there).
         backend: kernel backend (None = Triton where it runs, else the torch references; "torch"; "triton").
@@ -220,7 +222,12 @@ class Pi05Engine:
         epilogue (`engine_blas.linear_bias_gelu_tanh`) instead of the GEMM and the bias_gelu kernel after it.
         Not used where the GEMM picker may route fc1 to the Triton GEMM (gemm_mid). On: observe 5958 -> 5824 us,
         whole decision 11670 -> 11554 us (interleaved p50, H200, 972a64f,
-        `results/profile_pi05_w2_gelu_epilogue_ab.json`)."""
+        `results/profile_pi05_w2_gelu_epilogue_ab.json`).
+        rerank_in_graph: once, before the first graph holding the act stage is captured, the act stage's
+        deferred-reduction GEMMs (QKV, o, down with reduce_in_rotate / reduce_in_norm) are ranked again by
+        the act graph's own time over their best few candidates by isolated time (`engine_rerank`: alone,
+        a GEMM's timing misses what its split count costs the kernel that adds the partials); kept in the
+        tuning cache. CUDA graphs only; a few seconds of the first warm-up."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -257,6 +264,9 @@ class Pi05Engine:
         self.overlap_decision = bool(overlap_decision)
         self.patch_gemm = bool(patch_gemm)
         self.gelu_epilogue = bool(gelu_epilogue) and not gemm_mid
+        self.rerank_in_graph = bool(rerank_in_graph)
+        self.rerank_timings: dict = {}  # rerank_in_graph: {GEMM key: {candidate: act graph ms}} timed here
+        self._reranked = False
         # the Euler step's gate: dt per action dim (a static buffer the act graph reads)
         self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
         self._shift_w = _shift_projections(w) if self.norm_in_gemm else None
@@ -554,7 +564,10 @@ class Pi05Engine:
             self._capture(stage, whole, name, tolerate=True)
         return self._graphs.get(name)
 
-    def _capture(self, stage: str, body, name=None, tolerate: bool = False) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, stage: str, body, name=None, tolerate: bool = False,
+                 keep: bool = True) -> torch.cuda.CUDAGraph | None:
+        """Warm up, then capture `body` as the graph `name` (default: `stage`); keep=False: return it without
+        keeping or counting it."""
         # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
         # times its candidates outside the capture (none of that may happen inside it).
         side = torch.cuda.Stream(self.device)
@@ -587,6 +600,9 @@ class Pi05Engine:
         if refused is not None:
             self.hook_capture_errors[name] = refused
             return None
+        if stage in ("act", "decision") and self.rerank_in_graph and not self._reranked:
+            self._reranked = True  # (first: the ranking captures act graphs of its own)
+            self.rerank_timings = rerank(self.linear, self.tuning_cache, self._act_graph_ms)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
@@ -603,9 +619,27 @@ class Pi05Engine:
                 pass
             self.hook_capture_errors[name] = f"{type(exc).__name__}: {exc}"
             return None
-        self._graphs[name or stage] = graph
-        self.captures += 1
+        if keep:
+            self._graphs[name or stage] = graph
+            self.captures += 1
         return graph
+
+    def _act_graph_ms(self, reps: int = 5, rounds: int = 3) -> float:
+        """ms per replay of a fresh act graph (captured with the pickers' current choices, then dropped):
+        what `engine_rerank` compares. Median of `rounds` timings of `reps` replays."""
+        graph = self._capture("act", self._act_body, keep=False)
+        stream = torch.cuda.current_stream(self.device)
+        graph.replay()
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(reps):
+                graph.replay()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end) / reps)
+        return sorted(times)[len(times) // 2]
 
     def capture(self) -> None:
         """Capture both stage graphs now, and with overlap_decision the decision graph (otherwise each is
