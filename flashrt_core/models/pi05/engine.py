@@ -227,7 +227,9 @@ class Pi05Engine:
         deferred-reduction GEMMs (QKV, o, down with reduce_in_rotate / reduce_in_norm) are ranked again by
         the act graph's own time over their best few candidates by isolated time (`engine_rerank`: alone,
         a GEMM's timing misses what its split count costs the kernel that adds the partials); kept in the
-        tuning cache. CUDA graphs only; a few seconds of the first warm-up."""
+        tuning cache. CUDA graphs only; a few seconds of the first warm-up. On: act 6949 -> 6733 us, whole
+        decision 11670 -> 11442 us (interleaved p50, H200, 6d7a0bc, `results/profile_pi05_w2_rerank_in_graph_ab.json`:
+        the down projection took 4 splits instead of 8)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
