@@ -64,6 +64,13 @@ def test_rerank_keeps_the_fastest_act_graph_and_the_cache_replays_it(tmp_path):
     assert r.choices[DOWN] == B and len(third) == 4
 
 
+def test_a_shape_without_isolated_timings_is_left_alone():
+    p, calls = Picker(), []
+    p.timings[O] = {"from_cache": True}  # (nothing to rank the o projection's candidates by)
+    timed = R.rerank(p, None, graph_ms(p, calls), top=4)
+    assert set(timed) == {DOWN} and len(calls) == 4 and p.choices[O] == A
+
+
 def test_a_failing_candidate_is_skipped_and_all_failing_keeps_the_own_choice():
     p = Picker()
 

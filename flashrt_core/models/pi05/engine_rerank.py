@@ -12,7 +12,10 @@ projection, 8 splits at 5.21 us alone, gave an act graph of 6060 us; a 4-split c
 So, once per engine (before its first graph holding the act stage is captured), each deferred GEMM's best
 few candidates by isolated time are timed again as the act graph they would run in, one shape after the other
 with the others at their current choice, and the fastest act graph decides. The result is kept in the tuning
-cache (picker "<linear picker>_act_graph"), so a restarted engine applies it without timing again.
+cache (picker "<linear picker>_act_graph"), so a restarted engine applies it without timing again. Every
+candidate here is one the picker accepted when it tuned the shape (its output agreed with cuBLAS's: only those
+have an isolated time), in the same cache context (GPU, software, kernel sources), so a cached ranking is
+applied as it is; the picker's own cached choice is still checked once, as before.
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ def rerank(picker, cache: TuningCache | None, time_graph: Callable[[], float], t
     name = cache_name(picker)
     for key in deferred_keys(picker):
         cands = candidates(picker, key, top)
+        if len(cands) < 2:  # (no isolated timings to rank by: nothing to choose between)
+            continue
         found, choice, _ = cache.get(name, key) if cache is not None else (False, None, {})
         if found and choice in cands:
             picker.choices[key] = choice
