@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
+from flashrt_core.bench import cuda_samples
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
@@ -460,14 +462,8 @@ class Pi05Engine:
         them (fork and join: capturable)."""
         h = hooks or DecisionHooks()
         if not (self.overlap_decision and self.device.type == "cuda"):
-            with self._launch_context("observe"):
-                _call(h.observe_pre)
-                self._observe_body()
-                _call(h.observe_post)
-            with self._launch_context("act"):
-                _call(h.act_pre)
-                self._act_body()
-                _call(h.act_post)
+            self._stage_between("observe", h.observe_pre, self._observe_body, h.observe_post)
+            self._stage_between("act", h.act_pre, self._act_body, h.act_post)
             return
         main = torch.cuda.current_stream(self.device)
         if self._act_stream is None:
@@ -476,16 +472,22 @@ class Pi05Engine:
         ready = [torch.cuda.Event() for _ in range(self.config.vlm.depth + 1)]  # [0]: valid count, [i + 1]: layer i
         side.wait_stream(main)  # (fork: the buffers the caller filled before this decision)
         try:
-            with self._launch_context("observe"):
-                _call(h.observe_pre)
-                self._observe_body(prefix_done=lambda i: ready[i + 1].record(main))
-                _call(h.observe_post)
-            with torch.cuda.stream(side), self._launch_context("act"):
-                _call(h.act_pre)
-                self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1]))
-                _call(h.act_post)
+            self._stage_between("observe", h.observe_pre,
+                                lambda: self._observe_body(prefix_done=lambda i: ready[i + 1].record(main)),
+                                h.observe_post)
+            with torch.cuda.stream(side):
+                self._stage_between("act", h.act_pre,
+                                    lambda: self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1])),
+                                    h.act_post)
         finally:  # (join, also when a hook or the body raised: nothing may stay queued on the side stream)
             main.wait_stream(side)
+
+    def _stage_between(self, stage: str, pre, body, post) -> None:
+        """A stage's body between its hooks, under the stage's launch context."""
+        with self._launch_context(stage):
+            _call(pre)
+            body()
+            _call(post)
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def _launch_context(self, stage: str) -> contextlib.ExitStack:
@@ -626,22 +628,11 @@ class Pi05Engine:
             self.captures += 1
         return graph
 
-    def _act_graph_ms(self, reps: int = 5, rounds: int = 3) -> float:
-        """ms per replay of a fresh act graph (captured with the pickers' current choices, then dropped):
-        what `engine_rerank` compares. Median of `rounds` timings of `reps` replays."""
+    def _act_graph_ms(self, iters: int = 15) -> float:
+        """ms of one replay of a fresh act graph (captured with the pickers' current choices, then dropped),
+        median of `iters`: what `engine_rerank` compares."""
         graph = self._capture("act", self._act_body, keep=False)
-        stream = torch.cuda.current_stream(self.device)
-        graph.replay()
-        times = []
-        for _ in range(rounds):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(reps):
-                graph.replay()
-            end.record(stream)
-            end.synchronize()
-            times.append(start.elapsed_time(end) / reps)
-        return sorted(times)[len(times) // 2]
+        return statistics.median(cuda_samples(graph.replay, warmup=1, iters=iters))
 
     def capture(self) -> None:
         """Capture both stage graphs now, and with overlap_decision the decision graph (otherwise each is

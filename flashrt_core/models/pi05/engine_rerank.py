@@ -19,7 +19,6 @@ applied as it is; the picker's own cached choice is still checked once, as befor
 """
 from __future__ import annotations
 
-import ast
 import logging
 from typing import Callable
 
@@ -89,8 +88,7 @@ def rerank(picker, cache: TuningCache | None, time_graph: Callable[[], float], t
                 times[_name(config)] = f"failed: {type(exc).__name__}: {exc}"[:200]
         valid = {n: t for n, t in times.items() if isinstance(t, float)}
         if valid:
-            best = min(valid, key=valid.get)
-            picker.choices[key] = None if best == "cublas" else tuple(ast.literal_eval(best))
+            picker.choices[key] = {_name(c): c for c in cands}[min(valid, key=valid.get)]
         else:
             log.warning("act-graph ranking of %s: every candidate failed (%s); keeping the picker's choice",
                         key, times)
