@@ -28,11 +28,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _common import write_result  # noqa: E402
+from attention_breakdown import graph_us  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flashrt_core import kernels as K  # noqa: E402
 from flashrt_core.kernels.reference import attention_ref  # noqa: E402
 
 # The engine's tuned picks at W2 on the H200 (results/pi05_w2.json attention_choices, 5dfb0f8), and a few
@@ -40,13 +40,6 @@ from flashrt_core.kernels.reference import attention_ref  # noqa: E402
 PICKS = {"siglip": [(64, 64, 1, 4)],
          "prefix": [(64, 64, 1, 4), (64, 64, 2, 4), (64, 32, 2, 8), (64, 64, 2, 8), (32, 64, 2, 4)],
          "expert": [(16, 128, 8, 8)]}
-
-
-def graph_us(fn, pdl: bool, reps: int, iters: int) -> float:
-    from flashrt_core.bench import graph_ms
-
-    with K.pdl_scope(pdl):
-        return graph_ms(lambda _: fn(), [None] * reps, rounds=iters) * 1e3
 
 
 def shapes(dev, dt, g):
