@@ -215,3 +215,25 @@ def test_the_policys_prompt_refuses_a_long_state_a_foreign_tokenizer_and_a_bad_t
 
     with pytest.raises(InputError, match="301 pieces but the model's vocabulary has 300"):
         Pi05Policy(weights.config, weights, policy.engine, "cpu", torch.float32, tokenizer=Big())
+
+
+def test_set_observation_writes_what_it_is_given_and_clears_the_rest(weights):
+    """Observations of other camera and prompt counts, one after another, then another batch size: each write
+    leaves exactly its inputs in the buffers' first slots / tokens and cleared masks and ids past them (the
+    write reuses views of the buffers per (slots, tokens), which must follow a reallocation)."""
+    c = weights.config
+    engine = Pi05Engine(weights, backend="torch")
+    g = torch.Generator().manual_seed(11)
+    size, slots, n_max = c.vision.image_size, c.num_image_slots, c.tokenizer_max_length
+    for batch, s, n in ((1, slots, n_max), (1, 1, 3), (1, slots, n_max), (2, 1, n_max - 2), (2, 1, n_max - 2)):
+        images = torch.rand(batch, s, 3, size, size, generator=g) * 2 - 1
+        masks = torch.ones(batch, s, dtype=torch.bool)
+        tokens = torch.randint(1, c.vocab_size, (batch, n), generator=g, dtype=torch.int32)
+        lang_mask = torch.rand(batch, n, generator=g) < 0.8
+        engine.set_observation(images, masks, tokens, lang_mask)
+        buf = engine.buffers
+        assert buf.images.shape[0] == batch
+        assert torch.equal(buf.images[:, :s], images.to(buf.images.dtype))
+        assert torch.equal(buf.image_masks[:, :s], masks) and not buf.image_masks[:, s:].any()
+        assert torch.equal(buf.lang_tokens[:, :n], tokens.long()) and not buf.lang_tokens[:, n:].any()
+        assert torch.equal(buf.lang_mask[:, :n], lang_mask) and not buf.lang_mask[:, n:].any()
