@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|probes|attention|runtime|chain] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|probes|attention|runtime|chain|observe] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -95,6 +95,11 @@ if [[ "$what" == chain ]]; then  # the act stage's candidates re-ranked inside t
 fi
 if [[ "$what" == attention ]]; then  # the engine's attention kernel vs library routes at W2's shapes (~1 min)
   bench library_attention_probe 300 --json "$OUT/library_attention_probe_h200.json"
+fi
+if [[ "$what" == observe ]]; then  # the observe stage's launch questions (~5 min with a fresh tuning)
+  bench cublas_pdl_probe 60 --json "$OUT/cublas_pdl_probe_h200.json"
+  bench set_observation_host 60 --json "$OUT/set_observation_host_h200.json"
+  bench observe_attention_ab 450 --json "$OUT/observe_attention_ab_h200.json"
 fi
 if [[ "$what" == ab ]]; then  # FLASHRT_AB="a;b,c": one A/B per ';'-separated entry, each its own JSON
   IFS=';' read -ra abs <<< "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}"
