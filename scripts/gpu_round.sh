@@ -96,10 +96,9 @@ fi
 if [[ "$what" == attention ]]; then  # the engine's attention kernel vs library routes at W2's shapes (~1 min)
   bench library_attention_probe 300 --json "$OUT/library_attention_probe_h200.json"
 fi
-if [[ "$what" == observe ]]; then  # the observe stage's launch questions (~5 min with a fresh tuning)
+if [[ "$what" == observe ]]; then  # launch gaps and host time around the observe stage (~30 s)
   bench cublas_pdl_probe 60 --json "$OUT/cublas_pdl_probe_h200.json"
   bench set_observation_host 60 --json "$OUT/set_observation_host_h200.json"
-  bench observe_attention_ab 450 --json "$OUT/observe_attention_ab_h200.json"
 fi
 if [[ "$what" == ab ]]; then  # FLASHRT_AB="a;b,c": one A/B per ';'-separated entry, each its own JSON
   IFS=';' read -ra abs <<< "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}"

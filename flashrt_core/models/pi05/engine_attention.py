@@ -40,12 +40,6 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 64, 4, 8),
               # the prefix's (560 queries x 8 heads over 560 keys) pick (64, 64, 1, 4) uses 255 registers and
               # spills at sm_90; these forms do not (8 warps, or 32-key tiles: 96 KB, two programs per SM)
               (64, 64, 1, 8), (64, 32, 1, 8), (64, 32, 2, 8), (128, 32, 1, 8),
-              # wider key tiles without splits: fewer serial key steps for SigLIP (256 keys: 2 or 1 instead of 4)
-              # and the prefix (560 keys: 5 instead of 9), each the cost of one tile load + two dots (~1.9 us a
-              # step at the prefix's shape, results/attention_breakdown_h200.json). One stage where two would
-              # not fit at head dim 256; sm_90 (test/ptx_testing.py, 2026-12-04): no spills at SigLIP's shape,
-              # (128, 64, 1, 8, 1) none at the prefix's either (255 registers), the others 104-1200 bytes there
-              (64, 128, 1, 8, 1), (64, 128, 1, 8, 2), (128, 128, 1, 8, 1), (128, 64, 1, 8, 1), (64, 256, 1, 8, 1),
               # the splits merged by a second kernel over 4 rows per program instead of one program per row
               # block (H200: 9.35 us alone vs 13.5 for the best in-kernel merge; in an act-like chain of
               # rotate -> attention over 18 layers with L2 evicted between them 570-597 us vs 664 us,
