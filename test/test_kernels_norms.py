@@ -136,6 +136,27 @@ def test_add_layer_norm(dev):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_add_layer_norm_with_a_repeating_residual(dev, dtype):
+    """A residual of x's trailing shape (SigLIP's position table under its images' patches) repeats over x's
+    leading dims, as torch broadcasting adds it; the sum comes back in x's shape, rounded to the residual's
+    dtype before the norm (what a separate add then a LayerNorm give). Odd shapes: 3 images x 5 patches x 72."""
+    x, pos = randn(3, 5, 72, dtype=dtype, dev=dev, seed=26), randn(5, 72, dtype=dtype, dev=dev, seed=27, mean=1.0)
+    w, b = randn(72, dev=dev, seed=28), randn(72, dev=dev, seed=29)
+    new_res, y = K.add_layer_norm(x, pos, w, b, backend="triton")
+    want = (x.float() + pos.float()).to(dtype)
+    assert new_res.shape == x.shape and new_res.dtype == dtype
+    close(new_res, want)
+    close(y, R.layer_norm_ref(want, w, b).to(dtype))
+    torch_res, torch_y = K.add_layer_norm(x, pos, w, b, backend="torch")
+    close(torch_res, want)
+    close(torch_y, y)
+    for bad in (randn(4, 72, dev=dev, dtype=dtype), randn(2, 3, 5, 72, dev=dev, dtype=dtype)):
+        with pytest.raises(KernelInputError, match="trailing part"):
+            K.add_layer_norm(x, bad, w, b, backend="triton")
+
+
+@pytest.mark.interpret
 def test_launcher_errors_name_the_argument(dev):
     x, w = randn(7, 40, dev=dev), randn(40, dev=dev)
     with pytest.raises(KernelInputError, match="`weight`"):

@@ -97,7 +97,7 @@ def test_patch_embed_is_the_strided_convolution():
     """SigLIP's patch embedding as one GEMM over gathered patches (patch_gemm) equals conv2d + flatten on
     odd shapes (4 channels, 5x5 patches, a 15x10 image: 3x2 patches), fp32, relative to the output's max."""
     from flashrt_core.kernels._common import KernelInputError
-    from flashrt_core.models.pi05.engine_blas import patch_embed
+    from flashrt_core.models.pi05.engine_blas import patch_embed, patch_matrix
     g = torch.Generator().manual_seed(3)
     pixels = torch.randn(3, 4, 15, 10, generator=g)
     w = torch.randn(7, 4, 5, 5, generator=g) * 0.2
@@ -108,6 +108,13 @@ def test_patch_embed_is_the_strided_convolution():
     assert (got - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
     with pytest.raises(KernelInputError, match="do not tile"):
         patch_embed(pixels[..., :8], w, b)
+    # The GEMM's weight matrix: rows padded with zeros from K = 100 to 104 values (16-byte bf16 rows); the
+    # same result when given, and refused when it is not this weight's.
+    mat = patch_matrix(w)
+    assert mat.shape == (7, 104) and not mat[:, 100:].any() and torch.equal(mat[:, :100], w.reshape(7, 100))
+    assert torch.equal(patch_embed(pixels, w, b, mat), got)
+    with pytest.raises(KernelInputError, match="is not patch_matrix"):
+        patch_embed(pixels, w, b, mat[:, :96])
 
 
 def test_linear_bias_gelu_tanh_on_cpu_is_linear_then_bias_gelu():

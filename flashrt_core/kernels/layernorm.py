@@ -5,20 +5,21 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import check, check_out, next_pow2, pdl_launch, row_warps
+from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch, row_warps
 from flashrt_core.kernels._pdl import pdl_enter
 
 
 @triton.jit
-def _layer_norm_kernel(X_ptr, R_ptr, W_ptr, B_ptr, Y_ptr, RES_OUT_ptr, D, eps,
+def _layer_norm_kernel(X_ptr, R_ptr, W_ptr, B_ptr, Y_ptr, RES_OUT_ptr, D, R_ROWS, eps,
                        HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """R_ROWS: rows of the residual, which repeats over x's rows (broadcast over x's leading dims)."""
     pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     x = tl.load(X_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
-        s = x + tl.load(R_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+        s = x + tl.load(R_ptr + (row % R_ROWS) * D + cols, mask=mask, other=0.0).to(tl.float32)
         s_stored = s.to(RES_OUT_ptr.dtype.element_ty)
         tl.store(RES_OUT_ptr + row * D + cols, s_stored, mask=mask)
         x = s_stored.to(tl.float32)
@@ -36,16 +37,22 @@ def _launch(op, x, residual, weight, bias, eps, out, residual_out):
     check(op, "weight", weight, ndim=1, shape=(d,), device=x.device)
     check(op, "bias", bias, ndim=1, shape=(d,), device=x.device)
     out = check_out(op, "out", out, x.shape, x.device) if out is not None else torch.empty_like(x)
-    if residual is not None:
-        check(op, "residual", residual, shape=tuple(x.shape), contiguous=True, device=x.device)
+    r_rows = 1
+    if residual is not None:  # x's shape, or a trailing part of it that repeats over x's leading dims
+        check(op, "residual", residual, contiguous=True, device=x.device)
+        trailing = tuple(x.shape[x.ndim - residual.ndim:]) if 0 < residual.ndim <= x.ndim else None
+        if tuple(residual.shape) != trailing:
+            raise KernelInputError(f"{op}: `residual` {tuple(residual.shape)} is neither x's shape {tuple(x.shape)} "
+                                   "nor a trailing part of it")
+        r_rows = max(residual.numel() // d, 1) if d else 1
         residual_out = (check_out(op, "residual_out", residual_out, x.shape, x.device)
-                        if residual_out is not None else torch.empty_like(residual))
+                        if residual_out is not None else torch.empty(x.shape, dtype=residual.dtype, device=x.device))
     rows = x.numel() // d if d else 0
     if rows:
         block = next_pow2(d, 16)
         _layer_norm_kernel[(rows,)](
             x, residual if residual is not None else x, weight, bias, out,
-            residual_out if residual is not None else out, d, float(eps),
+            residual_out if residual is not None else out, d, r_rows, float(eps),
             HAS_RESIDUAL=residual is not None, BLOCK_D=block, num_warps=row_warps(block), **pdl_launch(x.device))
     return out, residual_out
 
@@ -56,6 +63,7 @@ def layer_norm(x, weight, bias, eps=1e-6, *, out=None):
 
 
 def add_layer_norm(x, residual, weight, bias, eps=1e-6, *, out=None, residual_out=None):
-    """Returns (residual + x, layer_norm(residual + x)). Pass residual_out=residual to update it in place."""
+    """Returns (residual + x, layer_norm(residual + x)), both x's shape (a residual of x's trailing shape
+    repeats over its leading dims, e.g. a position table). Pass residual_out=residual to update it in place."""
     out, residual_out = _launch("add_layer_norm", x, residual, weight, bias, eps, out, residual_out)
     return residual_out, out

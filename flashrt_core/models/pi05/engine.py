@@ -34,7 +34,7 @@ from flashrt_core.bench import cuda_samples
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
-from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh, patch_embed
+from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh, patch_embed, patch_matrix
 from flashrt_core.models.pi05.engine_gemm import (GatedResidual, LinearPicker, QkvRope, RowNorm, RowStats,
                                                   stat_chunks)
 from flashrt_core.models.pi05.engine_rerank import rerank
@@ -219,7 +219,10 @@ class Pi05Engine:
         images' patches (a reshape copy of the pixels, then cuBLAS with the bias), instead of `F.conv2d`
         (on CUDA cuDNN converts the input and weight to NHWC and the output back around its kernel). Same
         math up to the products' summation order. On: observe 5914 -> 5819 us, whole decision 11663 -> 11556 us
-        (interleaved p50, H200, 972a64f, `results/profile_pi05_w2_patch_gemm_ab.json`).
+        (interleaved p50, H200, 972a64f, `results/profile_pi05_w2_patch_gemm_ab.json`). The patch rows are
+        zero-padded from 588 to 592 values (16-byte rows: cuBLAS's TMA kernels, 14.7 -> 5.0 us for W2,
+        `results/blas_choice_probe_h200.json`), and the position embedding is added by the first LayerNorm's
+        kernel (`kernels.add_layer_norm` with the table as a repeating residual) instead of a kernel of its own.
         gelu_epilogue: on CUDA SigLIP's fc1 + bias + tanh-GELU is one cuBLASLt GEMM with a bias + GELU
         epilogue (`engine_blas.linear_bias_gelu_tanh`) instead of the GEMM and the bias_gelu kernel after it.
         Not used where the GEMM picker may route fc1 to the Triton GEMM (gemm_mid). On: observe 5958 -> 5824 us,
@@ -267,6 +270,7 @@ class Pi05Engine:
                                                                 or self.rope_in_attention)
         self.overlap_decision = bool(overlap_decision)
         self.patch_gemm = bool(patch_gemm)
+        self._patch_mat = patch_matrix(w.patch_w) if self.patch_gemm else None  # [hidden, K padded to 16 bytes]
         self.gelu_epilogue = bool(gelu_epilogue) and not gemm_mid
         self.rerank_in_graph = bool(rerank_in_graph)
         self.rerank_timings: dict = {}  # rerank_in_graph: {GEMM key: {candidate: act graph ms}} timed here
@@ -303,14 +307,15 @@ class Pi05Engine:
     def _siglip(self, pixels: torch.Tensor) -> torch.Tensor:
         """pixels [N, 3, S, S] -> projected image tokens [N, patches, vlm.width] in the model dtype."""
         w, vc, eps, be, lin = self.weights, self.config.vision, self.config.ln_eps, self.backend, self.linear
-        if self.patch_gemm:
-            x = patch_embed(pixels, w.patch_w, w.patch_b) + w.pos_emb
+        layers = w.vision_layers
+        if self.patch_gemm:  # the position embedding is added by the first LayerNorm's kernel
+            x, h = K.add_layer_norm(patch_embed(pixels, w.patch_w, w.patch_b, self._patch_mat), w.pos_emb,
+                                    layers[0].ln1_w, layers[0].ln1_b, eps, backend=be)
         else:
             x = F.conv2d(pixels, w.patch_w, w.patch_b, stride=vc.patch)
             x = (x.flatten(2).transpose(1, 2) + w.pos_emb).contiguous()
+            h = K.layer_norm(x, layers[0].ln1_w, layers[0].ln1_b, eps, backend=be)
         n, t = x.shape[:2]
-        layers = w.vision_layers
-        h = K.layer_norm(x, layers[0].ln1_w, layers[0].ln1_b, eps, backend=be)
         for i, L in enumerate(layers):
             qkv = lin(h, L.qkv_w, L.qkv_b).view(n, t, 3, vc.heads, vc.head_dim)
             # q stays token-major; k / v are [N, H, T, Dh] views of the same GEMM output (no copies).
