@@ -622,10 +622,7 @@ class Pi05Engine:
         except Exception as exc:
             # Either way the engine must stay usable (a tolerated hook, or a candidate that engine_rerank skips):
             torch.cuda.set_stream(caller)  # a capture_end that raises skips the capture stream's own exit
-            try:  # ... and the allocator's end of recording into the pool: end it, or later captures fail
-                torch._C._cuda_endAllocateToPool(self.device.index or torch.cuda.current_device(), self._pool)
-            except Exception:  # noqa: BLE001 (already ended, or a torch without this hook)
-                pass
+            self._end_pool_recording()
             if not tolerate:
                 raise
             self.hook_capture_errors[name] = f"{type(exc).__name__}: {exc}"
@@ -634,6 +631,18 @@ class Pi05Engine:
             self._graphs[name or stage] = graph
             self.captures += 1
         return graph
+
+    def _end_pool_recording(self) -> None:
+        """After a failed capture: end every recording into the graph pool that it left (a capture_end that
+        raises skips the allocator's end of it, and on the H200 (torch 2.11) a capture invalidated by a host
+        read left two), or every later capture fails with "already recording to mempool_id". Nothing else
+        records into this pool, and no capture of this engine is under way here."""
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        for _ in range(16):
+            try:
+                torch._C._cuda_endAllocateToPool(index, self._pool)
+            except Exception:  # noqa: BLE001 ("not currently recording": done; or a torch without the hook)
+                return
 
     def _act_graph_ms(self, iters: int = 15) -> float:
         """ms of one replay of a fresh act graph (captured with the pickers' current choices, then dropped),
