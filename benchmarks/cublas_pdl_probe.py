@@ -15,7 +15,6 @@ times against the default graph's output, and both timed. Prints a table, writes
 import argparse
 import ctypes
 import pathlib
-import statistics
 import sys
 
 import torch
@@ -24,7 +23,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from _common import write_result  # noqa: E402
+
+from flashrt_core.bench import time_cuda  # noqa: E402
 
 cu = None  # the CUDA driver library, loaded by main()
 P = ctypes.c_void_p
@@ -116,13 +118,9 @@ def build(x, a, b, out, spin, chain):
     return g
 
 
-def timed(g, n=50):
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); g.replay(); e.record(); e.synchronize()
-        ts.append(s.elapsed_time(e) * 1000)
-    return statistics.median(ts[5:])
+def timed(g) -> float:
+    """us per replay of graph g: p50 of `flashrt_core.bench.time_cuda`."""
+    return time_cuda(g.replay, warmup=5, iters=45)["p50_ms"] * 1e3
 
 
 def main():

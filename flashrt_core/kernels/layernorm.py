@@ -44,7 +44,7 @@ def _launch(op, x, residual, weight, bias, eps, out, residual_out):
         if tuple(residual.shape) != trailing:
             raise KernelInputError(f"{op}: `residual` {tuple(residual.shape)} is neither x's shape {tuple(x.shape)} "
                                    "nor a trailing part of it")
-        r_rows = max(residual.numel() // d, 1) if d else 1
+        r_rows = residual.numel() // d if d else 1  # (0 only where x has no rows either: no launch)
         residual_out = (check_out(op, "residual_out", residual_out, x.shape, x.device)
                         if residual_out is not None else torch.empty(x.shape, dtype=residual.dtype, device=x.device))
     rows = x.numel() // d if d else 0

@@ -525,16 +525,11 @@ class Pi05Engine:
         errors raised by pre / post in their first, eager run propagate."""
         body = {"observe": self._observe_body, "act": self._act_body}[stage]
 
-        def whole():
-            _call(pre)
-            body()
-            _call(post)
-
         def eager():  # the hooks around the stage's own graph
             _call(pre)
             self._run(stage, body)
             _call(post)
-        self._run_hooked(stage, (stage, key), whole, eager)
+        self._run_hooked(stage, (stage, key), lambda: self._stage_between(stage, pre, body, post), eager)
 
     def run_decision(self, hooks: DecisionHooks, key: str = "hooks") -> None:
         """A whole decision (observe, then act) with hooks around each stage (`DecisionHooks`), recorded in one
