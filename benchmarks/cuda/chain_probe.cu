@@ -1,0 +1,276 @@
+// The action expert's GEMM chain as one persistent CUDA kernel (sm_90a), for benchmarks/cuda_chain_probe.py.
+//
+// One block per SM runs every phase of a flow step (per layer: QKV, attention, o, norm, gate|up, down, norm;
+// the phases without weights only synchronize here). Three roles per block:
+//   warp 8 (weights):      streams the block's weight tiles of every phase, in order, into a ring of shared
+//                          memory slots with bulk copies signalled by mbarriers. It never waits for another
+//                          block: weights do not depend on activations, so it runs ahead through the phase
+//                          boundaries as far as the ring allows.
+//   warp 9 (activations):  waits until every block has finished the previous phase (a counter per phase in
+//                          global memory), then copies the activation k-tiles its block's tiles need into a
+//                          second ring; for a phase without weights it only adds its block's arrival.
+//   warps 0-7 (math):      multiply each weight tile with its activation tile on the tensor cores
+//                          (mma.sync m16n8k16, bf16 in, fp32 accumulate), write one fp32 partial per output
+//                          chunk they touched (split-K partials, as the engine's skinny GEMMs defer them), then
+//                          add the block's arrival to the phase's counter.
+// Tiles. A phase computes out[M, N] = x[M, K] @ W[N, K]^T. W is packed (cuda_chain_probe.pack_weight) as
+// 16 KB tiles of 64 output columns x 128 k, chunk-major (the k-tiles of output chunk 0, then of chunk 1, ...);
+// x as k-tiles of M rows x 128 k (pack_x). Rows are 256 bytes, and the 16-byte pieces of row r are stored at
+// piece ^ (r & 7) so that ldmatrix reads them without bank conflicts. Block b takes the phase's tiles
+// [b * T / G, (b + 1) * T / G): a contiguous run, so it touches at most JMAX output chunks, each ending in a
+// partial of M x 64 fp32 (partials[part_base + b * JMAX + j], its chunk in tags[...]).
+// Modes: math = 0 skips the tensor-core work (the consumers take and give back the slots: the bare stream),
+// xload = 0 signals the activation slots without copying (the barrier is still waited for).
+#include <cstdint>
+
+namespace {
+
+constexpr int TILE_BYTES = 16384;      // 64 output columns x 128 k, bf16
+constexpr int ROW_BYTES = 256;         // 128 bf16 of k
+constexpr int X_SLOT_BYTES = 64 * ROW_BYTES;
+constexpr int MATH_WARPS = 8;
+constexpr int MATH_THREADS = MATH_WARPS * 32;
+constexpr int JMAX = 3;
+constexpr int FIELDS = 6;              // per phase: w_offset, tiles, ktiles, x_offset, part_base, reserved
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Byte offset of 16-byte piece `piece` of row `row` in a packed tile (the swizzle of the header).
+__device__ __forceinline__ uint32_t swizzled(int row, int piece) {
+  return row * ROW_BYTES + ((piece ^ (row & 7)) << 4);
+}
+
+// One block's run of a phase's tiles.
+__device__ __forceinline__ void tile_range(long long tiles, int block, int blocks, int& t0, int& t1) {
+  t0 = static_cast<int>(tiles * block / blocks);
+  t1 = static_cast<int>(tiles * (block + 1) / blocks);
+}
+
+struct Ring {
+  uint32_t slot = 0, parity = 0;
+  __device__ __forceinline__ void next(int slots) {
+    if (++slot == static_cast<uint32_t>(slots)) {
+      slot = 0;
+      parity ^= 1;
+    }
+  }
+};
+
+// The math warps' share of one 16 KB tile: warp w computes rows 16 (w & 3) .. +15 and output columns
+// 32 (w >> 2) .. +31 of the tile's 64, over its 128 k.
+__device__ __forceinline__ void tile_mma(uint32_t wtile, uint32_t xtile, int warp, int lane, float (&acc)[4][4]) {
+  const int a_row = (warp & 3) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_hi = lane >> 4;
+  const int b_row = (warp >> 2) * 32 + (lane & 7) + (lane >> 4) * 8;
+  const int b_hi = (lane >> 3) & 1;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t a[4];
+    ldsm_x4(xtile + swizzled(a_row, 2 * ks + a_hi), a);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t b[4];
+      ldsm_x4(wtile + swizzled(b_row + 16 * q, 2 * ks + b_hi), b);
+      mma_bf16(acc[2 * q], a, b[0], b[1]);
+      mma_bf16(acc[2 * q + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+__device__ __forceinline__ void flush(float (&acc)[4][4], float* part, int rows, int warp, int lane) {
+  const int row = (warp & 3) * 16 + (lane >> 2);
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int col = (warp >> 2) * 32 + nt * 8 + 2 * (lane & 3);
+    if (row < rows) *reinterpret_cast<float2*>(part + row * 64 + col) = make_float2(acc[nt][0], acc[nt][1]);
+    if (row + 8 < rows) *reinterpret_cast<float2*>(part + (row + 8) * 64 + col) = make_float2(acc[nt][2], acc[nt][3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__((MATH_WARPS + 2) * 32, 1)
+chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases, int n_phases,
+             const uint8_t* __restrict__ x, float* __restrict__ partials, int* __restrict__ tags,
+             uint32_t* __restrict__ arrivals, int rows, int w_slots, int x_slots, int math, int xload) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t w_ring = smem_addr(smem);
+  const uint32_t x_ring = w_ring + w_slots * TILE_BYTES;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + w_slots * TILE_BYTES + x_slots * X_SLOT_BYTES);
+  const uint32_t w_full = smem_addr(bars), w_empty = w_full + 8 * w_slots;
+  const uint32_t x_full = w_empty + 8 * w_slots, x_empty = x_full + 8 * x_slots;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int block = blockIdx.x, blocks = gridDim.x;
+
+  // Activation rows past `rows` stay zero in every slot (the copies write rows < rows only).
+  for (int i = threadIdx.x; i < x_slots * (64 - rows) * ROW_BYTES / 16; i += blockDim.x) {
+    const int per_slot = (64 - rows) * ROW_BYTES / 16;
+    const int slot = i / per_slot, rest = i % per_slot;
+    reinterpret_cast<uint4*>(smem + w_slots * TILE_BYTES + slot * X_SLOT_BYTES + rows * ROW_BYTES)[rest] =
+        make_uint4(0, 0, 0, 0);
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < w_slots; ++s) {
+      mbar_init(w_full + 8 * s, 1);
+      mbar_init(w_empty + 8 * s, MATH_WARPS);
+    }
+    for (int s = 0; s < x_slots; ++s) {
+      mbar_init(x_full + 8 * s, 1);
+      mbar_init(x_empty + 8 * s, MATH_WARPS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (warp == MATH_WARPS) {  // the weight stream
+    if (lane == 0) {
+      Ring ring;
+      for (int p = 0; p < n_phases; ++p) {
+        const long long* ph = phases + FIELDS * p;
+        int t0, t1;
+        tile_range(ph[1], block, blocks, t0, t1);
+        for (int t = t0; t < t1; ++t) {
+          mbar_wait(w_empty + 8 * ring.slot, ring.parity ^ 1);
+          mbar_expect_tx(w_full + 8 * ring.slot, TILE_BYTES);
+          bulk_copy(w_ring + ring.slot * TILE_BYTES, w + ph[0] + static_cast<long long>(t) * TILE_BYTES, TILE_BYTES,
+                    w_full + 8 * ring.slot);
+          ring.next(w_slots);
+        }
+      }
+    }
+    return;
+  }
+  if (warp == MATH_WARPS + 1) {  // the activations, after each phase's barrier
+    if (lane == 0) {
+      Ring ring;
+      const uint32_t x_bytes = rows * ROW_BYTES;
+      for (int p = 0; p < n_phases; ++p) {
+        const long long* ph = phases + FIELDS * p;
+        if (p > 0) {
+          while (load_acquire(arrivals + p - 1) < static_cast<uint32_t>(blocks)) {
+          }
+          asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, then bulk-copy reads
+        }
+        const int ktiles = static_cast<int>(ph[2]);
+        int t0, t1;
+        tile_range(ph[1], block, blocks, t0, t1);
+        if (t0 == t1) {  // nothing of this phase here (or a phase without weights): arrive now
+          add_release(arrivals + p, 1);
+          continue;
+        }
+        for (int t = t0; t < t1; ++t) {
+          mbar_wait(x_empty + 8 * ring.slot, ring.parity ^ 1);
+          if (xload) {
+            mbar_expect_tx(x_full + 8 * ring.slot, x_bytes);
+            bulk_copy(x_ring + ring.slot * X_SLOT_BYTES, x + ph[3] + static_cast<long long>(t % ktiles) * x_bytes,
+                      x_bytes, x_full + 8 * ring.slot);
+          } else {
+            mbar_arrive(x_full + 8 * ring.slot);
+          }
+          ring.next(x_slots);
+        }
+      }
+    }
+    return;
+  }
+
+  // The math warps.
+  Ring wr, xr;
+  float acc[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  for (int p = 0; p < n_phases; ++p) {
+    const long long* ph = phases + FIELDS * p;
+    const int ktiles = static_cast<int>(ph[2]);
+    int t0, t1;
+    tile_range(ph[1], block, blocks, t0, t1);
+    if (t0 == t1) continue;  // warp 9 arrives for this block
+    int chunk = t0 / ktiles, j = 0;
+    const long long base = ph[4] + static_cast<long long>(block) * JMAX;
+    for (int t = t0; t < t1; ++t) {
+      if (t / ktiles != chunk) {
+        if (threadIdx.x == 0) tags[base + j] = chunk;
+        flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane);
+        ++j;
+        chunk = t / ktiles;
+      }
+      mbar_wait(w_full + 8 * wr.slot, wr.parity);
+      mbar_wait(x_full + 8 * xr.slot, xr.parity);
+      if (math) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(w_empty + 8 * wr.slot);
+        mbar_arrive(x_empty + 8 * xr.slot);
+      }
+      wr.next(w_slots);
+      xr.next(x_slots);
+    }
+    if (threadIdx.x == 0) tags[base + j] = chunk;
+    flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane);
+    asm volatile("bar.sync 1, %0;" ::"n"(MATH_THREADS) : "memory");
+    if (threadIdx.x == 0) {
+      __threadfence();
+      add_release(arrivals + p, 1);
+    }
+  }
+}

@@ -1,0 +1,101 @@
+"""The CUDA GEMM-chain probe (benchmarks/cuda_chain_probe.py) without a GPU: the packed layouts hold every
+weight / activation element where the kernel's address formula looks for it, the blocks' tile runs cover
+each tile once and touch at most JMAX output chunks, and the partials the kernel's control flow produces add
+up to x @ w^T. Where nvcc is installed, the kernel compiles for sm_90a without register spills. That the
+kernel itself computes those partials is checked on the GPU, against float64 torch."""
+import re
+import subprocess
+
+import pytest
+import torch
+
+from benchmark_loading import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return load_benchmark("cuda_chain_probe")
+
+
+def _read_piece(probe, flat: torch.Tensor, tile: int, row: int, piece: int) -> torch.Tensor:
+    """The 8 values the kernel reads for logical piece `piece` of `row` in tile `tile` (its `swizzled`)."""
+    at = tile * probe.TILE_BYTES // 2 + row * probe.KTILE + (piece ^ (row & 7)) * probe.PIECE
+    return flat[at:at + probe.PIECE]
+
+
+def test_packed_weights_are_where_the_kernel_reads_them(probe):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(192, 384, generator=g).to(torch.bfloat16)  # 3 chunks x 3 k-tiles
+    flat = probe.pack_weight(w)
+    assert flat.numel() == w.numel()
+    ktiles = 384 // probe.KTILE
+    for chunk in range(3):
+        for kt in range(ktiles):
+            for row in (0, 5, 7, 8, 63):
+                for piece in (0, 3, 15):
+                    got = _read_piece(probe, flat, chunk * ktiles + kt, row, piece)
+                    col = kt * probe.KTILE + piece * probe.PIECE
+                    assert torch.equal(got, w[chunk * probe.COLS + row, col:col + probe.PIECE])
+    with pytest.raises(ValueError, match="multiple"):
+        probe.pack_weight(w[:100])
+
+
+def test_packed_activations_are_where_the_kernel_reads_them(probe):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(50, 256, generator=g).to(torch.bfloat16)
+    flat = probe.pack_x(x)
+    for kt in range(2):
+        for row in (0, 1, 9, 49):
+            for piece in range(16):
+                at = kt * 50 * probe.KTILE + row * probe.KTILE + (piece ^ (row & 7)) * probe.PIECE
+                col = kt * probe.KTILE + piece * probe.PIECE
+                assert torch.equal(flat[at:at + probe.PIECE], x[row, col:col + probe.PIECE])
+
+
+@pytest.mark.parametrize("blocks", [132, 114])
+def test_the_tile_runs_cover_each_tile_once(probe, blocks):
+    table, x_offsets = probe.phase_table(2, blocks)
+    assert len(table) == 2 * len(probe.LAYER_PHASES)
+    assert list(x_offsets) == list(probe.GEMMS)
+    for w_off, tiles, ktiles, *_ in table:
+        if not tiles:
+            continue
+        seen = []
+        for b in range(blocks):
+            seen.extend(range(*probe.tile_range(tiles, b, blocks)))
+        assert seen == list(range(tiles))
+        assert probe.chunks_per_block(tiles, ktiles, blocks) <= probe.JMAX
+    # consecutive GEMM phases' tiles are back to back in the weight buffer
+    gemm_rows = [r for r in table if r[1]]
+    for a, b in zip(gemm_rows, gemm_rows[1:]):
+        assert b[0] == a[0] + a[1] * probe.TILE_BYTES
+    with pytest.raises(ValueError, match="output chunks"):
+        probe.phase_table(1, 20)  # few blocks: each run spans too many chunks for the kernel's partial slots
+
+
+@pytest.mark.parametrize("blocks", [7, 13])
+def test_the_partials_add_up_to_the_product(probe, blocks):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(50, 512, generator=g).to(torch.bfloat16)
+    w = (torch.randn(192, 512, generator=g) * 0.02).to(torch.bfloat16)
+    parts, tags = probe.emulate_partials(x, w, blocks)
+    assert int((tags >= 0).sum()) > 3  # the runs cross chunk boundaries: some blocks write two partials
+    got = probe.reduce_partials(parts, tags, 192)
+    want = x.double() @ w.double().T
+    assert float((got.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+def test_the_kernel_compiles_for_sm90a_without_spills(probe, tmp_path):
+    if probe.nvcc() is None:
+        pytest.skip("no nvcc here")
+    try:
+        _, report = probe.compile_cubin(str(tmp_path))
+    except (RuntimeError, subprocess.SubprocessError) as exc:
+        if "sm_90a" in str(exc) and "not defined" in str(exc):
+            pytest.skip(f"this nvcc cannot target sm_90a: {exc}")
+        raise
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    regs = re.search(r"Used (\d+) registers", report)
+    assert spills and regs, report
+    assert spills.groups() == ("0", "0"), report
+    assert int(regs.group(1)) * probe.THREADS <= 65536, report  # one block of 10 warps fits an SM's registers
