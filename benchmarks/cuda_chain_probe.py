@@ -14,10 +14,14 @@ into a ring of shared-memory slots (bulk copies + mbarriers) without ever waitin
 second warp waits for the phase's grid-wide arrival counter and then copies the activation tiles; eight
 math warps multiply them on the tensor cores (mma.sync, bf16 -> fp32) and write split-K partials.
 
-Variants (each is one CUDA graph: the arrival counters zeroed, one launch):
-  cuda_stream   math off, no activation copies: the bare weight stream through 126 phase barriers
-  cuda_stream_x math off, activation copies after each barrier
-  cuda_gemm     the whole chain: tiles multiplied, partials written (checked against float64 torch)
+Variants (each is one CUDA graph: the arrival counters zeroed, one launch), named by what they do:
+  stream        math off, no activation copies: the bare weight stream through the phase barriers
+  stream_x      math off, activation copies after each barrier
+  gemm          the whole chain: tiles multiplied, partials written (checked against float64 torch)
+  _w<a>_x<b>    weight / activation ring slots (16 KB each; default 10 and 3)
+  _s<bits>      the kernel's `sync` bits: 1 no __threadfence before the arrival's release add, 2 relaxed
+                polling and one acquire fence, 4 no proxy fence before the activation copies
+  _4ph          the four GEMM phases per layer only (no phases without weights): the engine_gemms structure
 Baselines in the same process, the same weight bytes (622 MB per flow step, past the 50 MB L2):
   triton_stream_launches  persistent_probe's launch structure (PDL, 264 programs, 2 tiles per load, 4
                           before the wait): the bare stream, one launch per phase
@@ -65,6 +69,8 @@ THREADS = (MATH_WARPS + 2) * 32
 X_SLOT_BYTES = 64 * KTILE * 2
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
+DEFAULT_VARIANTS = ("stream", "stream_s3", "stream_s7", "stream_x_s3", "gemm", "gemm_s3", "gemm_s7", "gemm_w4_x2_s3",
+                    "stream_s3_4ph", "gemm_s3_4ph")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
@@ -114,9 +120,10 @@ def chunks_per_block(tiles: int, ktiles: int, blocks: int) -> int:
     return most
 
 
-def phase_table(layers: int, blocks: int) -> tuple[list[list[int]], dict[str, int]]:
+def phase_table(layers: int, blocks: int, weightless: bool = True) -> tuple[list[list[int]], dict[str, int]]:
     """The kernel's phase table (w_offset bytes, tiles, ktiles, x_offset bytes, part_base, 0 per phase) and
-    the byte offset of each GEMM's packed activations in the x buffer."""
+    the byte offset of each GEMM's packed activations in the x buffer. weightless=False leaves out the phases
+    without weights (the GEMMs back to back)."""
     x_offsets, at = {}, 0
     for name, n, k in LAYER_PHASES:
         if n:
@@ -126,7 +133,8 @@ def phase_table(layers: int, blocks: int) -> tuple[list[list[int]], dict[str, in
     for _ in range(layers):
         for name, n, k in LAYER_PHASES:
             if not n:
-                table.append([0, 0, 0, 0, 0, 0])
+                if weightless:
+                    table.append([0, 0, 0, 0, 0, 0])
                 continue
             tiles, ktiles = (n // COLS) * (k // KTILE), k // KTILE
             if chunks_per_block(tiles, ktiles, blocks) > JMAX:
@@ -168,6 +176,27 @@ def reduce_partials(parts: torch.Tensor, tags: torch.Tensor, n: int) -> torch.Te
 
 
 # ---- the CUDA kernel ---------------------------------------------------------------------------------------
+def parse_variant(name: str) -> dict:
+    """'gemm_w4_x2_s3_4ph' -> the kernel's arguments (see the module doc); unknown parts raise ValueError."""
+    parts = name.split("_")
+    if parts[0] not in ("stream", "gemm"):
+        raise ValueError(f"variant {name!r}: must start with stream or gemm")
+    spec = {"math": int(parts[0] == "gemm"), "xload": int(parts[0] == "gemm"), "w_slots": 10, "x_slots": 3,
+            "sync": 0, "weightless": True}
+    for part in parts[1:]:
+        if part == "x" and parts[0] == "stream":
+            spec["xload"] = 1
+        elif part == "4ph":
+            spec["weightless"] = False
+        elif part[:1] in "wxs" and part[1:].isdigit():
+            spec[{"w": "w_slots", "x": "x_slots", "s": "sync"}[part[0]]] = int(part[1:])
+        else:
+            raise ValueError(f"variant {name!r}: unknown part {part!r}")
+    if not 0 <= spec["sync"] <= 7:
+        raise ValueError(f"variant {name!r}: sync bits are 0-7")
+    return spec
+
+
 def nvcc() -> str | None:
     """The nvcc to compile with: $NVCC, then PATH, then /usr/local/cuda*/bin."""
     for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc",
@@ -216,12 +245,12 @@ class ChainKernel:
                                                                     ctypes.c_size_t(smem)), "occupancy")
         return n.value
 
-    def launch(self, blocks, w, table, n_phases, x, parts, tags, arrivals, w_slots, x_slots, math, xload):
+    def launch(self, blocks, w, table, n_phases, x, parts, tags, arrivals, w_slots, x_slots, math, xload, sync):
         smem = self.smem_bytes(w_slots, x_slots)
         vals = [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(table.data_ptr()), ctypes.c_int(n_phases),
                 ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(parts.data_ptr()), ctypes.c_void_p(tags.data_ptr()),
                 ctypes.c_void_p(arrivals.data_ptr()), ctypes.c_int(ROWS), ctypes.c_int(w_slots),
-                ctypes.c_int(x_slots), ctypes.c_int(math), ctypes.c_int(xload)]
+                ctypes.c_int(x_slots), ctypes.c_int(math), ctypes.c_int(xload), ctypes.c_int(sync)]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self._ok(self.cu.cuLaunchKernel(self.func, blocks, 1, 1, THREADS, 1, 1, smem, stream, params, None),
@@ -256,7 +285,7 @@ def _row(results: dict, name: str, ms: float, nbytes: int, **extra) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default="benchmarks/results/cuda_chain_probe_h200.json")
-    p.add_argument("--rings", default="10,3 6,3 12,2 4,2", help="W_SLOTS,X_SLOTS per cuda_gemm variant (16 KB each)")
+    p.add_argument("--variants", default=" ".join(DEFAULT_VARIANTS), help="variant names (see the module doc)")
     p.add_argument("--no-baselines", action="store_true")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
@@ -266,9 +295,11 @@ def main(argv=None) -> int:
     cubin, report = compile_cubin(tmp)
     print(report.strip().splitlines()[-1])
     kernel = ChainKernel(cubin)
-    table, x_offsets = phase_table(LAYERS, sms)
-    n_phases = len(table)
-    table_t = torch.tensor(table, dtype=torch.int64, device=dev).reshape(-1)
+    specs = {name: parse_variant(name) for name in args.variants.split()}
+    tables = {}
+    for weightless in (True, False):
+        table, x_offsets = phase_table(LAYERS, sms, weightless)
+        tables[weightless] = torch.tensor(table, dtype=torch.int64, device=dev).reshape(-1)
     gen = torch.Generator(device=dev).manual_seed(0)
     shapes = {name: (n, k) for name, n, k in LAYER_PHASES if n}
     nbytes = LAYERS * sum(2 * n * k for n, k in shapes.values())
@@ -288,12 +319,13 @@ def main(argv=None) -> int:
     assert all(int(x_offsets[name]) == sum(2 * ROWS * shapes[g][1] for g in GEMMS[:GEMMS.index(name)]) for name in GEMMS)
     parts = torch.zeros(len(GEMMS) * sms * JMAX, ROWS, COLS, dtype=torch.float32, device=dev)
     tags = torch.full((len(GEMMS) * sms * JMAX,), -1, dtype=torch.int32, device=dev)
-    arrivals = torch.zeros(n_phases, dtype=torch.int32, device=dev)
+    arrivals = torch.zeros(LAYERS * len(LAYER_PHASES), dtype=torch.int32, device=dev)
     results, checks = {}, {}
 
-    variants = [("cuda_stream", 0, 0, 10, 3), ("cuda_stream_x", 0, 1, 10, 3)]
-    variants += [(f"cuda_gemm_w{a}_x{b}", 1, 1, a, b) for a, b in (map(int, r.split(",")) for r in args.rings.split())]
-    for name, math, xload, w_slots, x_slots in variants:
+    for name, spec in specs.items():
+        w_slots, x_slots, math = spec["w_slots"], spec["x_slots"], spec["math"]
+        table_t = tables[spec["weightless"]]
+        n_phases = table_t.numel() // FIELDS
         smem = kernel.smem_bytes(w_slots, x_slots)
         fit = kernel.blocks_per_sm(smem)
         if fit < 1:
@@ -301,14 +333,15 @@ def main(argv=None) -> int:
             print(f"{name}: skipped ({smem} bytes of shared memory)")
             continue
 
-        def run(m=math, xl=xload, ws=w_slots, xsl=x_slots):
+        def run(s=spec, t=table_t, n=n_phases):
             arrivals.zero_()
-            kernel.launch(sms, w_packed, table_t, n_phases, x_packed, parts, tags, arrivals, ws, xsl, m, xl)
+            kernel.launch(sms, w_packed, t, n, x_packed, parts, tags, arrivals, s["w_slots"], s["x_slots"], s["math"],
+                          s["xload"], s["sync"])
 
         tags.fill_(-1)
         run()
         torch.cuda.synchronize()
-        if not bool((arrivals == sms).all()):
+        if not bool((arrivals[:n_phases] == sms).all()):
             raise SystemExit(f"{name}: the phase counters read {arrivals.tolist()[:8]}..., not {sms} each")
         if math:  # the last layer's partials against float64 torch
             worst = 0.0
@@ -323,8 +356,8 @@ def main(argv=None) -> int:
                     raise SystemExit(f"{name}: {name_g} partials are off by {err:.2e} of the largest output")
             checks[name] = worst
         ms = graph_ms(run)
-        _row(results, name, ms, nbytes, math=bool(math), activation_copies=bool(xload), w_slots=w_slots,
-             x_slots=x_slots, smem_bytes=smem, blocks=sms, max_rel_err=checks.get(name))
+        _row(results, name, ms, nbytes, **spec, phases=n_phases, smem_bytes=smem, blocks=sms,
+             max_rel_err=checks.get(name))
 
     if not args.no_baselines:
         import persistent_probe as pp

@@ -99,3 +99,19 @@ def test_the_kernel_compiles_for_sm90a_without_spills(probe, tmp_path):
     assert spills and regs, report
     assert spills.groups() == ("0", "0"), report
     assert int(regs.group(1)) * probe.THREADS <= 65536, report  # one block of 10 warps fits an SM's registers
+
+
+def test_variant_names_give_the_kernel_arguments(probe):
+    assert probe.parse_variant("stream") == {"math": 0, "xload": 0, "w_slots": 10, "x_slots": 3, "sync": 0,
+                                             "weightless": True}
+    assert probe.parse_variant("stream_x_s3") == {"math": 0, "xload": 1, "w_slots": 10, "x_slots": 3, "sync": 3,
+                                                  "weightless": True}
+    assert probe.parse_variant("gemm_w4_x2_s7_4ph") == {"math": 1, "xload": 1, "w_slots": 4, "x_slots": 2,
+                                                        "sync": 7, "weightless": False}
+    for bad in ("gemm_s8", "gemm_q2", "copy", "gemm_x"):
+        with pytest.raises(ValueError, match="variant"):
+            probe.parse_variant(bad)
+    for name in probe.DEFAULT_VARIANTS:
+        probe.parse_variant(name)
+    table, _ = probe.phase_table(3, 132, weightless=False)
+    assert [row[1] > 0 for row in table] == [True] * 3 * len(probe.GEMMS)

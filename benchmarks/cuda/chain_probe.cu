@@ -21,6 +21,10 @@
 // partial of M x 64 fp32 (partials[part_base + b * JMAX + j], its chunk in tags[...]).
 // Modes: math = 0 skips the tensor-core work (the consumers take and give back the slots: the bare stream),
 // xload = 0 signals the activation slots without copying (the barrier is still waited for).
+// sync (bits, ways to make a phase boundary cheaper): 1 = no __threadfence before the release add (the
+// release alone orders the block's partial writes), 2 = poll the counter with relaxed loads and one acquire
+// fence after it is reached, 4 = no proxy fence before the activation copies (only valid here because the
+// probe's activations are not written inside the kernel).
 #include <cstdint>
 
 namespace {
@@ -70,6 +74,12 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -150,7 +160,8 @@ __device__ __forceinline__ void flush(float (&acc)[4][4], float* part, int rows,
 extern "C" __global__ void __launch_bounds__((MATH_WARPS + 2) * 32, 1)
 chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases, int n_phases,
              const uint8_t* __restrict__ x, float* __restrict__ partials, int* __restrict__ tags,
-             uint32_t* __restrict__ arrivals, int rows, int w_slots, int x_slots, int math, int xload) {
+             uint32_t* __restrict__ arrivals, int rows, int w_slots, int x_slots, int math, int xload,
+             int sync) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t w_ring = smem_addr(smem);
   const uint32_t x_ring = w_ring + w_slots * TILE_BYTES;
@@ -205,9 +216,15 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       for (int p = 0; p < n_phases; ++p) {
         const long long* ph = phases + FIELDS * p;
         if (p > 0) {
-          while (load_acquire(arrivals + p - 1) < static_cast<uint32_t>(blocks)) {
+          if (sync & 2) {
+            while (load_relaxed(arrivals + p - 1) < static_cast<uint32_t>(blocks)) {
+            }
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+          } else {
+            while (load_acquire(arrivals + p - 1) < static_cast<uint32_t>(blocks)) {
+            }
           }
-          asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, then bulk-copy reads
+          if (!(sync & 4)) asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, then bulk reads
         }
         const int ktiles = static_cast<int>(ph[2]);
         int t0, t1;
@@ -269,7 +286,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
     flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane);
     asm volatile("bar.sync 1, %0;" ::"n"(MATH_THREADS) : "memory");
     if (threadIdx.x == 0) {
-      __threadfence();
+      if (!(sync & 1)) __threadfence();
       add_release(arrivals + p, 1);
     }
   }
