@@ -21,7 +21,9 @@ Variants (each is one CUDA graph: the arrival counters zeroed, one launch), name
   _w<a>_x<b>    weight / activation ring slots (16 KB each; default 10 and 3)
   _s<bits>      the kernel's `sync` bits: 1 no __threadfence before the arrival's release add, 2 relaxed
                 polling and one acquire fence, 4 no proxy fence before the activation copies
+                (8: no wait for the previous phase at all, a diagnostic of the stream and the slot hand-offs)
   _4ph          the four GEMM phases per layer only (no phases without weights): the engine_gemms structure
+  _flat         stream only: every weight tile in one phase (no barriers, one run per block): the copy rate
 Baselines in the same process, the same weight bytes (622 MB per flow step, past the 50 MB L2):
   triton_stream_launches  persistent_probe's launch structure (PDL, 264 programs, 2 tiles per load, 4
                           before the wait): the bare stream, one launch per phase
@@ -69,8 +71,8 @@ THREADS = (MATH_WARPS + 2) * 32
 X_SLOT_BYTES = 64 * KTILE * 2
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
-DEFAULT_VARIANTS = ("stream", "stream_s3", "stream_s7", "stream_x_s3", "gemm", "gemm_s3", "gemm_s7", "gemm_w4_x2_s3",
-                    "stream_s3_4ph", "gemm_s3_4ph")
+DEFAULT_VARIANTS = ("stream_flat", "stream_w4_x2_flat", "stream_s8_4ph", "stream_s3_4ph", "stream_x_s8_4ph",
+                    "gemm_s8_4ph", "gemm_s3_4ph", "stream", "gemm")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
@@ -144,6 +146,11 @@ def phase_table(layers: int, blocks: int, weightless: bool = True) -> tuple[list
     return table, x_offsets
 
 
+def flat_table(nbytes: int) -> list[list[int]]:
+    """One phase over every weight tile, its k-tile count past any run (one output chunk, no activations)."""
+    return [[0, nbytes // TILE_BYTES, 1 << 30, 0, 0, 0]]
+
+
 def emulate_partials(x: torch.Tensor, w: torch.Tensor, blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What the kernel writes for one GEMM phase (partials [blocks * JMAX, M, 64] fp32, tags: the output chunk
     of each, -1 where unused), computed in torch with the kernel's tile runs: the reference for its
@@ -182,18 +189,22 @@ def parse_variant(name: str) -> dict:
     if parts[0] not in ("stream", "gemm"):
         raise ValueError(f"variant {name!r}: must start with stream or gemm")
     spec = {"math": int(parts[0] == "gemm"), "xload": int(parts[0] == "gemm"), "w_slots": 10, "x_slots": 3,
-            "sync": 0, "weightless": True}
+            "sync": 0, "weightless": True, "flat": False}
     for part in parts[1:]:
         if part == "x" and parts[0] == "stream":
             spec["xload"] = 1
         elif part == "4ph":
             spec["weightless"] = False
+        elif part == "flat" and parts[0] == "stream":
+            spec["flat"] = True
         elif part[:1] in "wxs" and part[1:].isdigit():
             spec[{"w": "w_slots", "x": "x_slots", "s": "sync"}[part[0]]] = int(part[1:])
         else:
             raise ValueError(f"variant {name!r}: unknown part {part!r}")
-    if not 0 <= spec["sync"] <= 7:
-        raise ValueError(f"variant {name!r}: sync bits are 0-7")
+    if not 0 <= spec["sync"] <= 15:
+        raise ValueError(f"variant {name!r}: sync bits are 0-15")
+    if spec["flat"] and spec["xload"]:
+        raise ValueError(f"variant {name!r}: a flat stream has no activations")
     return spec
 
 
@@ -315,6 +326,7 @@ def main(argv=None) -> int:
             layer[name] = w
         weights.append(layer)
     xs = {name: torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16) for name, (n, k) in shapes.items()}
+    tables["flat"] = torch.tensor(flat_table(nbytes), dtype=torch.int64, device=dev).reshape(-1)
     x_packed = torch.cat([pack_x(xs[name]).view(torch.uint8) for name in GEMMS])
     assert all(int(x_offsets[name]) == sum(2 * ROWS * shapes[g][1] for g in GEMMS[:GEMMS.index(name)]) for name in GEMMS)
     parts = torch.zeros(len(GEMMS) * sms * JMAX, ROWS, COLS, dtype=torch.float32, device=dev)
@@ -324,7 +336,7 @@ def main(argv=None) -> int:
 
     for name, spec in specs.items():
         w_slots, x_slots, math = spec["w_slots"], spec["x_slots"], spec["math"]
-        table_t = tables[spec["weightless"]]
+        table_t = tables["flat"] if spec["flat"] else tables[spec["weightless"]]
         n_phases = table_t.numel() // FIELDS
         smem = kernel.smem_bytes(w_slots, x_slots)
         fit = kernel.blocks_per_sm(smem)

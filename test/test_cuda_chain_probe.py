@@ -103,14 +103,16 @@ def test_the_kernel_compiles_for_sm90a_without_spills(probe, tmp_path):
 
 def test_variant_names_give_the_kernel_arguments(probe):
     assert probe.parse_variant("stream") == {"math": 0, "xload": 0, "w_slots": 10, "x_slots": 3, "sync": 0,
-                                             "weightless": True}
+                                             "weightless": True, "flat": False}
     assert probe.parse_variant("stream_x_s3") == {"math": 0, "xload": 1, "w_slots": 10, "x_slots": 3, "sync": 3,
-                                                  "weightless": True}
+                                                  "weightless": True, "flat": False}
     assert probe.parse_variant("gemm_w4_x2_s7_4ph") == {"math": 1, "xload": 1, "w_slots": 4, "x_slots": 2,
-                                                        "sync": 7, "weightless": False}
-    for bad in ("gemm_s8", "gemm_q2", "copy", "gemm_x"):
+                                                        "sync": 7, "weightless": False, "flat": False}
+    for bad in ("gemm_s16", "gemm_q2", "copy", "gemm_x", "gemm_flat", "stream_x_flat"):
         with pytest.raises(ValueError, match="variant"):
             probe.parse_variant(bad)
+    assert probe.parse_variant("stream_w4_x2_flat")["flat"]
+    assert probe.flat_table(3 * probe.TILE_BYTES) == [[0, 3, 1 << 30, 0, 0, 0]]
     for name in probe.DEFAULT_VARIANTS:
         probe.parse_variant(name)
     table, _ = probe.phase_table(3, 132, weightless=False)

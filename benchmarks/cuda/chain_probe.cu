@@ -24,7 +24,8 @@
 // sync (bits, ways to make a phase boundary cheaper): 1 = no __threadfence before the release add (the
 // release alone orders the block's partial writes), 2 = poll the counter with relaxed loads and one acquire
 // fence after it is reached, 4 = no proxy fence before the activation copies (only valid here because the
-// probe's activations are not written inside the kernel).
+// probe's activations are not written inside the kernel), 8 = no waiting for the previous phase at all (a
+// diagnostic: the stream and the slot hand-offs without the grid-wide dependency).
 #include <cstdint>
 
 namespace {
@@ -215,7 +216,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       const uint32_t x_bytes = rows * ROW_BYTES;
       for (int p = 0; p < n_phases; ++p) {
         const long long* ph = phases + FIELDS * p;
-        if (p > 0) {
+        if (p > 0 && !(sync & 8)) {
           if (sync & 2) {
             while (load_relaxed(arrivals + p - 1) < static_cast<uint32_t>(blocks)) {
             }
