@@ -108,7 +108,7 @@ def test_variant_names_give_the_kernel_arguments(probe):
                                                   "weightless": True, "flat": False}
     assert probe.parse_variant("gemm_w4_x2_s7_4ph") == {"math": 1, "xload": 1, "w_slots": 4, "x_slots": 2,
                                                         "sync": 7, "weightless": False, "flat": False}
-    for bad in ("gemm_s16", "gemm_q2", "copy", "gemm_x", "gemm_flat", "stream_x_flat"):
+    for bad in ("gemm_s32", "gemm_q2", "copy", "gemm_x", "gemm_flat", "stream_x_flat"):
         with pytest.raises(ValueError, match="variant"):
             probe.parse_variant(bad)
     assert probe.parse_variant("stream_w4_x2_flat")["flat"]

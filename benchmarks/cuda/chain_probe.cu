@@ -25,7 +25,8 @@
 // release alone orders the block's partial writes), 2 = poll the counter with relaxed loads and one acquire
 // fence after it is reached, 4 = no proxy fence before the activation copies (only valid here because the
 // probe's activations are not written inside the kernel), 8 = no waiting for the previous phase at all (a
-// diagnostic: the stream and the slot hand-offs without the grid-wide dependency).
+// diagnostic: the stream and the slot hand-offs without the grid-wide dependency), 16 = no partial stores
+// (a diagnostic: what writing them costs).
 #include <cstdint>
 
 namespace {
@@ -144,8 +145,8 @@ __device__ __forceinline__ void tile_mma(uint32_t wtile, uint32_t xtile, int war
   }
 }
 
-__device__ __forceinline__ void flush(float (&acc)[4][4], float* part, int rows, int warp, int lane) {
-  const int row = (warp & 3) * 16 + (lane >> 2);
+__device__ __forceinline__ void flush(float (&acc)[4][4], float* part, int rows, int warp, int lane, bool store) {
+  const int row = store ? (warp & 3) * 16 + (lane >> 2) : rows;  // rows: nothing stored
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {
     const int col = (warp >> 2) * 32 + nt * 8 + 2 * (lane & 3);
@@ -267,8 +268,8 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
     const long long base = ph[4] + static_cast<long long>(block) * JMAX;
     for (int t = t0; t < t1; ++t) {
       if (t / ktiles != chunk) {
-        if (threadIdx.x == 0) tags[base + j] = chunk;
-        flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane);
+        if (threadIdx.x == 0 && !(sync & 16)) tags[base + j] = chunk;
+        flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane, !(sync & 16));
         ++j;
         chunk = t / ktiles;
       }
@@ -283,8 +284,8 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       wr.next(w_slots);
       xr.next(x_slots);
     }
-    if (threadIdx.x == 0) tags[base + j] = chunk;
-    flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane);
+    if (threadIdx.x == 0 && !(sync & 16)) tags[base + j] = chunk;
+    flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane, !(sync & 16));
     asm volatile("bar.sync 1, %0;" ::"n"(MATH_THREADS) : "memory");
     if (threadIdx.x == 0) {
       if (!(sync & 1)) __threadfence();
