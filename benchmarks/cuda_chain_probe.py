@@ -25,6 +25,11 @@ Variants (each is one CUDA graph: the arrival counters zeroed, one launch), name
                 16: no partial stores, a diagnostic of what they cost; neither is checked)
   _4ph          the four GEMM phases per layer only (no phases without weights): the engine_gemms structure
   _flat         stream only: every weight tile in one phase (no barriers, one run per block): the copy rate
+  _trace        also one run with %globaltimer stamps per block and phase, summarized per phase kind (median
+                over layers 2-18 and blocks, us): seen = the last arrival of the previous phase -> a block's
+                activation warp sees it; ready = seen -> the first tile's weights and activations are in
+                shared memory; math = first -> last tile done; tail = partial stores + arrival; span = the
+                phase's last arrival after the previous phase's; lead = first weight copy issued -> ready
 Baselines in the same process, the same weight bytes (622 MB per flow step, past the 50 MB L2):
   triton_stream_launches  persistent_probe's launch structure (PDL, 264 programs, 2 tiles per load, 4
                           before the wait): the bare stream, one launch per phase
@@ -72,9 +77,8 @@ THREADS = (MATH_WARPS + 2) * 32
 X_SLOT_BYTES = 64 * KTILE * 2
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
-DEFAULT_VARIANTS = ("stream_flat", "stream_s8_4ph", "stream_s9_4ph", "stream_s24_4ph", "stream_s25_4ph",
-                    "stream_s19_4ph", "stream_s3_4ph", "gemm_s8_4ph", "gemm_s24_4ph", "gemm_s19_4ph", "gemm_s3_4ph",
-                    "stream", "gemm")
+DEFAULT_VARIANTS = ("stream_flat", "stream_s3_4ph_trace", "gemm_s3_4ph_trace", "gemm_s8_4ph_trace", "gemm_s3_trace",
+                    "gemm_s19_4ph", "gemm_s27_4ph", "stream")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
@@ -191,12 +195,14 @@ def parse_variant(name: str) -> dict:
     if parts[0] not in ("stream", "gemm"):
         raise ValueError(f"variant {name!r}: must start with stream or gemm")
     spec = {"math": int(parts[0] == "gemm"), "xload": int(parts[0] == "gemm"), "w_slots": 10, "x_slots": 3,
-            "sync": 0, "weightless": True, "flat": False}
+            "sync": 0, "weightless": True, "flat": False, "trace": False}
     for part in parts[1:]:
         if part == "x" and parts[0] == "stream":
             spec["xload"] = 1
         elif part == "4ph":
             spec["weightless"] = False
+        elif part == "trace":
+            spec["trace"] = True
         elif part == "flat" and parts[0] == "stream":
             spec["flat"] = True
         elif part[:1] in "wxs" and part[1:].isdigit():
@@ -258,16 +264,48 @@ class ChainKernel:
                                                                     ctypes.c_size_t(smem)), "occupancy")
         return n.value
 
-    def launch(self, blocks, w, table, n_phases, x, parts, tags, arrivals, w_slots, x_slots, math, xload, sync):
+    def launch(self, blocks, w, table, n_phases, x, parts, tags, arrivals, w_slots, x_slots, math, xload, sync,
+               trace=None):
         smem = self.smem_bytes(w_slots, x_slots)
         vals = [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(table.data_ptr()), ctypes.c_int(n_phases),
                 ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(parts.data_ptr()), ctypes.c_void_p(tags.data_ptr()),
                 ctypes.c_void_p(arrivals.data_ptr()), ctypes.c_int(ROWS), ctypes.c_int(w_slots),
-                ctypes.c_int(x_slots), ctypes.c_int(math), ctypes.c_int(xload), ctypes.c_int(sync)]
+                ctypes.c_int(x_slots), ctypes.c_int(math), ctypes.c_int(xload), ctypes.c_int(sync),
+                ctypes.c_void_p(trace.data_ptr() if trace is not None else 0)]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self._ok(self.cu.cuLaunchKernel(self.func, blocks, 1, 1, THREADS, 1, 1, smem, stream, params, None),
                  "cuLaunchKernel")
+
+
+TRACE = 5  # the kernel's stamps per block and phase
+
+
+def _mid(x: torch.Tensor) -> float:
+    return float(x.quantile(0.5))  # the mean of the two middle values (torch.median takes the lower)
+
+
+def summarize_trace(stamps: torch.Tensor, names: list[str]) -> dict:
+    """stamps [blocks, phases, TRACE] ns (the kernel's trace) -> per phase kind, the median us of each step
+    (see the module doc) over layers past the first and over the blocks that have tiles of the phase."""
+    t = stamps.double() / 1e3
+    arrival = torch.where(t[:, :, 3] > 0, t[:, :, 3], t[:, :, 0])  # weightless / no tiles: warp 9 arrives
+    done = arrival.max(0).values
+    per_layer = len(names) // LAYERS
+    rows: dict[str, dict[str, list]] = {}
+    for p in range(per_layer, len(names)):
+        has = t[:, p, 1] > 0
+        r = rows.setdefault(names[p], {k: [] for k in ("seen", "ready", "math", "math_max", "tail", "span", "lead")})
+        r["seen"].append(_mid(t[:, p, 0] - done[p - 1]))
+        r["span"].append(float(done[p] - done[p - 1]))
+        if bool(has.any()):
+            b = t[has, p]
+            r["ready"].append(_mid(b[:, 1] - b[:, 0]))
+            r["math"].append(_mid(b[:, 2] - b[:, 1]))
+            r["math_max"].append(float((b[:, 2] - b[:, 1]).max()))
+            r["tail"].append(_mid(b[:, 3] - b[:, 2]))
+            r["lead"].append(_mid(b[:, 1] - b[:, 4]))
+    return {name: {k: statistics.median(v) for k, v in r.items() if v} for name, r in rows.items()}
 
 
 def graph_ms(fn, reps: int = 30) -> float:
@@ -372,6 +410,17 @@ def main(argv=None) -> int:
         ms = graph_ms(run)
         _row(results, name, ms, nbytes, **spec, phases=n_phases, smem_bytes=smem, blocks=sms,
              max_rel_err=checks.get(name))
+        if spec["trace"] and not spec["flat"]:
+            stamps = torch.zeros(sms, n_phases, TRACE, dtype=torch.int64, device=dev)
+            arrivals.zero_()
+            kernel.launch(sms, w_packed, table_t, n_phases, x_packed, parts, tags, arrivals, w_slots, x_slots, math,
+                          spec["xload"], spec["sync"], stamps)
+            torch.cuda.synchronize()
+            names = [n for _ in range(LAYERS) for n, width, _ in LAYER_PHASES if width or spec["weightless"]]
+            summary = summarize_trace(stamps.cpu(), names)
+            results[name]["trace_us"] = summary
+            for kind, vals in summary.items():
+                print(f"    {kind:10s} " + "  ".join(f"{k} {v:6.2f}" for k, v in vals.items()))
 
     if not args.no_baselines:
         import persistent_probe as pp

@@ -27,6 +27,10 @@
 // probe's activations are not written inside the kernel), 8 = no waiting for the previous phase at all (a
 // diagnostic: the stream and the slot hand-offs without the grid-wide dependency), 16 = no partial stores
 // (a diagnostic: what writing them costs).
+// trace (optional, nullptr: none): %globaltimer stamps in ns, TRACE per block and phase: [0] the activation
+// warp saw the previous phase complete (or began), [1] the math warps had the first tile's weights and
+// activations, [2] they finished the last tile, [3] they added their arrival, [4] the weight warp issued
+// the phase's first copy (0 where the block has no tile of the phase).
 #include <cstdint>
 
 namespace {
@@ -38,6 +42,13 @@ constexpr int MATH_WARPS = 8;
 constexpr int MATH_THREADS = MATH_WARPS * 32;
 constexpr int JMAX = 3;
 constexpr int FIELDS = 6;              // per phase: w_offset, tiles, ktiles, x_offset, part_base, reserved
+constexpr int TRACE = 5;               // stamps per block and phase (see the header)
+
+__device__ __forceinline__ long long now_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -163,7 +174,7 @@ extern "C" __global__ void __launch_bounds__((MATH_WARPS + 2) * 32, 1)
 chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases, int n_phases,
              const uint8_t* __restrict__ x, float* __restrict__ partials, int* __restrict__ tags,
              uint32_t* __restrict__ arrivals, int rows, int w_slots, int x_slots, int math, int xload,
-             int sync) {
+             int sync, long long* __restrict__ trace) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t w_ring = smem_addr(smem);
   const uint32_t x_ring = w_ring + w_slots * TILE_BYTES;
@@ -172,6 +183,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
   const uint32_t x_full = w_empty + 8 * w_slots, x_empty = x_full + 8 * x_slots;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int block = blockIdx.x, blocks = gridDim.x;
+  long long* stamps = trace ? trace + static_cast<long long>(block) * n_phases * TRACE : nullptr;
 
   // Activation rows past `rows` stay zero in every slot (the copies write rows < rows only).
   for (int i = threadIdx.x; i < x_slots * (64 - rows) * ROW_BYTES / 16; i += blockDim.x) {
@@ -202,6 +214,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
         tile_range(ph[1], block, blocks, t0, t1);
         for (int t = t0; t < t1; ++t) {
           mbar_wait(w_empty + 8 * ring.slot, ring.parity ^ 1);
+          if (stamps && t == t0) stamps[p * TRACE + 4] = now_ns();
           mbar_expect_tx(w_full + 8 * ring.slot, TILE_BYTES);
           bulk_copy(w_ring + ring.slot * TILE_BYTES, w + ph[0] + static_cast<long long>(t) * TILE_BYTES, TILE_BYTES,
                     w_full + 8 * ring.slot);
@@ -228,6 +241,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
           }
           if (!(sync & 4)) asm volatile("fence.proxy.async.global;" ::: "memory");  // generic writes, then bulk reads
         }
+        if (stamps) stamps[p * TRACE] = now_ns();
         const int ktiles = static_cast<int>(ph[2]);
         int t0, t1;
         tile_range(ph[1], block, blocks, t0, t1);
@@ -275,6 +289,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       }
       mbar_wait(w_full + 8 * wr.slot, wr.parity);
       mbar_wait(x_full + 8 * xr.slot, xr.parity);
+      if (stamps && t == t0 && threadIdx.x == 0) stamps[p * TRACE + 1] = now_ns();
       if (math) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
       __syncwarp();
       if (lane == 0) {
@@ -284,12 +299,14 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       wr.next(w_slots);
       xr.next(x_slots);
     }
+    if (stamps && threadIdx.x == 0) stamps[p * TRACE + 2] = now_ns();
     if (threadIdx.x == 0 && !(sync & 16)) tags[base + j] = chunk;
     flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane, !(sync & 16));
     asm volatile("bar.sync 1, %0;" ::"n"(MATH_THREADS) : "memory");
     if (threadIdx.x == 0) {
       if (!(sync & 1)) __threadfence();
       add_release(arrivals + p, 1);
+      if (stamps) stamps[p * TRACE + 3] = now_ns();
     }
   }
 }
