@@ -17,7 +17,9 @@ math warps multiply them on the tensor cores (mma.sync, bf16 -> fp32) and write 
 Variants (each is one CUDA graph: the arrival counters zeroed, one launch), named by what they do:
   stream        math off, no activation copies: the bare weight stream through the phase barriers
   stream_x      math off, activation copies after each barrier
-  gemm          the whole chain: tiles multiplied, partials written (checked against float64 torch)
+  gemm          the whole chain: tiles multiplied with mma.sync, partials written (checked against float64
+                torch)
+  wgmma         the same with wgmma (operands straight from the shared-memory slots)
   _w<a>_x<b>    weight / activation ring slots (16 KB each; default 10 and 3)
   _s<bits>      the kernel's `sync` bits: 1 no __threadfence before the arrival's release add, 2 relaxed
                 polling and one acquire fence, 4 no proxy fence before the activation copies
@@ -68,49 +70,51 @@ LAYERS = 18
 ROWS = 50  # the action chunk: 50 tokens
 COLS = 64  # output columns per tile (one partial chunk)
 KTILE = 128  # k per tile
+ATOM = 64  # k per atom: rows of 128 bytes (wgmma's 128-byte swizzle)
 PIECE = 8  # bf16 per 16-byte piece
 TILE_BYTES = COLS * KTILE * 2
 JMAX = 3  # partials per block and phase (the kernel's JMAX)
 FIELDS = 6  # int64 fields per phase in the kernel's table
 MATH_WARPS = 8
 THREADS = (MATH_WARPS + 2) * 32
-X_SLOT_BYTES = 64 * KTILE * 2
+X_SLOT_BYTES = 64 * KTILE * 2  # two atoms of 64 rows
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
-DEFAULT_VARIANTS = ("stream_flat", "stream_s3_4ph_trace", "gemm_s3_4ph_trace", "gemm_s8_4ph_trace", "gemm_s3_trace",
-                    "gemm_s19_4ph", "gemm_s27_4ph", "stream")
+DEFAULT_VARIANTS = ("stream_flat", "gemm_s3_4ph_trace", "wgmma_s3_4ph_trace", "wgmma_s8_4ph", "wgmma_s24_4ph",
+                    "gemm_s3_trace", "wgmma_s3_trace", "wgmma_w6_x6_s3_4ph")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
 
 # ---- layouts (shared with the CPU tests) -------------------------------------------------------------------
 def _swizzle(t: torch.Tensor) -> torch.Tensor:
-    """t [..., R, KTILE] -> the same rows with their 16-byte pieces stored at piece ^ (row & 7)."""
+    """t [..., R, ATOM] (rows of 64 k) -> the same rows with their 16-byte pieces stored at piece ^ (row & 7):
+    the 128-byte swizzle of the kernel's atoms."""
     rows = t.shape[-2]
-    pieces = t.reshape(*t.shape[:-1], KTILE // PIECE, PIECE)
-    stored = torch.arange(KTILE // PIECE)
+    pieces = t.reshape(*t.shape[:-1], ATOM // PIECE, PIECE)
+    stored = torch.arange(ATOM // PIECE)
     source = stored[None, :] ^ (torch.arange(rows)[:, None] & 7)  # stored piece q holds logical q ^ (r & 7)
-    index = source.to(t.device).reshape(rows, KTILE // PIECE, 1).expand(*pieces.shape)
+    index = source.to(t.device).reshape(rows, ATOM // PIECE, 1).expand(*pieces.shape)
     return torch.gather(pieces, -2, index).reshape(t.shape)
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
     """w [N, K] (N % 64 == 0, K % 128 == 0) -> the kernel's tiles, flat: chunk-major (all k-tiles of output
-    columns 0-63, then 64-127, ...), each tile 64 rows x 128 k with swizzled pieces."""
+    columns 0-63, then 64-127, ...), each tile two atoms (k 0-63, 64-127) of 64 rows x 64 k, swizzled."""
     n, k = w.shape
     if n % COLS or k % KTILE:
         raise ValueError(f"pack_weight: shape {tuple(w.shape)} is not a multiple of ({COLS}, {KTILE})")
-    tiles = w.reshape(n // COLS, COLS, k // KTILE, KTILE).permute(0, 2, 1, 3)
-    return _swizzle(tiles.contiguous()).reshape(-1)
+    atoms = w.reshape(n // COLS, COLS, k // KTILE, KTILE // ATOM, ATOM).permute(0, 2, 3, 1, 4)
+    return _swizzle(atoms.contiguous()).reshape(-1)
 
 
 def pack_x(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] -> k-tiles of M rows x 128 k with swizzled pieces, flat (what one bulk copy of M * 256
-    bytes brings into an activation slot)."""
+    """x [M, K] -> per k-tile two atoms of M rows x 64 k, swizzled, flat (what the kernel's two bulk copies of
+    M * 128 bytes bring into an activation slot)."""
     m, k = x.shape
     if k % KTILE:
         raise ValueError(f"pack_x: K = {k} is not a multiple of {KTILE}")
-    return _swizzle(x.reshape(m, k // KTILE, KTILE).permute(1, 0, 2).contiguous()).reshape(-1)
+    return _swizzle(x.reshape(m, k // ATOM, ATOM).permute(1, 0, 2).contiguous()).reshape(-1)
 
 
 def tile_range(tiles: int, block: int, blocks: int) -> tuple[int, int]:
@@ -192,9 +196,9 @@ def reduce_partials(parts: torch.Tensor, tags: torch.Tensor, n: int) -> torch.Te
 def parse_variant(name: str) -> dict:
     """'gemm_w4_x2_s3_4ph' -> the kernel's arguments (see the module doc); unknown parts raise ValueError."""
     parts = name.split("_")
-    if parts[0] not in ("stream", "gemm"):
-        raise ValueError(f"variant {name!r}: must start with stream or gemm")
-    spec = {"math": int(parts[0] == "gemm"), "xload": int(parts[0] == "gemm"), "w_slots": 10, "x_slots": 3,
+    if parts[0] not in ("stream", "gemm", "wgmma"):
+        raise ValueError(f"variant {name!r}: must start with stream, gemm or wgmma")
+    spec = {"math": ("stream", "gemm", "wgmma").index(parts[0]), "xload": int(parts[0] != "stream"), "w_slots": 10, "x_slots": 3,
             "sync": 0, "weightless": True, "flat": False, "trace": False}
     for part in parts[1:]:
         if part == "x" and parts[0] == "stream":

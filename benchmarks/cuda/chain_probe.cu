@@ -15,11 +15,14 @@
 //                          add the block's arrival to the phase's counter.
 // Tiles. A phase computes out[M, N] = x[M, K] @ W[N, K]^T. W is packed (cuda_chain_probe.pack_weight) as
 // 16 KB tiles of 64 output columns x 128 k, chunk-major (the k-tiles of output chunk 0, then of chunk 1, ...);
-// x as k-tiles of M rows x 128 k (pack_x). Rows are 256 bytes, and the 16-byte pieces of row r are stored at
-// piece ^ (r & 7) so that ldmatrix reads them without bank conflicts. Block b takes the phase's tiles
+// x as k-tiles of M rows x 128 k (pack_x). Each tile is two atoms of 64 k (k 0-63, then 64-127) whose rows
+// are 128 bytes, the 16-byte pieces of row r stored at piece ^ (r & 7): the 128-byte swizzle that wgmma
+// descriptors name, which also lets ldmatrix read 8 rows without bank conflicts. Block b takes the phase's tiles
 // [b * T / G, (b + 1) * T / G): a contiguous run, so it touches at most JMAX output chunks, each ending in a
 // partial of M x 64 fp32 (partials[part_base + b * JMAX + j], its chunk in tags[...]).
-// Modes: math = 0 skips the tensor-core work (the consumers take and give back the slots: the bare stream),
+// Modes: math = 1 multiplies with mma.sync (per warp 16 rows x 32 columns), math = 2 with wgmma (per
+// warpgroup 64 rows x 32 columns, operands straight from the shared-memory slots), math = 0 skips the
+// tensor-core work (the consumers take and give back the slots: the bare stream),
 // xload = 0 signals the activation slots without copying (the barrier is still waited for).
 // sync (bits, ways to make a phase boundary cheaper): 1 = no __threadfence before the release add (the
 // release alone orders the block's partial writes), 2 = poll the counter with relaxed loads and one acquire
@@ -36,8 +39,9 @@
 namespace {
 
 constexpr int TILE_BYTES = 16384;      // 64 output columns x 128 k, bf16
-constexpr int ROW_BYTES = 256;         // 128 bf16 of k
-constexpr int X_SLOT_BYTES = 64 * ROW_BYTES;
+constexpr int ROW_BYTES = 128;         // 64 bf16 of k: one row of an atom
+constexpr int ATOM_BYTES = 64 * ROW_BYTES;  // 64 rows (a weight atom; an activation atom, rows >= M zero)
+constexpr int X_SLOT_BYTES = 2 * ATOM_BYTES;
 constexpr int MATH_WARPS = 8;
 constexpr int MATH_THREADS = MATH_WARPS * 32;
 constexpr int JMAX = 3;
@@ -114,9 +118,41 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Byte offset of 16-byte piece `piece` of row `row` in a packed tile (the swizzle of the header).
+// Byte offset of 16-byte piece `piece` (0-15: k 8 piece .. +7) of row `row` in a packed tile (see the header).
 __device__ __forceinline__ uint32_t swizzled(int row, int piece) {
-  return row * ROW_BYTES + ((piece ^ (row & 7)) << 4);
+  return (piece >> 3) * ATOM_BYTES + row * ROW_BYTES + (((piece & 7) ^ (row & 7)) << 4);
+}
+
+// A wgmma shared-memory descriptor of a K-major operand with the 128-byte swizzle: 8-row groups 1024 bytes
+// apart (atoms are 1024-byte aligned, so the base offset is 0).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr) {
+  return (static_cast<uint64_t>((addr >> 4) & 0x3FFF)) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_m64n32k16(float (&c)[4][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;"
+      : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]),
+        "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]),
+        "+f"(c[3][2]), "+f"(c[3][3])
+      : "l"(a), "l"(b));
+}
+
+// The warpgroup's share of one tile with wgmma: warpgroup g (warps 4g .. 4g + 3) computes all 64 rows and
+// output columns 32 g .. +31 over the tile's 128 k (8 steps of 16, 32 bytes along an atom's swizzled rows).
+// Its accumulator layout is the mma.sync one of `tile_mma` (warp w: rows 16 (w & 3) .., columns 32 (w >> 2) ..).
+__device__ __forceinline__ void tile_wgmma(uint32_t wtile, uint32_t xtile, int warp, float (&acc)[4][4]) {
+  const uint32_t wcols = wtile + (warp >> 2) * 32 * ROW_BYTES;  // row 32 g of each atom (a multiple of 8 rows)
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    const uint32_t atom = (ks >> 2) * ATOM_BYTES, step = (ks & 3) * 32;
+    wgmma_m64n32k16(acc, wgmma_desc(xtile + atom + step), wgmma_desc(wcols + atom + step));
+  }
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 }
 
 // One block's run of a phase's tiles.
@@ -185,13 +221,13 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
   const int block = blockIdx.x, blocks = gridDim.x;
   long long* stamps = trace ? trace + static_cast<long long>(block) * n_phases * TRACE : nullptr;
 
-  // Activation rows past `rows` stay zero in every slot (the copies write rows < rows only).
-  for (int i = threadIdx.x; i < x_slots * (64 - rows) * ROW_BYTES / 16; i += blockDim.x) {
-    const int per_slot = (64 - rows) * ROW_BYTES / 16;
-    const int slot = i / per_slot, rest = i % per_slot;
-    reinterpret_cast<uint4*>(smem + w_slots * TILE_BYTES + slot * X_SLOT_BYTES + rows * ROW_BYTES)[rest] =
+  // Activation rows past `rows` stay zero in every atom of every slot (the copies write rows < rows only).
+  const int per_atom = (64 - rows) * ROW_BYTES / 16;
+  for (int i = threadIdx.x; i < 2 * x_slots * per_atom; i += blockDim.x) {
+    reinterpret_cast<uint4*>(smem + w_slots * TILE_BYTES + (i / per_atom) * ATOM_BYTES + rows * ROW_BYTES)[i % per_atom] =
         make_uint4(0, 0, 0, 0);
   }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // those zeros, then wgmma's reads
   if (threadIdx.x == 0) {
     for (int s = 0; s < w_slots; ++s) {
       mbar_init(w_full + 8 * s, 1);
@@ -251,10 +287,11 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
         }
         for (int t = t0; t < t1; ++t) {
           mbar_wait(x_empty + 8 * ring.slot, ring.parity ^ 1);
-          if (xload) {
-            mbar_expect_tx(x_full + 8 * ring.slot, x_bytes);
-            bulk_copy(x_ring + ring.slot * X_SLOT_BYTES, x + ph[3] + static_cast<long long>(t % ktiles) * x_bytes,
-                      x_bytes, x_full + 8 * ring.slot);
+          if (xload) {  // the k-tile's two atoms of `rows` rows each
+            mbar_expect_tx(x_full + 8 * ring.slot, 2 * x_bytes);
+            const uint8_t* src = x + ph[3] + static_cast<long long>(t % ktiles) * 2 * x_bytes;
+            bulk_copy(x_ring + ring.slot * X_SLOT_BYTES, src, x_bytes, x_full + 8 * ring.slot);
+            bulk_copy(x_ring + ring.slot * X_SLOT_BYTES + ATOM_BYTES, src + x_bytes, x_bytes, x_full + 8 * ring.slot);
           } else {
             mbar_arrive(x_full + 8 * ring.slot);
           }
@@ -290,7 +327,8 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       mbar_wait(w_full + 8 * wr.slot, wr.parity);
       mbar_wait(x_full + 8 * xr.slot, xr.parity);
       if (stamps && t == t0 && threadIdx.x == 0) stamps[p * TRACE + 1] = now_ns();
-      if (math) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
+      if (math == 1) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
+      if (math == 2) tile_wgmma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, acc);
       __syncwarp();
       if (lane == 0) {
         mbar_arrive(w_empty + 8 * wr.slot);
