@@ -20,6 +20,7 @@ Variants (each is one CUDA graph: the arrival counters zeroed, one launch), name
   gemm          the whole chain: tiles multiplied with mma.sync, partials written (checked against float64
                 torch)
   wgmma         the same with wgmma (operands straight from the shared-memory slots)
+  wgmma2        wgmma with two tiles in flight (two accumulators; a tile's slots given back one tile later)
   _w<a>_x<b>    weight / activation ring slots (16 KB each; default 10 and 3)
   _s<bits>      the kernel's `sync` bits: 1 no __threadfence before the arrival's release add, 2 relaxed
                 polling and one acquire fence, 4 no proxy fence before the activation copies
@@ -80,8 +81,8 @@ THREADS = (MATH_WARPS + 2) * 32
 X_SLOT_BYTES = 64 * KTILE * 2  # two atoms of 64 rows
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
-DEFAULT_VARIANTS = ("stream_flat", "gemm_s3_4ph_trace", "wgmma_s3_4ph_trace", "wgmma_s8_4ph", "wgmma_s24_4ph",
-                    "gemm_s3_trace", "wgmma_s3_trace", "wgmma_w6_x6_s3_4ph")
+DEFAULT_VARIANTS = ("stream_flat", "gemm_s3_4ph_trace", "wgmma_s3_4ph_trace", "wgmma2_w8_x4_s3_4ph_trace",
+                    "wgmma2_w6_x6_s3_4ph_trace", "wgmma2_w6_x6_s8_4ph", "wgmma2_w6_x6_s3_trace", "wgmma_s3_trace")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
@@ -196,9 +197,10 @@ def reduce_partials(parts: torch.Tensor, tags: torch.Tensor, n: int) -> torch.Te
 def parse_variant(name: str) -> dict:
     """'gemm_w4_x2_s3_4ph' -> the kernel's arguments (see the module doc); unknown parts raise ValueError."""
     parts = name.split("_")
-    if parts[0] not in ("stream", "gemm", "wgmma"):
-        raise ValueError(f"variant {name!r}: must start with stream, gemm or wgmma")
-    spec = {"math": ("stream", "gemm", "wgmma").index(parts[0]), "xload": int(parts[0] != "stream"), "w_slots": 10, "x_slots": 3,
+    kinds = ("stream", "gemm", "wgmma", "wgmma2")
+    if parts[0] not in kinds:
+        raise ValueError(f"variant {name!r}: must start with one of {', '.join(kinds)}")
+    spec = {"math": kinds.index(parts[0]), "xload": int(parts[0] != "stream"), "w_slots": 10, "x_slots": 3,
             "sync": 0, "weightless": True, "flat": False, "trace": False}
     for part in parts[1:]:
         if part == "x" and parts[0] == "stream":
@@ -250,7 +252,11 @@ class ChainKernel:
         torch.zeros(1, device="cuda")  # the runtime's primary context is current from here on
         self.module, self.func = ctypes.c_void_p(), ctypes.c_void_p()
         self._ok(self.cu.cuModuleLoadData(ctypes.byref(self.module), cubin.read_bytes()), "cuModuleLoadData")
-        self._ok(self.cu.cuModuleGetFunction(ctypes.byref(self.func), self.module, b"chain_kernel"), "GetFunction")
+        self.funcs = []  # per math mode (the kernel's template argument)
+        for name in KERNELS:
+            func = ctypes.c_void_p()
+            self._ok(self.cu.cuModuleGetFunction(ctypes.byref(func), self.module, name.encode()), f"GetFunction {name}")
+            self.funcs.append(func)
         self.cu.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
 
     def _ok(self, r: int, what: str) -> None:
@@ -261,10 +267,11 @@ class ChainKernel:
     def smem_bytes(w_slots: int, x_slots: int) -> int:
         return (w_slots * TILE_BYTES + x_slots * X_SLOT_BYTES) + 16 * (w_slots + x_slots)
 
-    def blocks_per_sm(self, smem: int) -> int:
-        self._ok(self.cu.cuFuncSetAttribute(self.func, 8, ctypes.c_int(smem)), "max dynamic smem")  # attribute 8
+    def blocks_per_sm(self, math: int, smem: int) -> int:
+        func = self.funcs[math]
+        self._ok(self.cu.cuFuncSetAttribute(func, 8, ctypes.c_int(smem)), "max dynamic smem")  # attribute 8
         n = ctypes.c_int()
-        self._ok(self.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self.func, ctypes.c_int(THREADS),
+        self._ok(self.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), func, ctypes.c_int(THREADS),
                                                                     ctypes.c_size_t(smem)), "occupancy")
         return n.value
 
@@ -274,15 +281,16 @@ class ChainKernel:
         vals = [ctypes.c_void_p(w.data_ptr()), ctypes.c_void_p(table.data_ptr()), ctypes.c_int(n_phases),
                 ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(parts.data_ptr()), ctypes.c_void_p(tags.data_ptr()),
                 ctypes.c_void_p(arrivals.data_ptr()), ctypes.c_int(ROWS), ctypes.c_int(w_slots),
-                ctypes.c_int(x_slots), ctypes.c_int(math), ctypes.c_int(xload), ctypes.c_int(sync),
+                ctypes.c_int(x_slots), ctypes.c_int(xload), ctypes.c_int(sync),
                 ctypes.c_void_p(trace.data_ptr() if trace is not None else 0)]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._ok(self.cu.cuLaunchKernel(self.func, blocks, 1, 1, THREADS, 1, 1, smem, stream, params, None),
+        self._ok(self.cu.cuLaunchKernel(self.funcs[math], blocks, 1, 1, THREADS, 1, 1, smem, stream, params, None),
                  "cuLaunchKernel")
 
 
 TRACE = 5  # the kernel's stamps per block and phase
+KERNELS = ("chain_stream", "chain_mma", "chain_wgmma", "chain_wgmma2")  # by math mode
 
 
 def _mid(x: torch.Tensor) -> float:
@@ -383,7 +391,7 @@ def main(argv=None) -> int:
         table_t = tables["flat"] if spec["flat"] else tables[spec["weightless"]]
         n_phases = table_t.numel() // FIELDS
         smem = kernel.smem_bytes(w_slots, x_slots)
-        fit = kernel.blocks_per_sm(smem)
+        fit = kernel.blocks_per_sm(math, smem)
         if fit < 1:
             results[name] = {"skipped": f"{smem} bytes of shared memory do not fit"}
             print(f"{name}: skipped ({smem} bytes of shared memory)")

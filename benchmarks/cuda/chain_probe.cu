@@ -20,8 +20,10 @@
 // descriptors name, which also lets ldmatrix read 8 rows without bank conflicts. Block b takes the phase's tiles
 // [b * T / G, (b + 1) * T / G): a contiguous run, so it touches at most JMAX output chunks, each ending in a
 // partial of M x 64 fp32 (partials[part_base + b * JMAX + j], its chunk in tags[...]).
-// Modes: math = 1 multiplies with mma.sync (per warp 16 rows x 32 columns), math = 2 with wgmma (per
-// warpgroup 64 rows x 32 columns, operands straight from the shared-memory slots), math = 0 skips the
+// Modes (one kernel each: chain_stream, chain_mma, chain_wgmma, chain_wgmma2): math = 1 multiplies with mma.sync (per warp 16 rows x 32 columns), math = 2 with wgmma (per
+// warpgroup 64 rows x 32 columns, operands straight from the shared-memory slots), math = 3 with wgmma and
+// two tiles in flight (even and odd tiles of a run into two accumulators, summed before the partial is
+// written; a tile's slots are given back once the next tile's products are issued), math = 0 skips the
 // tensor-core work (the consumers take and give back the slots: the bare stream),
 // xload = 0 signals the activation slots without copying (the barrier is still waited for).
 // sync (bits, ways to make a phase boundary cheaper): 1 = no __threadfence before the release add (the
@@ -143,7 +145,7 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&c)[4][4], uint64_t a, ui
 // The warpgroup's share of one tile with wgmma: warpgroup g (warps 4g .. 4g + 3) computes all 64 rows and
 // output columns 32 g .. +31 over the tile's 128 k (8 steps of 16, 32 bytes along an atom's swizzled rows).
 // Its accumulator layout is the mma.sync one of `tile_mma` (warp w: rows 16 (w & 3) .., columns 32 (w >> 2) ..).
-__device__ __forceinline__ void tile_wgmma(uint32_t wtile, uint32_t xtile, int warp, float (&acc)[4][4]) {
+__device__ __forceinline__ void tile_wgmma_issue(uint32_t wtile, uint32_t xtile, int warp, float (&acc)[4][4]) {
   const uint32_t wcols = wtile + (warp >> 2) * 32 * ROW_BYTES;  // row 32 g of each atom (a multiple of 8 rows)
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -152,7 +154,27 @@ __device__ __forceinline__ void tile_wgmma(uint32_t wtile, uint32_t xtile, int w
     wgmma_m64n32k16(acc, wgmma_desc(xtile + atom + step), wgmma_desc(wcols + atom + step));
   }
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void tile_wgmma(uint32_t wtile, uint32_t xtile, int warp, float (&acc)[4][4]) {
+  tile_wgmma_issue(wtile, xtile, warp, acc);
+  wgmma_wait<0>();
+}
+
+// acc += other; other = 0 (the odd tiles' accumulator folded into the even ones').
+__device__ __forceinline__ void fold(float (&acc)[4][4], float (&other)[4][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[nt][i] += other[nt][i];
+      other[nt][i] = 0.f;
+    }
 }
 
 // One block's run of a phase's tiles.
@@ -206,11 +228,13 @@ __device__ __forceinline__ void flush(float (&acc)[4][4], float* part, int rows,
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__((MATH_WARPS + 2) * 32, 1)
-chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases, int n_phases,
-             const uint8_t* __restrict__ x, float* __restrict__ partials, int* __restrict__ tags,
-             uint32_t* __restrict__ arrivals, int rows, int w_slots, int x_slots, int math, int xload,
-             int sync, long long* __restrict__ trace) {
+// The kernel body; MATH is a template argument because a wgmma behind a runtime branch makes ptxas serialize
+// every wgmma (C7518). One extern "C" kernel per mode follows.
+template <int math>
+__device__ __forceinline__ void chain(const uint8_t* __restrict__ w, const long long* __restrict__ phases,
+                                      int n_phases, const uint8_t* __restrict__ x, float* __restrict__ partials,
+                                      int* __restrict__ tags, uint32_t* __restrict__ arrivals, int rows,
+                                      int w_slots, int x_slots, int xload, int sync, long long* __restrict__ trace) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t w_ring = smem_addr(smem);
   const uint32_t x_ring = w_ring + w_slots * TILE_BYTES;
@@ -304,11 +328,26 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
 
   // The math warps.
   Ring wr, xr;
-  float acc[4][4];
+  float acc[4][4], odd[4][4];
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+    for (int i = 0; i < 4; ++i) acc[nt][i] = odd[nt][i] = 0.f;
+  bool pending = false;  // math 3: the previous tile's products may still be running (its slots held)
+  uint32_t pending_w = 0, pending_x = 0;
+  auto give_back = [&](uint32_t ws, uint32_t xs, bool really) {
+    __syncwarp();
+    if (really && lane == 0) {
+      mbar_arrive(w_empty + 8 * ws);
+      mbar_arrive(x_empty + 8 * xs);
+    }
+  };
+  auto drain = [&]() {  // math 3: every product done, its slots given back, the odd tiles folded in
+    wgmma_wait<0>();  // (no branch around wgmma waits: ptxas would serialize every wgmma)
+    give_back(pending_w, pending_x, pending);
+    pending = false;
+    fold(acc, odd);
+  };
   for (int p = 0; p < n_phases; ++p) {
     const long long* ph = phases + FIELDS * p;
     const int ktiles = static_cast<int>(ph[2]);
@@ -319,6 +358,7 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
     const long long base = ph[4] + static_cast<long long>(block) * JMAX;
     for (int t = t0; t < t1; ++t) {
       if (t / ktiles != chunk) {
+        if (math == 3) drain();
         if (threadIdx.x == 0 && !(sync & 16)) tags[base + j] = chunk;
         flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane, !(sync & 16));
         ++j;
@@ -329,14 +369,24 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
       if (stamps && t == t0 && threadIdx.x == 0) stamps[p * TRACE + 1] = now_ns();
       if (math == 1) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
       if (math == 2) tile_wgmma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, acc);
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(w_empty + 8 * wr.slot);
-        mbar_arrive(x_empty + 8 * xr.slot);
+      if (math == 3) {
+        if ((t - t0) & 1) {
+          tile_wgmma_issue(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, odd);
+        } else {
+          tile_wgmma_issue(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, acc);
+        }
+        wgmma_wait<1>();  // the previous tile's group (if any) is done
+        give_back(pending_w, pending_x, pending);
+        pending = true;
+        pending_w = wr.slot;
+        pending_x = xr.slot;
+      } else {
+        give_back(wr.slot, xr.slot, true);
       }
       wr.next(w_slots);
       xr.next(x_slots);
     }
+    if (math == 3) drain();
     if (stamps && threadIdx.x == 0) stamps[p * TRACE + 2] = now_ns();
     if (threadIdx.x == 0 && !(sync & 16)) tags[base + j] = chunk;
     flush(acc, partials + (base + j) * 64 * rows, rows, warp, lane, !(sync & 16));
@@ -348,3 +398,17 @@ chain_kernel(const uint8_t* __restrict__ w, const long long* __restrict__ phases
     }
   }
 }
+
+#define CHAIN_KERNEL(NAME, MATH)                                                                                  \
+  extern "C" __global__ void __launch_bounds__((MATH_WARPS + 2) * 32, 1)                                         \
+      NAME(const uint8_t* __restrict__ w, const long long* __restrict__ phases, int n_phases,                   \
+           const uint8_t* __restrict__ x, float* __restrict__ partials, int* __restrict__ tags,                 \
+           uint32_t* __restrict__ arrivals, int rows, int w_slots, int x_slots, int xload, int sync,            \
+           long long* __restrict__ trace) {                                                                      \
+    chain<MATH>(w, phases, n_phases, x, partials, tags, arrivals, rows, w_slots, x_slots, xload, sync, trace);    \
+  }
+
+CHAIN_KERNEL(chain_stream, 0)
+CHAIN_KERNEL(chain_mma, 1)
+CHAIN_KERNEL(chain_wgmma, 2)
+CHAIN_KERNEL(chain_wgmma2, 3)
