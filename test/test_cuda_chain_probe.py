@@ -102,3 +102,47 @@ def test_the_kernel_compiles_for_sm90a_without_spills(probe, tmp_path):
     assert all(pair == ("0", "0") for pair in spills), report
     assert max(regs) * probe.THREADS <= 65536, report  # one block of 10 warps fits an SM's registers
     assert "C7518" not in report, report  # ptxas did not serialize the wgmma instructions
+
+
+def test_variant_names_give_the_kernel_arguments(probe):
+    assert probe.parse_variant("stream") == {"math": 0, "xload": 0, "w_slots": 10, "x_slots": 3, "sync": 0,
+                                             "weightless": True, "flat": False, "trace": False}
+    assert probe.parse_variant("stream_x_s3") == {"math": 0, "xload": 1, "w_slots": 10, "x_slots": 3, "sync": 3,
+                                                  "weightless": True, "flat": False, "trace": False}
+    assert probe.parse_variant("gemm_w4_x2_s7_4ph") == {"math": 1, "xload": 1, "w_slots": 4, "x_slots": 2,
+                                                        "sync": 7, "weightless": False, "flat": False, "trace": False}
+    assert probe.parse_variant("wgmma2_w6_x6")["math"] == 3 and probe.parse_variant("wgmma_s3")["math"] == 2 and probe.parse_variant("gemm")["math"] == 1
+    for bad in ("gemm_s32", "gemm_q2", "copy", "gemm_x", "gemm_flat", "stream_x_flat"):
+        with pytest.raises(ValueError, match="variant"):
+            probe.parse_variant(bad)
+    assert probe.parse_variant("stream_w4_x2_flat")["flat"] and probe.parse_variant("gemm_s3_trace")["trace"]
+    assert probe.flat_table(3 * probe.TILE_BYTES) == [[0, 3, 1 << 30, 0, 0, 0]]
+    for name in probe.DEFAULT_VARIANTS:
+        probe.parse_variant(name)
+    table, _ = probe.phase_table(3, 132, weightless=False)
+    assert [row[1] > 0 for row in table] == [True] * 3 * len(probe.GEMMS)
+
+
+def test_the_trace_summary_reads_the_stamps(probe):
+    """Two blocks, a layer of the 7 phases repeated over the probe's LAYERS: every step a known length."""
+    names = [n for _ in range(probe.LAYERS) for n, _, _ in probe.LAYER_PHASES]
+    stamps = torch.zeros(2, len(names), probe.TRACE, dtype=torch.int64)
+    clock = 0
+    for p, name in enumerate(names):
+        weighted = dict((n, w) for n, w, _ in probe.LAYER_PHASES)[name] > 0
+        for b in range(2):
+            seen = clock + 1000 * (b + 1)  # block b sees the previous phase 1 or 2 us after its last arrival
+            stamps[b, p, 0] = seen
+            if weighted:
+                stamps[b, p, 4] = seen - 500
+                stamps[b, p, 1] = seen + 300
+                stamps[b, p, 2] = seen + 300 + 4000 * (b + 1)
+                stamps[b, p, 3] = stamps[b, p, 2] + 700
+        clock = int(stamps[:, p, 3].max()) if weighted else int(stamps[:, p, 0].max())
+    got = probe.summarize_trace(stamps, names)
+    assert set(got) == {n for n, _, _ in probe.LAYER_PHASES}
+    q = got["qkv"]
+    assert q["seen"] == pytest.approx(1.5) and q["ready"] == pytest.approx(0.3) and q["tail"] == pytest.approx(0.7)
+    assert q["math"] == pytest.approx(6.0) and q["math_max"] == pytest.approx(8.0) and q["lead"] == pytest.approx(0.8)
+    assert q["span"] == pytest.approx(2 + 0.3 + 8 + 0.7)
+    assert got["norm"]["span"] == pytest.approx(2.0) and "math" not in got["norm"]
