@@ -81,8 +81,8 @@ THREADS = (MATH_WARPS + 2) * 32
 X_SLOT_BYTES = 64 * KTILE * 2  # two atoms of 64 rows
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
-DEFAULT_VARIANTS = ("stream_flat", "gemm_s3_4ph_trace", "wgmma_s3_4ph_trace", "wgmma2_w8_x4_s3_4ph_trace",
-                    "wgmma2_w6_x6_s3_4ph_trace", "wgmma2_w6_x6_s8_4ph", "wgmma2_w6_x6_s3_trace", "wgmma_s3_trace")
+DEFAULT_VARIANTS = ("stream_flat", "stream_s3_4ph_trace", "gemm_s3_4ph_trace", "wgmma_s3_4ph_trace",
+                    "wgmma_w8_x4_s8_4ph_trace", "wgmma_s3_trace", "stream_w12_x2_s3_4ph_trace")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
@@ -290,6 +290,7 @@ class ChainKernel:
 
 
 TRACE = 5  # the kernel's stamps per block and phase
+TILE_STAMPS = 16  # tiles per block and phase with stamps of their own (weights ready, activations ready, done)
 KERNELS = ("chain_stream", "chain_mma", "chain_wgmma", "chain_wgmma2")  # by math mode
 
 
@@ -318,6 +319,25 @@ def summarize_trace(stamps: torch.Tensor, names: list[str]) -> dict:
             r["tail"].append(_mid(b[:, 3] - b[:, 2]))
             r["lead"].append(_mid(b[:, 1] - b[:, 4]))
     return {name: {k: statistics.median(v) for k, v in r.items() if v} for name, r in rows.items()}
+
+
+def summarize_tiles(tiles: torch.Tensor, names: list[str]) -> dict:
+    """tiles [blocks, phases, TILE_STAMPS, 3] ns (weights ready, activations ready, done; 0: no such tile) ->
+    per phase kind, median us over layers past the first and blocks: w_gap = a tile's weights ready after the
+    previous tile was done, x_gap = its activations after its weights, tile = done after the previous done."""
+    t = tiles.double() / 1e3
+    per_layer = len(names) // LAYERS
+    out: dict[str, dict[str, list]] = {}
+    for p in range(per_layer, len(names)):
+        cur, prev = t[:, p, 1:], t[:, p, :-1]
+        ok = (cur[..., 2] > 0) & (prev[..., 2] > 0)
+        if not bool(ok.any()):
+            continue
+        r = out.setdefault(names[p], {"w_gap": [], "x_gap": [], "tile": []})
+        r["w_gap"].append(_mid((cur[..., 0] - prev[..., 2])[ok]))
+        r["x_gap"].append(_mid((cur[..., 1] - cur[..., 0])[ok]))
+        r["tile"].append(_mid((cur[..., 2] - prev[..., 2])[ok]))
+    return {name: {k: statistics.median(v) for k, v in r.items()} for name, r in out.items()}
 
 
 def graph_ms(fn, reps: int = 30) -> float:
@@ -423,13 +443,19 @@ def main(argv=None) -> int:
         _row(results, name, ms, nbytes, **spec, phases=n_phases, smem_bytes=smem, blocks=sms,
              max_rel_err=checks.get(name))
         if spec["trace"] and not spec["flat"]:
-            stamps = torch.zeros(sms, n_phases, TRACE, dtype=torch.int64, device=dev)
+            per_phase = sms * n_phases
+            buf = torch.zeros(per_phase * TRACE + per_phase * TILE_STAMPS * 3, dtype=torch.int64, device=dev)
             arrivals.zero_()
             kernel.launch(sms, w_packed, table_t, n_phases, x_packed, parts, tags, arrivals, w_slots, x_slots, math,
-                          spec["xload"], spec["sync"], stamps)
+                          spec["xload"], spec["sync"], buf)
             torch.cuda.synchronize()
+            buf = buf.cpu()
+            stamps = buf[:per_phase * TRACE].reshape(sms, n_phases, TRACE)
+            tiles = buf[per_phase * TRACE:].reshape(sms, n_phases, TILE_STAMPS, 3)
             names = [n for _ in range(LAYERS) for n, width, _ in LAYER_PHASES if width or spec["weightless"]]
-            summary = summarize_trace(stamps.cpu(), names)
+            summary = summarize_trace(stamps, names)
+            for kind, vals in summarize_tiles(tiles, names).items():
+                summary.setdefault(kind, {}).update(vals)
             results[name]["trace_us"] = summary
             for kind, vals in summary.items():
                 print(f"    {kind:10s} " + "  ".join(f"{k} {v:6.2f}" for k, v in vals.items()))

@@ -146,3 +146,20 @@ def test_the_trace_summary_reads_the_stamps(probe):
     assert q["math"] == pytest.approx(6.0) and q["math_max"] == pytest.approx(8.0) and q["lead"] == pytest.approx(0.8)
     assert q["span"] == pytest.approx(2 + 0.3 + 8 + 0.7)
     assert got["norm"]["span"] == pytest.approx(2.0) and "math" not in got["norm"]
+
+
+def test_the_tile_summary_reads_the_tile_stamps(probe):
+    names = [n for _ in range(probe.LAYERS) for n, _, _ in probe.LAYER_PHASES]
+    tiles = torch.zeros(3, len(names), probe.TILE_STAMPS, 3, dtype=torch.int64)
+    for p, name in enumerate(names):
+        if name != "gate_up":
+            continue
+        for b in range(3):
+            done = 0
+            for i in range(4):  # each tile: weights 500 ns after the last was done, activations 250 later, 300 of math
+                w = done + 500
+                tiles[b, p, i] = torch.tensor([w, w + 250, w + 550])
+                done = w + 550
+    got = probe.summarize_tiles(tiles, names)
+    assert set(got) == {"gate_up"}
+    assert got["gate_up"] == pytest.approx({"w_gap": 0.5, "x_gap": 0.25, "tile": 1.05})

@@ -35,7 +35,9 @@
 // trace (optional, nullptr: none): %globaltimer stamps in ns, TRACE per block and phase: [0] the activation
 // warp saw the previous phase complete (or began), [1] the math warps had the first tile's weights and
 // activations, [2] they finished the last tile, [3] they added their arrival, [4] the weight warp issued
-// the phase's first copy (0 where the block has no tile of the phase).
+// the phase's first copy (0 where the block has no tile of the phase). With a trace, tile_trace holds per
+// block, phase and tile of its run (the first TILE_STAMPS) three stamps: weights ready, activations ready,
+// products done.
 #include <cstdint>
 
 namespace {
@@ -49,6 +51,7 @@ constexpr int MATH_THREADS = MATH_WARPS * 32;
 constexpr int JMAX = 3;
 constexpr int FIELDS = 6;              // per phase: w_offset, tiles, ktiles, x_offset, part_base, reserved
 constexpr int TRACE = 5;               // stamps per block and phase (see the header)
+constexpr int TILE_STAMPS = 16;        // tiles per block and phase with stamps of their own
 
 __device__ __forceinline__ long long now_ns() {
   long long t;
@@ -244,6 +247,10 @@ __device__ __forceinline__ void chain(const uint8_t* __restrict__ w, const long 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int block = blockIdx.x, blocks = gridDim.x;
   long long* stamps = trace ? trace + static_cast<long long>(block) * n_phases * TRACE : nullptr;
+  long long* tile_stamps =
+      trace ? trace + static_cast<long long>(blocks) * n_phases * TRACE +
+                  static_cast<long long>(block) * n_phases * TILE_STAMPS * 3
+            : nullptr;
 
   // Activation rows past `rows` stay zero in every atom of every slot (the copies write rows < rows only).
   const int per_atom = (64 - rows) * ROW_BYTES / 16;
@@ -365,7 +372,12 @@ __device__ __forceinline__ void chain(const uint8_t* __restrict__ w, const long 
         chunk = t / ktiles;
       }
       mbar_wait(w_full + 8 * wr.slot, wr.parity);
+      long long* ts = tile_stamps && threadIdx.x == 0 && t - t0 < TILE_STAMPS
+                          ? tile_stamps + (static_cast<long long>(p) * TILE_STAMPS + (t - t0)) * 3
+                          : nullptr;
+      if (ts) ts[0] = now_ns();
       mbar_wait(x_full + 8 * xr.slot, xr.parity);
+      if (ts) ts[1] = now_ns();
       if (stamps && t == t0 && threadIdx.x == 0) stamps[p * TRACE + 1] = now_ns();
       if (math == 1) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
       if (math == 2) tile_wgmma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, acc);
@@ -383,6 +395,7 @@ __device__ __forceinline__ void chain(const uint8_t* __restrict__ w, const long 
       } else {
         give_back(wr.slot, xr.slot, true);
       }
+      if (ts) ts[2] = now_ns();
       wr.next(w_slots);
       xr.next(x_slots);
     }
