@@ -12,7 +12,8 @@ QKV, attention, o, norm, gate|up, down, norm; the phases without weights only sy
 persistent kernel, one block per SM. A producer warp streams the block's 16 KB weight tiles of every phase
 into a ring of shared-memory slots (bulk copies + mbarriers) without ever waiting for another block; a
 second warp waits for the phase's grid-wide arrival counter and then copies the activation tiles; eight
-math warps multiply them on the tensor cores (mma.sync, bf16 -> fp32) and write split-K partials.
+math warps multiply them on the tensor cores (mma.sync or wgmma, bf16 -> fp32) and write split-K partials.
+Findings (H200, 2026-12-04): benchmarks/README.md, "The expert's GEMM chain as one persistent CUDA kernel".
 
 Variants (each is one CUDA graph: the arrival counters zeroed, one launch), named by what they do:
   stream        math off, no activation copies: the bare weight stream through the phase barriers
@@ -32,7 +33,9 @@ Variants (each is one CUDA graph: the arrival counters zeroed, one launch), name
                 over layers 2-18 and blocks, us): seen = the last arrival of the previous phase -> a block's
                 activation warp sees it; ready = seen -> the first tile's weights and activations are in
                 shared memory; math = first -> last tile done; tail = partial stores + arrival; span = the
-                phase's last arrival after the previous phase's; lead = first weight copy issued -> ready
+                phase's last arrival after the previous phase's; lead = first weight copy issued -> ready;
+                per tile (the first 16 of a run): w_gap = weights ready after the previous tile was done,
+                x_gap = activations after weights, tile = one tile, done to done
 Baselines in the same process, the same weight bytes (622 MB per flow step, past the 50 MB L2):
   triton_stream_launches  persistent_probe's launch structure (PDL, 264 programs, 2 tiles per load, 4
                           before the wait): the bare stream, one launch per phase
@@ -340,24 +343,6 @@ def summarize_tiles(tiles: torch.Tensor, names: list[str]) -> dict:
     return {name: {k: statistics.median(v) for k, v in r.items()} for name, r in out.items()}
 
 
-def graph_ms(fn, reps: int = 30) -> float:
-    """Median ms of one replay of fn captured in a CUDA graph (after one eager run)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _row(results: dict, name: str, ms: float, nbytes: int, **extra) -> None:
     results[name] = {"ms_per_flow_step": ms, "us_per_layer": ms * 1e3 / LAYERS, "tb_per_s": nbytes / ms / 1e9,
                      **extra}
@@ -371,6 +356,11 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default=" ".join(DEFAULT_VARIANTS), help="variant names (see the module doc)")
     p.add_argument("--no-baselines", action="store_true")
     args = p.parse_args(argv)
+    import persistent_probe as pp  # graph timing (and the launch-structure baseline)
+
+    def graph_ms(fn):
+        return pp.graph_time_ms(fn, reps=30)
+
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -400,7 +390,8 @@ def main(argv=None) -> int:
     xs = {name: torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16) for name, (n, k) in shapes.items()}
     tables["flat"] = torch.tensor(flat_table(nbytes), dtype=torch.int64, device=dev).reshape(-1)
     x_packed = torch.cat([pack_x(xs[name]).view(torch.uint8) for name in GEMMS])
-    assert all(int(x_offsets[name]) == sum(2 * ROWS * shapes[g][1] for g in GEMMS[:GEMMS.index(name)]) for name in GEMMS)
+    for i, name in enumerate(GEMMS):  # the x buffer holds each GEMM's packed activations in GEMMS order
+        assert x_offsets[name] == sum(2 * ROWS * shapes[g][1] for g in GEMMS[:i])
     parts = torch.zeros(len(GEMMS) * sms * JMAX, ROWS, COLS, dtype=torch.float32, device=dev)
     tags = torch.full((len(GEMMS) * sms * JMAX,), -1, dtype=torch.int32, device=dev)
     arrivals = torch.zeros(LAYERS * len(LAYER_PHASES), dtype=torch.int32, device=dev)
@@ -462,7 +453,6 @@ def main(argv=None) -> int:
                 print(f"    {kind:10s} " + "  ".join(f"{k} {v:6.2f}" for k, v in vals.items()))
 
     if not args.no_baselines:
-        import persistent_probe as pp
         from flashrt_core.models.pi05.engine_gemm import _kwargs, skinny_linear
 
         flat = w_packed.view(torch.bfloat16)  # the same bytes in another order: a stream reads every byte once
@@ -478,7 +468,8 @@ def main(argv=None) -> int:
                     skinny_linear(xs[name_g], layer[name_g], geglu=name_g == "gate_up", defer=name_g != "gate_up",
                                   **_kwargs(ENGINE_CONFIGS[name_g]))
 
-        _row(results, "engine_gemms", graph_ms(engine_chain), nbytes, configs={k: list(v) for k, v in ENGINE_CONFIGS.items()})
+        _row(results, "engine_gemms", graph_ms(engine_chain), nbytes,
+             configs={k: list(v) for k, v in ENGINE_CONFIGS.items()})
 
         def cublas_chain():
             for layer in weights:

@@ -9,35 +9,39 @@
 //   warp 9 (activations):  waits until every block has finished the previous phase (a counter per phase in
 //                          global memory), then copies the activation k-tiles its block's tiles need into a
 //                          second ring; for a phase without weights it only adds its block's arrival.
-//   warps 0-7 (math):      multiply each weight tile with its activation tile on the tensor cores
-//                          (mma.sync m16n8k16, bf16 in, fp32 accumulate), write one fp32 partial per output
-//                          chunk they touched (split-K partials, as the engine's skinny GEMMs defer them), then
-//                          add the block's arrival to the phase's counter.
-// Tiles. A phase computes out[M, N] = x[M, K] @ W[N, K]^T. W is packed (cuda_chain_probe.pack_weight) as
-// 16 KB tiles of 64 output columns x 128 k, chunk-major (the k-tiles of output chunk 0, then of chunk 1, ...);
-// x as k-tiles of M rows x 128 k (pack_x). Each tile is two atoms of 64 k (k 0-63, then 64-127) whose rows
-// are 128 bytes, the 16-byte pieces of row r stored at piece ^ (r & 7): the 128-byte swizzle that wgmma
-// descriptors name, which also lets ldmatrix read 8 rows without bank conflicts. Block b takes the phase's tiles
-// [b * T / G, (b + 1) * T / G): a contiguous run, so it touches at most JMAX output chunks, each ending in a
-// partial of M x 64 fp32 (partials[part_base + b * JMAX + j], its chunk in tags[...]).
-// Modes (one kernel each: chain_stream, chain_mma, chain_wgmma, chain_wgmma2): math = 1 multiplies with mma.sync (per warp 16 rows x 32 columns), math = 2 with wgmma (per
-// warpgroup 64 rows x 32 columns, operands straight from the shared-memory slots), math = 3 with wgmma and
-// two tiles in flight (even and odd tiles of a run into two accumulators, summed before the partial is
-// written; a tile's slots are given back once the next tile's products are issued), math = 0 skips the
-// tensor-core work (the consumers take and give back the slots: the bare stream),
-// xload = 0 signals the activation slots without copying (the barrier is still waited for).
-// sync (bits, ways to make a phase boundary cheaper): 1 = no __threadfence before the release add (the
-// release alone orders the block's partial writes), 2 = poll the counter with relaxed loads and one acquire
-// fence after it is reached, 4 = no proxy fence before the activation copies (only valid here because the
-// probe's activations are not written inside the kernel), 8 = no waiting for the previous phase at all (a
-// diagnostic: the stream and the slot hand-offs without the grid-wide dependency), 16 = no partial stores
-// (a diagnostic: what writing them costs).
-// trace (optional, nullptr: none): %globaltimer stamps in ns, TRACE per block and phase: [0] the activation
-// warp saw the previous phase complete (or began), [1] the math warps had the first tile's weights and
-// activations, [2] they finished the last tile, [3] they added their arrival, [4] the weight warp issued
-// the phase's first copy (0 where the block has no tile of the phase). With a trace, tile_trace holds per
-// block, phase and tile of its run (the first TILE_STAMPS) three stamps: weights ready, activations ready,
-// products done.
+//   warps 0-7 (math):      multiply each weight tile with its activation tile on the tensor cores (bf16 in,
+//                          fp32 accumulate), write one fp32 partial per output chunk they touched (split-K
+//                          partials, as the engine's skinny GEMMs defer them), then add the block's arrival
+//                          to the phase's counter.
+//
+// Tiles. A phase computes out[M, N] = x[M, K] @ W[N, K]^T. W is packed (cuda_chain_probe.pack_weight) as 16 KB
+// tiles of 64 output columns x 128 k, chunk-major (the k-tiles of output chunk 0, then of chunk 1, ...); x as
+// k-tiles of M rows x 128 k (pack_x). Each tile is two atoms of 64 k whose rows are 128 bytes, the 16-byte
+// pieces of row r stored at piece ^ (r & 7): the 128-byte swizzle that wgmma descriptors name, which also lets
+// ldmatrix read 8 rows without bank conflicts. Block b takes the phase's tiles [b * T / G, (b + 1) * T / G): a
+// contiguous run, so it touches at most JMAX output chunks, each ending in a partial of M x 64 fp32
+// (partials[part_base + b * JMAX + j], its chunk in tags[...]).
+//
+// One kernel per math mode (the template argument of `chain`):
+//   chain_stream  (0) no products: the math warps take and give back the slots (the bare stream)
+//   chain_mma     (1) mma.sync m16n8k16, per warp 16 rows x 32 columns
+//   chain_wgmma   (2) wgmma m64n32k16, per warpgroup 64 rows x 32 columns, operands straight from the slots
+//   chain_wgmma2  (3) the same with two tiles in flight: even and odd tiles of a run go to two accumulators,
+//                     summed before the partial is written; a tile's slots are given back once the next
+//                     tile's products are issued
+// xload = 0: the activation slots are signalled without copying (the grid-wide wait still happens).
+// sync, bits that take parts of a phase boundary away:
+//   1  no __threadfence before the release add (the release alone orders the block's partial writes)
+//   2  poll the counter with relaxed loads, then one acquire fence
+//   4  no proxy fence before the activation copies (valid only because the probe's activations are never
+//      written inside the kernel)
+//   8  no wait for the previous phase at all (a diagnostic: the stream and the slot hand-offs alone)
+//   16 no partial stores (a diagnostic: what writing them costs)
+// trace (nullptr: none): %globaltimer stamps in ns. First TRACE per block and phase: [0] the activation warp
+// saw the previous phase complete (or began), [1] the math warps had the first tile's weights and activations,
+// [2] they finished the last tile, [3] they added their arrival, [4] the weight warp issued the phase's first
+// copy (0 where the block has no tile of the phase). Then, per block, phase and tile of its run (the first
+// TILE_STAMPS), three: weights ready, activations ready, products done.
 #include <cstdint>
 
 namespace {
@@ -255,8 +259,8 @@ __device__ __forceinline__ void chain(const uint8_t* __restrict__ w, const long 
   // Activation rows past `rows` stay zero in every atom of every slot (the copies write rows < rows only).
   const int per_atom = (64 - rows) * ROW_BYTES / 16;
   for (int i = threadIdx.x; i < 2 * x_slots * per_atom; i += blockDim.x) {
-    reinterpret_cast<uint4*>(smem + w_slots * TILE_BYTES + (i / per_atom) * ATOM_BYTES + rows * ROW_BYTES)[i % per_atom] =
-        make_uint4(0, 0, 0, 0);
+    uint8_t* atom = smem + w_slots * TILE_BYTES + (i / per_atom) * ATOM_BYTES;
+    reinterpret_cast<uint4*>(atom + rows * ROW_BYTES)[i % per_atom] = make_uint4(0, 0, 0, 0);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // those zeros, then wgmma's reads
   if (threadIdx.x == 0) {
