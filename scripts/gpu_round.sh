@@ -86,7 +86,7 @@ if [[ "$what" == probes ]]; then  # the act-structure probes: launches vs persis
   bench persistent_probe 200 --json "$OUT/persistent_probe_h200.json"
   bench tma_stream_probe 200 --json "$OUT/tma_stream_probe_h200.json"
 fi
-if [[ "$what" == cudachain ]]; then  # the act GEMM chain as one persistent CUDA kernel vs launches (~1 min; nvcc)
+if [[ "$what" == cudachain ]]; then  # the act GEMM chain as one persistent CUDA kernel vs launches (~20 s; nvcc)
   bench cuda_chain_probe 240 --json "$OUT/cuda_chain_probe_h200.json"
 fi
 if [[ "$what" == runtime ]]; then  # the contract runtime (both observe modes) and the capsules (~4 min with the cache)
