@@ -22,6 +22,8 @@ Variants (each is one CUDA graph: the arrival counters zeroed, one launch), name
                 torch)
   wgmma         the same with wgmma (operands straight from the shared-memory slots)
   wgmma2        wgmma with two tiles in flight (two accumulators; a tile's slots given back one tile later)
+  gemmgx        mma.sync with the activations loaded from global memory (L2) straight into registers: no
+                activation copies (the activation warp only signals that the previous phase is complete)
   _w<a>_x<b>    weight / activation ring slots (16 KB each; default 10 and 3)
   _s<bits>      the kernel's `sync` bits: 1 no __threadfence before the arrival's release add, 2 relaxed
                 polling and one acquire fence, 4 no proxy fence before the activation copies
@@ -84,8 +86,8 @@ THREADS = (MATH_WARPS + 2) * 32
 X_SLOT_BYTES = 64 * KTILE * 2  # two atoms of 64 rows
 # The engine's tuned picks for these shapes on the H200 (`.cache/tuning`, 2026-12-04; down as ranked in the
 # act graph): (block_n, block_k, split_k, warps, stages)
-DEFAULT_VARIANTS = ("stream_flat", "stream_s3_4ph_trace", "gemm_s3_4ph_trace", "wgmma_s3_4ph_trace",
-                    "wgmma_w8_x4_s8_4ph_trace", "wgmma_s3_trace", "stream_w12_x2_s3_4ph_trace")
+DEFAULT_VARIANTS = ("stream_flat", "gemm_s3_4ph_trace", "gemmgx_s3_4ph_trace", "wgmma_s3_4ph_trace",
+                    "gemmgx_s8_4ph_trace", "gemmgx_s3_trace", "gemm_s3_trace")
 ENGINE_CONFIGS = {"qkv": (64, 512, 0, 8, 1), "o": (64, 512, 0, 8, 1), "gate_up": (32, 128, 1, 4, 4),
                   "down": (64, 128, 4, 4, 4)}
 
@@ -200,10 +202,10 @@ def reduce_partials(parts: torch.Tensor, tags: torch.Tensor, n: int) -> torch.Te
 def parse_variant(name: str) -> dict:
     """'gemm_w4_x2_s3_4ph' -> the kernel's arguments (see the module doc); unknown parts raise ValueError."""
     parts = name.split("_")
-    kinds = ("stream", "gemm", "wgmma", "wgmma2")
+    kinds = ("stream", "gemm", "wgmma", "wgmma2", "gemmgx")
     if parts[0] not in kinds:
         raise ValueError(f"variant {name!r}: must start with one of {', '.join(kinds)}")
-    spec = {"math": kinds.index(parts[0]), "xload": int(parts[0] != "stream"), "w_slots": 10, "x_slots": 3,
+    spec = {"math": kinds.index(parts[0]), "xload": int(parts[0] not in ("stream", "gemmgx")), "w_slots": 10, "x_slots": 3,
             "sync": 0, "weightless": True, "flat": False, "trace": False}
     for part in parts[1:]:
         if part == "x" and parts[0] == "stream":
@@ -294,7 +296,7 @@ class ChainKernel:
 
 TRACE = 5  # the kernel's stamps per block and phase
 TILE_STAMPS = 16  # tiles per block and phase with stamps of their own (weights ready, activations ready, done)
-KERNELS = ("chain_stream", "chain_mma", "chain_wgmma", "chain_wgmma2")  # by math mode
+KERNELS = ("chain_stream", "chain_mma", "chain_wgmma", "chain_wgmma2", "chain_mma_gx")  # by math mode
 
 
 def _mid(x: torch.Tensor) -> float:

@@ -112,7 +112,9 @@ def test_variant_names_give_the_kernel_arguments(probe):
                                                   "weightless": True, "flat": False, "trace": False}
     assert probe.parse_variant("gemm_w4_x2_s7_4ph") == {"math": 1, "xload": 1, "w_slots": 4, "x_slots": 2,
                                                         "sync": 7, "weightless": False, "flat": False, "trace": False}
-    assert [probe.parse_variant(n)["math"] for n in ("stream", "gemm", "wgmma_s3", "wgmma2_w6_x6")] == [0, 1, 2, 3]
+    assert [probe.parse_variant(n)["math"] for n in ("stream", "gemm", "wgmma_s3", "wgmma2_w6_x6", "gemmgx")] == [
+        0, 1, 2, 3, 4]
+    assert probe.parse_variant("gemmgx_s3")["xload"] == 0  # its activations never go through the slots
     for bad in ("gemm_s32", "gemm_q2", "copy", "gemm_x", "gemm_flat", "stream_x_flat"):
         with pytest.raises(ValueError, match="variant"):
             probe.parse_variant(bad)

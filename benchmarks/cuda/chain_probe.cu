@@ -29,6 +29,8 @@
 //   chain_wgmma2  (3) the same with two tiles in flight: even and odd tiles of a run go to two accumulators,
 //                     summed before the partial is written; a tile's slots are given back once the next
 //                     tile's products are issued
+//   chain_mma_gx  (4) mma.sync with the activations loaded straight from global memory into registers (run
+//                     with xload = 0: the activation warp only signals that the previous phase is complete)
 // xload = 0: the activation slots are signalled without copying (the grid-wide wait still happens).
 // sync, bits that take parts of a phase boundary away:
 //   1  no __threadfence before the release add (the release alone orders the block's partial writes)
@@ -199,6 +201,35 @@ struct Ring {
     }
   }
 };
+
+// tile_mma with the activations read straight from global memory (L2; ld.global.cg, as data another block
+// wrote in this kernel must be read) into the A fragments, all 32 loads issued before the first product: no
+// activation copy and no activation slot. xk: the packed k-tile (two atoms of `rows` rows x 128 bytes).
+__device__ __forceinline__ void tile_mma_global(uint32_t wtile, const uint8_t* xk, int rows, int warp, int lane,
+                                                float (&acc)[4][4]) {
+  uint32_t a[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = (warp & 3) * 16 + (lane >> 2) + (i & 1) * 8;
+      const int k = ks * 16 + (lane & 3) * 2 + (i >> 1) * 8;
+      const int piece = (k & 63) >> 3;
+      const uint8_t* at = xk + (k >> 6) * rows * ROW_BYTES + row * ROW_BYTES + ((piece ^ (row & 7)) << 4) + (k & 7) * 2;
+      a[ks][i] = row < rows ? __ldcg(reinterpret_cast<const unsigned int*>(at)) : 0u;
+    }
+  const int b_row = (warp >> 2) * 32 + (lane & 7) + (lane >> 4) * 8;
+  const int b_hi = (lane >> 3) & 1;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks)
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      uint32_t b[4];
+      ldsm_x4(wtile + swizzled(b_row + 16 * q, 2 * ks + b_hi), b);
+      mma_bf16(acc[2 * q], a[ks], b[0], b[1]);
+      mma_bf16(acc[2 * q + 1], a[ks], b[2], b[3]);
+    }
+}
 
 // The math warps' share of one 16 KB tile: warp w computes rows 16 (w & 3) .. +15 and output columns
 // 32 (w >> 2) .. +31 of the tile's 64, over its 128 k.
@@ -384,6 +415,10 @@ __device__ __forceinline__ void chain(const uint8_t* __restrict__ w, const long 
       if (ts) ts[1] = now_ns();
       if (stamps && t == t0 && threadIdx.x == 0) stamps[p * TRACE + 1] = now_ns();
       if (math == 1) tile_mma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, lane, acc);
+      if (math == 4) {
+        const uint8_t* xk = x + ph[3] + static_cast<long long>(t % ktiles) * 2 * rows * ROW_BYTES;
+        tile_mma_global(w_ring + wr.slot * TILE_BYTES, xk, rows, warp, lane, acc);
+      }
       if (math == 2) tile_wgmma(w_ring + wr.slot * TILE_BYTES, x_ring + xr.slot * X_SLOT_BYTES, warp, acc);
       if (math == 3) {
         if ((t - t0) & 1) {
@@ -429,3 +464,4 @@ CHAIN_KERNEL(chain_stream, 0)
 CHAIN_KERNEL(chain_mma, 1)
 CHAIN_KERNEL(chain_wgmma, 2)
 CHAIN_KERNEL(chain_wgmma2, 3)
+CHAIN_KERNEL(chain_mma_gx, 4)
