@@ -205,8 +205,8 @@ def parse_variant(name: str) -> dict:
     kinds = ("stream", "gemm", "wgmma", "wgmma2", "gemmgx")
     if parts[0] not in kinds:
         raise ValueError(f"variant {name!r}: must start with one of {', '.join(kinds)}")
-    spec = {"math": kinds.index(parts[0]), "xload": int(parts[0] not in ("stream", "gemmgx")), "w_slots": 10, "x_slots": 3,
-            "sync": 0, "weightless": True, "flat": False, "trace": False}
+    spec = {"math": kinds.index(parts[0]), "xload": int(parts[0] not in ("stream", "gemmgx")), "w_slots": 10,
+            "x_slots": 3, "sync": 0, "weightless": True, "flat": False, "trace": False}
     for part in parts[1:]:
         if part == "x" and parts[0] == "stream":
             spec["xload"] = 1
@@ -391,9 +391,9 @@ def main(argv=None) -> int:
         weights.append(layer)
     xs = {name: torch.randn(ROWS, k, device=dev, generator=gen).to(torch.bfloat16) for name, (n, k) in shapes.items()}
     tables["flat"] = torch.tensor(flat_table(nbytes), dtype=torch.int64, device=dev).reshape(-1)
-    x_packed = torch.cat([pack_x(xs[name]).view(torch.uint8) for name in GEMMS])
-    for i, name in enumerate(GEMMS):  # the x buffer holds each GEMM's packed activations in GEMMS order
-        assert x_offsets[name] == sum(2 * ROWS * shapes[g][1] for g in GEMMS[:i])
+    x_packed = torch.empty(sum(2 * ROWS * k for _, k in shapes.values()), dtype=torch.uint8, device=dev)
+    for name, at in x_offsets.items():  # each GEMM's packed activations where the phase table points
+        x_packed[at:at + 2 * ROWS * shapes[name][1]] = pack_x(xs[name]).view(torch.uint8)
     parts = torch.zeros(len(GEMMS) * sms * JMAX, ROWS, COLS, dtype=torch.float32, device=dev)
     tags = torch.full((len(GEMMS) * sms * JMAX,), -1, dtype=torch.int32, device=dev)
     arrivals = torch.zeros(LAYERS * len(LAYER_PHASES), dtype=torch.int32, device=dev)

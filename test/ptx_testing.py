@@ -225,20 +225,20 @@ def tma_stream_resources() -> dict:
     bounds = probe.phase_bounds(1)
     w = torch.empty(bounds[-1], dtype=torch.bfloat16)
     tiles = torch.tensor(probe.tile_bounds(bounds), dtype=torch.int32)
+
+    def compiled(kernel, stages):
+        return kernel.warmup(probe.descriptor(w), tiles, torch.zeros(1, dtype=torch.int64), torch.zeros(132),
+                             len(tiles) - 1, STAGES=stages, TILE_ROWS=probe.TILE_ROWS, TILE_COLS=probe.TILE_COLS,
+                             WARPS=probe.WARPS, num_warps=probe.WARPS, grid=(132,))
+
     out = {}
     for stages in (2, 8):
-        kernel = probe._tma_stream_kernel.warmup(
-            probe.descriptor(w), tiles, torch.zeros(1, dtype=torch.int64), torch.zeros(132), len(tiles) - 1,
-            STAGES=stages, TILE_ROWS=probe.TILE_ROWS, TILE_COLS=probe.TILE_COLS, WARPS=probe.WARPS,
-            num_warps=probe.WARPS, grid=(132,))
+        kernel = compiled(probe._tma_stream_kernel, stages)
         ptx = kernel.asm["ptx"]
         out[str(stages)] = {**resources(kernel), "tensor_copies": ptx.count("cp.async.bulk.tensor"),
                             "mbarrier_waits": len(re.findall(r"mbarrier\.try_wait", ptx)),
                             "atomics": len(re.findall(r"atom\.", ptx))}
-    ws = probe._tma_stream_ws_kernel.warmup(
-        probe.descriptor(w), tiles, torch.zeros(1, dtype=torch.int64), torch.zeros(132), len(tiles) - 1,
-        STAGES=4, TILE_ROWS=probe.TILE_ROWS, TILE_COLS=probe.TILE_COLS, WARPS=probe.WARPS, num_warps=probe.WARPS,
-        grid=(132,))
+    ws = compiled(probe._tma_stream_ws_kernel, 4)
     ptx = ws.asm["ptx"]
     out["ws"] = {**resources(ws), "tensor_copies": ptx.count("cp.async.bulk.tensor"),
                  "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive", ptx)),

@@ -287,7 +287,7 @@ class Pi05Engine:
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache,
                                       merge_apart=attention_merge_apart)
         self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
-        self._staging: dict[tuple, tuple] = {}  # set_observation's views of `buffers` (_staging_views)
+        self._staging: dict[tuple, tuple] = {}  # set_observation's views of `buffers` (_staging_views; _resize clears)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
         # replay concurrently on different streams (observe beside act) and must not share them.
@@ -698,18 +698,16 @@ class Pi05Engine:
 
     def _staging_views(self, slots: int, tokens: int) -> tuple[list, list]:
         """([images, image_masks, lang_tokens, lang_mask] views of the first `slots` / `tokens`, [the views
-        past them that a write clears]) of the current buffers, kept while `buffers` stays the same object."""
+        past them that a write clears]) of the current buffers, kept until `_resize` replaces the buffers."""
         key = (slots, tokens)
-        cached = self._staging.get(key)
-        if cached is not None and cached[0] is self.buffers:
-            return cached[1], cached[2]
-        buf = self.buffers
-        dst = [buf.images[:, :slots], buf.image_masks[:, :slots], buf.lang_tokens[:, :tokens],
-               buf.lang_mask[:, :tokens]]
-        tails = [t for t in (buf.image_masks[:, slots:], buf.lang_tokens[:, tokens:], buf.lang_mask[:, tokens:])
-                 if t.numel()]
-        self._staging[key] = (buf, dst, tails)
-        return dst, tails
+        if key not in self._staging:
+            buf = self.buffers
+            dst = [buf.images[:, :slots], buf.image_masks[:, :slots], buf.lang_tokens[:, :tokens],
+                   buf.lang_mask[:, :tokens]]
+            tails = [t for t in (buf.image_masks[:, slots:], buf.lang_tokens[:, tokens:], buf.lang_mask[:, tokens:])
+                     if t.numel()]
+            self._staging[key] = (dst, tails)
+        return self._staging[key]
 
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
         """-> PrefixCache viewing the engine's static buffers: valid until the next encode_prefix (clone to keep)."""
