@@ -31,7 +31,6 @@ fits that many programs per SM (`programs_per_sm`, from its registers and shared
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -44,6 +43,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from _common import write_result  # noqa: E402
+from flashrt_core.bench import graph_ms  # noqa: E402
 from flashrt_core.kernels._common import pdl_launch  # noqa: E402
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait  # noqa: E402
 from flashrt_core.kernels._prefetch import (PREFETCH_CHUNK, PREFETCH_LANES, _prefetch_range,  # noqa: E402
@@ -232,21 +232,9 @@ def programs_per_sm(kernel, device) -> int:
 
 
 def graph_time_ms(fn, reps: int = 20) -> float:
-    """Median ms of one replay of fn captured in a CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median ms of one replay of fn captured in a CUDA graph (`flashrt_core.bench.graph_ms`, one call per
+    graph)."""
+    return graph_ms(lambda _: fn(), [None], rounds=reps)
 
 
 def main(argv=None) -> int:
