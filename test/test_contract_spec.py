@@ -97,6 +97,15 @@ CASES = [
     ("stage-not-in-model", "stages.act", DELETE, "buffers.noise: never produced"),
     ("buffers-missing", "buffers", DELETE, "buffers: missing"),
     ("graphs-mode", "graphs", "always", "graphs: must be one of stage, plan, off"),
+    ("version-other", "version", 2, "version: this flashrt reads contract version 1, got 2"),
+    ("version-string", "version", "1", "version: this flashrt reads contract version 1"),
+    ("rate-too-high", "stages.act.trigger.rate_hz", 1e300, "stages.act.trigger.rate_hz: must be between"),
+    ("rate-too-low", "stages.observe.trigger.rate_hz", 1e-300, "stages.observe.trigger.rate_hz: must be between"),
+    ("after-list", "stages.act.trigger", {"after": ["observe"]}, "stages.act.trigger.after: expected a stage name"),
+    ("read-nested-list", "stages.act.reads", ["prefix_k", ["prefix_v"]],
+     "stages.act.reads[1]: expected a buffer name, got ['prefix_v']"),
+    ("input-never-read", "buffers.wrist_depth", {"shape": ["views"], "dtype": "uint8", "lifetime": "input"},
+     "buffers.wrist_depth: an input that no stage reads"),
 ]
 
 
@@ -160,6 +169,31 @@ def test_load_errors_name_the_file(tmp_path):
     top.write_text("- a\n- b\n")
     with pytest.raises(ContractError, match="contract: expected a mapping"):
         load_contract(top)
+
+
+def test_a_key_given_twice_is_refused_with_its_lines(tmp_path):
+    """Plain YAML keeps the last of two equal keys: a second `act` stage or `limits` block would silently
+    replace the first."""
+    text = (CONFIG / "pi05_tiny.yaml").read_text()
+    assert text.count("\nlimits:") == 1
+    doubled = tmp_path / "twice.yaml"
+    doubled.write_text(text + "\nlimits:\n  max_observation_age_ms: 5000\n")
+    with pytest.raises(ContractError) as e:
+        load_contract(doubled)
+    first = text[: text.index("\nlimits:")].count("\n") + 2
+    assert "twice.yaml: not valid YAML" in str(e.value) and f"key 'limits' given twice (first on line {first})" in str(e.value)
+    stage = tmp_path / "stage.yaml"
+    stage.write_text(text.replace("\n  act:\n", "\n  act:\n    trigger: {rate_hz: 5}\n  act:\n", 1))
+    with pytest.raises(ContractError, match="key 'act' given twice"):
+        load_contract(stage)
+    load_contract(CONFIG / "pi05_tiny.yaml")  # the shipped file, unchanged, still loads
+
+
+def test_a_contract_that_is_not_utf8_names_the_file(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes((CONFIG / "pi05_tiny.yaml").read_text().replace("pi0.5 tiny", "pi0.5 tin\u00e9").encode("latin-1"))
+    with pytest.raises(ContractError, match=r"latin1.yaml: not UTF-8 text \(byte \d+"):
+        load_contract(bad)
 
 
 def test_overrides_revalidate(base):

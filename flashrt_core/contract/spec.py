@@ -28,6 +28,7 @@ _MODEL_KEYS = {"name", "checkpoint", "dtype", "options"}
 _LIMIT_KEYS = {"max_observation_age_ms", "late_observe"}
 _BUFFER_KEYS = {"shape", "dtype", "lifetime", "place", "doc"}
 _STAGE_KEYS = {"reads", "writes", "trigger", "deferred", "doc"}
+MIN_RATE_HZ, MAX_RATE_HZ = 1e-3, 1e4  # a stage's rate: at least once per 1000 s, at most every 0.1 ms
 _TRIGGER_KEYS = {"rate_hz", "on_change", "after"}
 
 
@@ -186,14 +187,34 @@ class Contract:
 def load_contract(path, binding=None) -> Contract:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ContractError(f"{path}: cannot read contract ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ContractError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ContractError(f"{path}: not valid YAML: {e}") from None
     return validate(data, binding=binding, source=str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: plain YAML keeps the last
+    one silently, which would drop a stage, a buffer or a limit the user wrote."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key (a list or mapping): the base class reports it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {first})", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
 
 def validate(data: Any, binding=None, source: str | None = None) -> Contract:
@@ -201,6 +222,9 @@ def validate(data: Any, binding=None, source: str | None = None) -> Contract:
     if not isinstance(data, Mapping):
         raise ContractError(f"contract: expected a mapping at the top level, got {type(data).__name__}")
     _no_unknown(data, _TOP_KEYS, "")
+    version = data.get("version", 1)
+    if version != 1 or isinstance(version, bool):
+        raise ContractError(f"version: this flashrt reads contract version 1, got {version!r}")
     model = _model(data.get("model"))
     if binding is None:
         from flashrt_core.contract.bindings import resolve_binding
@@ -342,7 +366,11 @@ def _trigger(t, path: str, reads: tuple[str, ...], stages: Mapping) -> Trigger:
     rate, change, after = t.get("rate_hz"), t.get("on_change"), t.get("after")
     if "rate_hz" in t and (not _is_number(rate) or not math.isfinite(rate) or rate <= 0):
         raise ContractError(f"{path}.rate_hz: must be a positive number, got {rate!r}")
+    if "rate_hz" in t and not MIN_RATE_HZ <= rate <= MAX_RATE_HZ:
+        raise ContractError(f"{path}.rate_hz: must be between {MIN_RATE_HZ:g} and {MAX_RATE_HZ:g} Hz, got {rate!r}")
     if "after" in t:
+        if not isinstance(after, str):
+            raise ContractError(f"{path}.after: expected a stage name, got {after!r}")
         if len(t) > 1:
             raise ContractError(f"{path}.after: cannot be combined with {', '.join(k for k in t if k != 'after')}")
         if after not in stages:
@@ -375,6 +403,11 @@ def _check_producers(buffers, stages) -> None:
     for b in buffers.values():
         if not b.is_input and b.name not in producer:
             raise ContractError(f"buffers.{b.name}: never produced (no stage writes it and it is not an input)")
+    read = {b for s in stages.values() for b in s.reads}
+    for b in buffers.values():
+        if b.is_input and b.name not in read:  # (a runtime would wait for it forever: has_observation)
+            raise ContractError(f"buffers.{b.name}: an input that no stage reads (remove it, or add it to the "
+                                "reads of the stage that uses it)")
 
 
 def _topological_order(stages, buffers) -> list[str]:
@@ -448,6 +481,8 @@ def _names(v, path: str, buffers) -> tuple[str, ...]:
     if not isinstance(v, (list, tuple)):
         raise ContractError(f"{path}: expected a list of buffer names, got {v!r}")
     for i, n in enumerate(v):
+        if not isinstance(n, str):
+            raise ContractError(f"{path}[{i}]: expected a buffer name, got {n!r}")
         if n not in buffers:
             raise ContractError(f"{path}[{i}]: unknown buffer {n!r}")
     if len(set(v)) != len(v):
