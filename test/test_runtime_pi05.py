@@ -131,6 +131,12 @@ def test_input_errors_leave_the_runtime_untouched():
         (dict(images=good, state=state_vec(rng), stamp_ns=99), "older than the last observation (100)"),
         (dict(images=good, state=state_vec(rng), stamp_ns=1.5), "stamp_ns: expected an integer"),
         (dict(images=good, state=None, stamp_ns=200), "state: required"),
+        # checked after the cast to float32: a float64 that overflows it never reaches the buffer as inf
+        (dict(images=good, state=np.array([0.1] * 7 + [1e39]), stamp_ns=200), "state[7]: 1e+39 overflows float32"),
+        (dict(images=good, state=torch.from_numpy(state_vec(rng)).to(torch.bfloat16), stamp_ns=200),
+         "state: torch dtype torch.bfloat16 has no numpy equivalent"),
+        (dict(images=[torch.from_numpy(good[0]).to(torch.bfloat16), good[1]], state=state_vec(rng), stamp_ns=200),
+         "images[0]: torch dtype torch.bfloat16"),
     ]
     for kwargs, message in cases:
         with pytest.raises(InputError, match=None) as e:

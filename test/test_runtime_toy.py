@@ -225,6 +225,21 @@ def test_late_observation_reuse_then_age_limit():
     assert rt.buffers.ledger.lates["observe"] == 1
 
 
+def test_an_observation_stamped_in_the_future_gives_no_actions():
+    """A negative age passes any age limit, so an observation stamped further ahead of the runtime's clock
+    than the limit (a sensor clock that disagrees with ours) is refused like a stale one; within the limit
+    (ordinary skew) it is used."""
+    rt = make_runtime(max_age=150)
+    rng = np.random.default_rng(5)
+    rt.set_prompt("stack the cups")
+    rt.set_observation(*observation(rng), stamp_ns=1000 * MS)
+    r = rt.step(800 * MS)
+    assert r.actions is None and r.decision_id is None
+    assert "observation stamped 200.0 ms in the future (more than limits.max_observation_age_ms = 150)" in r.reason
+    r = rt.step(900 * MS)  # 100 ms ahead: within the limit
+    assert r.actions is not None and r.observation_age_ms == pytest.approx(-100.0)
+
+
 @pytest.mark.parametrize("deferred", [False, True], ids=["inline", "deferred"])
 def test_late_observation_wait_holds_act_until_fresh_inputs(deferred):
     """Also with observe deferred: the observe that waited runs before act once fresh frames come (deferring

@@ -15,7 +15,11 @@ from flashrt_core.errors import InputError
 
 def _as_array(x, what: str) -> np.ndarray:
     if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
+        try:
+            return x.detach().cpu().numpy()
+        except TypeError:  # bfloat16 and other dtypes numpy lacks
+            raise InputError(f"{what}: torch dtype {x.dtype} has no numpy equivalent (images are uint8, the "
+                             "state float32)") from None
     if isinstance(x, np.ndarray):
         return x
     raise InputError(f"{what}: expected a numpy array, got {type(x).__name__}")
@@ -53,10 +57,14 @@ def check_state(state, shape: tuple[int, ...]) -> np.ndarray:
         raise InputError(f"state: dtype {a.dtype}, expected float32")
     if a.shape != tuple(shape):
         raise InputError(f"state: shape {tuple(a.shape)}, expected {tuple(shape)}")
-    bad = np.flatnonzero(~np.isfinite(a))
+    with np.errstate(over="ignore"):
+        out = a.astype(np.float32)  # checked after the cast: a float64 1e39 becomes inf here
+    bad = np.flatnonzero(~np.isfinite(out))
     if bad.size:
-        raise InputError(f"state[{bad[0]}]: {a.flat[bad[0]]} is not finite")
-    return a.astype(np.float32)
+        i = int(bad[0])
+        why = "is not finite" if not np.isfinite(a.flat[i]) else "overflows float32"
+        raise InputError(f"state[{i}]: {a.flat[i]} {why}")
+    return out
 
 
 def check_stamp(stamp_ns, last_ns: int | None) -> int:

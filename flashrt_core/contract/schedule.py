@@ -17,7 +17,7 @@ A due stage is then held back (with a reason) when a buffer it reads was never p
 inputs but none of its reads changed since its last run (a late observation: `late_observe: reuse` skips
 this period and later stages use the last outputs; `wait` keeps it pending and holds every stage that
 reads its outputs); or, for the stage writing the contract's output, when the observation its reads
-came from is older than `limits.max_observation_age_ms`.
+came from is older than `limits.max_observation_age_ms`, or stamped more than that far in the future.
 Planning only reads the ledger (versions and stamps on the host), so it never waits for the device.
 """
 from __future__ import annotations
@@ -216,6 +216,13 @@ class Scheduler:
         if name == self.output_stage and limit is not None and src is not None and (now_ns - src) / 1e6 > limit:
             plan.skipped[name] = (f"observation age {(now_ns - src) / 1e6:.1f} ms exceeds "
                                   f"limits.max_observation_age_ms = {limit:g}")
+            plan.refused_for_age = True
+            return False
+        if name == self.output_stage and limit is not None and src is not None and (src - now_ns) / 1e6 > limit:
+            # stamped further ahead of this clock than the age limit: the sensor's clock and ours disagree,
+            # so its age means nothing (a negative age would pass any limit)
+            plan.skipped[name] = (f"observation stamped {(src - now_ns) / 1e6:.1f} ms in the future (more than "
+                                  f"limits.max_observation_age_ms = {limit:g}): sensor and runtime clocks disagree")
             plan.refused_for_age = True
             return False
         return src
