@@ -237,3 +237,27 @@ def test_set_observation_writes_what_it_is_given_and_clears_the_rest(weights):
         assert torch.equal(buf.image_masks[:, :s], masks) and not buf.image_masks[:, s:].any()
         assert torch.equal(buf.lang_tokens[:, :n], tokens.long()) and not buf.lang_tokens[:, n:].any()
         assert torch.equal(buf.lang_mask[:, :n], lang_mask) and not buf.lang_mask[:, n:].any()
+
+
+def test_list_images_with_a_mask_tensor_keep_the_masks_in_place(weights):
+    """LeRobot passes images as a list of S [B, ...] tensors; the masks may come as a list of S [B] or as one
+    [B, S] tensor. With B == S a stacked tensor would be transposed and still pass the shape check, so the
+    wrong cameras would be masked: both forms must give the same actions (exactly: same engine, same noise)."""
+    config = weights.config
+    g = torch.Generator().manual_seed(3)
+    size, n = config.vision.image_size, config.tokenizer_max_length
+    images = torch.rand(2, 2, 3, size, size, generator=g) * 2 - 1
+    masks = torch.tensor([[True, False], [True, True]])  # not symmetric: a transpose changes it
+    tokens = torch.randint(1, config.vocab_size, (2, n), generator=g)
+    lang_mask = torch.arange(n)[None].expand(2, n) < 6
+    noise = torch.randn(2, config.chunk_size, config.action_dim, generator=g)
+    policy = Pi05Policy(config, weights, pi05.policy.make_engine("reference", weights), "cpu", torch.float32,
+                        tokenizer=TinyTokenizer())
+    as_lists = policy.sample_actions(list(images.unbind(1)), list(masks.unbind(1)), tokens, lang_mask, noise)
+    mixed = policy.sample_actions(list(images.unbind(1)), masks, tokens, lang_mask, noise)
+    stacked = policy.sample_actions(images, masks, tokens, lang_mask, noise)
+    assert torch.equal(mixed, as_lists) and torch.equal(stacked, as_lists)
+    swapped = policy.sample_actions(images, masks.T.contiguous(), tokens, lang_mask, noise)
+    assert not torch.equal(swapped, as_lists)  # (the masks matter here, so the check above can fail)
+    with pytest.raises(InputError, match="img_masks: missing"):
+        policy.sample_actions(list(images.unbind(1)), None, tokens, lang_mask, noise)

@@ -1,4 +1,6 @@
 """pi0.5 prompt text, state discretization and tokenization, checked against hand-computed values."""
+import pathlib
+
 import numpy as np
 import pytest
 import torch
@@ -53,6 +55,24 @@ def test_tiny_tokenizer_and_padding():
     assert int(m.sum()) == 1 + len(full.encode()) <= 128 and int(t.max()) < 1024  # fits the tiny model
     with pytest.raises(InputError, match="max_len"):
         tokenize_prompt(tok, "x", 0)
+    with pytest.raises(InputError, match=r"prompt: 7 tokens with BOS, more than prompt_len = 4; the end of 'abcdef'"):
+        tokenize_prompt(tok, "abcdef", 4, truncate=False)  # the contract runtime's form: never cut
+    assert tokenize_prompt(tok, "abc", 4, truncate=False)[1].all()
+
+
+def test_a_task_too_long_for_the_state_is_refused_at_set_prompt():
+    """The state comes last in the prompt: a task that fits the prompt buffer (256 bytes) but pushes the
+    state digits past prompt_len (128 tokens of the tiny model) would leave the policy blind to the robot,
+    so set_prompt refuses it, and the runtime keeps the prompt it had."""
+    from flashrt_core.contract import Runtime
+
+    rt = Runtime.from_config(pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml", seed=0)
+    fits = "x" * 60  # "Task: " + 60 + ", State: " + 8 x "255" + 7 spaces + ";\nAction: " + BOS = 117 tokens
+    rt.set_prompt(fits)
+    with pytest.raises(InputError) as e:
+        rt.set_prompt("y" * 127)
+    assert "more than prompt_len = 128" in str(e.value) and "task of 127 characters with 8 state values" in str(e.value)
+    assert rt._prompt == fits
 
 
 def test_sentencepiece_tokenizer_adds_bos(tmp_path):

@@ -154,6 +154,9 @@ class Runtime:
         if spec is None:
             raise InputError("prompt: this contract has no prompt input")
         data = inputs.encode_prompt(text, spec.shape[0])
+        check = getattr(self.binding, "check_prompt", None)  # the model's own limits (token count)
+        if check is not None:
+            check(text)
         with self._lock:
             if text == self._prompt:
                 return  # the same command again is not a change; nothing re-encodes

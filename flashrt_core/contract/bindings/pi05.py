@@ -22,12 +22,13 @@ import dataclasses
 import math
 import pathlib
 
+import numpy as np
 import torch
 
 from flashrt_core.contract.bindings import ModelBinding
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
-from flashrt_core.errors import CheckpointError, ContractError
+from flashrt_core.errors import CheckpointError, ContractError, InputError
 from flashrt_core.models import pi05
 from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.policy import make_engine
@@ -151,6 +152,20 @@ class Pi05Binding(ModelBinding):
                                   "pass tokenizer= (the PaliGemma SentencePiece model)")
         return pi05.TinyTokenizer()  # the built-in models: byte ids fit any vocab they have
 
+    def check_prompt(self, text: str) -> None:
+        """InputError when the task with a state of three-digit bins (the longest text a state gives) does not
+        fit in prompt_len tokens, so that set_prompt refuses it rather than every observe after it. (Token
+        counts of digits depend on the tokenizer: the observe stage still refuses any prompt that does not
+        fit, never truncating it.)"""
+        task = clean_task(text)
+        widest = np.full(self.dims["state_dim"], 1.0, dtype=np.float32)  # bin 255
+        try:
+            pi05.tokenize_prompt(self.policy.tokenizer, pi05.format_prompt(task, widest), self.dims["prompt_len"],
+                                 truncate=False)
+        except InputError as exc:
+            raise InputError(f"{exc} (task of {len(task)} characters with {self.dims['state_dim']} state "
+                             f"values; shorten the task or raise model.options.prompt_len)") from None
+
     # ---- stages ----------------------------------------------------------------------------------------
     def host(self, stage, io):
         if stage == "prompt":
@@ -159,7 +174,8 @@ class Pi05Binding(ModelBinding):
         elif stage == "observe":
             state = self.normalizer.normalize_state(io.host("state"))
             text = pi05.format_prompt(decode_prompt(io.host("task")), state.numpy())
-            tokens, mask = pi05.tokenize_prompt(self.policy.tokenizer, text, self.dims["prompt_len"])
+            # not truncated: the state comes last, and cutting it off would leave a policy blind to the robot
+            tokens, mask = pi05.tokenize_prompt(self.policy.tokenizer, text, self.dims["prompt_len"], truncate=False)
             io.to_device("lang_tokens", tokens[0])
             io.to_device("lang_mask", mask[0])
         elif stage == "act":

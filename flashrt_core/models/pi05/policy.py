@@ -105,7 +105,11 @@ class Pi05Policy:
         """images [B, S, 3, 224, 224] in [-1, 1] (or a list of S [B, 3, 224, 224] as LeRobot passes them),
         masks [B, S] (or a list of [B]) -> actions [B, chunk, action_dim] fp32 in normalized space."""
         if isinstance(images, (list, tuple)):
-            images, img_masks = torch.stack(list(images), dim=1), torch.stack(list(img_masks), dim=1)
+            images = torch.stack(list(images), dim=1)
+        if isinstance(img_masks, (list, tuple)):  # a [B, S] tensor is already in place (stacking it would
+            img_masks = torch.stack(list(img_masks), dim=1)  # transpose it, unnoticed where B == S)
+        if img_masks is None:
+            raise InputError("img_masks: missing (None); give [B, S] bools or a list of S [B] bools")
         whole = getattr(self.engine, "sample_actions", None)  # the fused engine's one-graph decision
         if whole is None:
             return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), noise)

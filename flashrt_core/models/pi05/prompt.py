@@ -99,11 +99,16 @@ class TinyTokenizer:
         return bytes(i - self.offset for i in ids if i >= self.offset).decode("utf-8", errors="replace")
 
 
-def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int):
-    """-> tokens [1, max_len] long and mask [1, max_len] bool: BOS + ids, truncated, right-padded."""
+def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int, truncate: bool = True):
+    """-> tokens [1, max_len] long and mask [1, max_len] bool: BOS + ids, truncated (as LeRobot's tokenizer
+    call does) or, with truncate=False, refused (InputError) when longer, right-padded."""
     if max_len < 1:
         raise InputError(f"max_len: must be positive, got {max_len}")
-    ids = ([tokenizer.bos_id] + list(tokenizer.encode(text)))[:max_len]
+    ids = [tokenizer.bos_id] + list(tokenizer.encode(text))
+    if len(ids) > max_len and not truncate:
+        raise InputError(f"prompt: {len(ids)} tokens with BOS, more than prompt_len = {max_len}; the end of "
+                         f"{text[-40:]!r} would be cut off")
+    ids = ids[:max_len]
     n = len(ids)
     tokens = torch.full((1, max_len), tokenizer.pad_id, dtype=torch.long)
     tokens[0, :n] = torch.tensor(ids, dtype=torch.long)
