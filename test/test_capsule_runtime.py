@@ -201,3 +201,23 @@ def test_restore_reports_what_it_restored_and_repeats_exactly():
         rt.buffers.ledger.runs["act"] = 999
         rt.restore(cid)
         assert same_meta(rt.runtime_meta(), host)
+
+
+def test_closing_a_runtime_removes_its_temporary_capsule_folder(tmp_path):
+    """Without a configured store the disk tier lives in a temporary folder of the runtime's own: closing the
+    runtime (the node's cleanup) removes it with the disk capsules in it; a folder the user named is kept."""
+    rt = Runtime.from_config("config/pi05_tiny.yaml", device="cpu", seed=0)
+    run_ticks(rt, range(2))
+    cid = rt.snapshot("on disk", tier="disk")
+    folder = rt.capsules.disk_dir
+    assert folder.is_dir() and any(folder.iterdir()) and cid in [c["id"] for c in rt.list_capsules()]
+    rt.close()
+    assert not folder.exists()
+    from flashrt_core.capsule.runtime_verbs import configure_capsules
+
+    mine = Runtime.from_config("config/pi05_tiny.yaml", device="cpu", seed=0)
+    configure_capsules(mine, disk_dir=tmp_path)
+    run_ticks(mine, range(2))
+    mine.snapshot("kept", tier="disk")
+    mine.close()
+    assert tmp_path.is_dir()

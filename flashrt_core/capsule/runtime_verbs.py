@@ -34,12 +34,15 @@ def _device_of(rt):
     return next((d for d in devices if d.type != "cpu"), torch.device("cpu"))
 
 
-def configure_capsules(rt, *, budgets=None, on_full="refuse", disk_dir=None, ring=0) -> CapsuleStore:
+def configure_capsules(rt, *, budgets=None, on_full="refuse", disk_dir=None, ring=0,
+                       owns_disk_dir=False) -> CapsuleStore:
     """Create (or replace, if none exists yet) the runtime's capsule store with these options."""
     if getattr(rt, "capsules", None) is not None and rt.capsules.list():
         raise CapsuleError("configure_capsules: the runtime already holds capsules; drop them first")
+    if getattr(rt, "capsules", None) is not None:
+        rt.capsules.close()  # (empty: this only removes a temporary folder it owned)
     rt.capsules = CapsuleStore(runtime_fingerprint(rt), device=_device_of(rt), budgets=budgets,
-                               on_full=on_full, disk_dir=disk_dir, ring=ring)
+                               on_full=on_full, disk_dir=disk_dir, ring=ring, owns_disk_dir=owns_disk_dir)
     return rt.capsules
 
 
@@ -48,7 +51,8 @@ def capsule_store(rt) -> CapsuleStore:
         import tempfile
 
         # Without explicit options the disk tier still works, in a private temporary folder.
-        configure_capsules(rt, disk_dir=tempfile.mkdtemp(prefix="flashrt_capsules_"))
+        # (the store's own: removed when the runtime closes, or at exit)
+        configure_capsules(rt, disk_dir=tempfile.mkdtemp(prefix="flashrt_capsules_"), owns_disk_dir=True)
     return rt.capsules
 
 

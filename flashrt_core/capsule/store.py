@@ -55,7 +55,9 @@ def _own_meta(meta) -> dict:
 
 class CapsuleStore:
     def __init__(self, fingerprint: Fingerprint, *, device="cpu", budgets: Mapping | None = None,
-                 on_full: str = "refuse", disk_dir=None, ring: int = 0):
+                 on_full: str = "refuse", disk_dir=None, ring: int = 0, owns_disk_dir: bool = False):
+        """owns_disk_dir: the folder is the store's own (a temporary one): `close()`, or the store's garbage
+        collection or the process's exit, removes it with every disk capsule in it."""
         if on_full not in ("refuse", "evict"):
             raise CapsuleError(f"on_full must be 'refuse' or 'evict', got {on_full!r}")
         budgets = dict(budgets or {})
@@ -91,6 +93,8 @@ class CapsuleStore:
         self._live_sig: list | None = None
         self._live_gen = 0
         self.verified_config = None  # set by capsule.runtime_verbs: what the runtime's fingerprint was checked for
+        self._remove_dir = (weakref.finalize(self, shutil.rmtree, str(self.disk_dir), True)
+                            if owns_disk_dir and self.disk_dir is not None else None)
 
     # ---------------------------------------------------------------- public verbs
     def snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str:
@@ -180,6 +184,16 @@ class CapsuleStore:
                 self._ring_ids[self._ring_ids.index(cap.id)] = None
             if cap.path is not None:
                 shutil.rmtree(cap.path, ignore_errors=True)
+
+    def close(self) -> None:
+        """Drop every capsule (disk ones included: their files are removed), and the store's own folder."""
+        with self._lock:
+            for capsule_id in list(self._caps):
+                self.drop(capsule_id)
+            self._ring_slots.clear()
+            self._ring_ids.clear()
+            if self._remove_dir is not None:
+                self._remove_dir()
 
     def move(self, capsule_id: str, tier: str) -> None:
         self._check_tier(tier)

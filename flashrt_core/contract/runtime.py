@@ -515,8 +515,12 @@ class Runtime:
         return all(led[n].version > 0 for n, b in self.contract.buffers.items() if b.is_input and n != "prompt")
 
     def close(self) -> None:
-        """Drop graphs, buffers and weights so device memory can be freed."""
+        """Drop graphs, buffers, weights and capsules (a temporary capsule folder is removed) so device memory
+        can be freed."""
         with self._lock:
+            if getattr(self, "capsules", None) is not None:
+                self.capsules.close()
+                self.capsules = None
             self.graphs = GraphCache(self.buffers, enabled=False)
             self.buffers.tensors.clear()
             self.binding = None
