@@ -93,14 +93,23 @@ def compressed_to_rgb(msg) -> np.ndarray:
     buf = np.frombuffer(bytes(msg.data), dtype=np.uint8)
     if buf.size == 0:
         raise ConversionError("compressed image is empty")
-    decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    try:
+        decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+    except Exception as exc:  # cv2.error: e.g. a header claiming more pixels than OpenCV allows
+        raise ConversionError(f"compressed image (format '{msg.format}') could not be decoded: "
+                              f"{str(exc).strip().splitlines()[-1]}") from None
     if decoded is None:
         raise ConversionError(f"compressed image (format '{msg.format}') could not be decoded")
+    if decoded.dtype not in (np.uint8, np.uint16) or decoded.ndim not in (2, 3):
+        raise ConversionError(f"compressed image (format '{msg.format}') decodes to {decoded.dtype} with shape "
+                              f"{decoded.shape}; expected 8- or 16-bit mono or colour")
     if decoded.ndim == 2:
         return _to_rgb8(decoded, "mono8" if decoded.dtype == np.uint8 else "16UC1")
-    if decoded.shape[2] == 4:
-        decoded = decoded[..., :3]
-    return np.ascontiguousarray(decoded[..., ::-1])  # OpenCV decodes to BGR
+    if decoded.shape[2] not in (3, 4):
+        raise ConversionError(f"compressed image (format '{msg.format}') has {decoded.shape[2]} channels")
+    if decoded.dtype == np.uint16:  # 16-bit colour: keep the high byte, as for 16-bit mono
+        decoded = (decoded >> 8).astype(np.uint8)
+    return np.ascontiguousarray(decoded[..., 2::-1])  # OpenCV decodes to BGR(A)
 
 
 def rgb_to_image(rgb: np.ndarray, image_type, stamp=None, frame_id: str = "", encoding: str = "rgb8", pad: int = 0):

@@ -33,6 +33,10 @@ from flashrt_ros.msg import ActionChunk
 from flashrt_ros.runtime_loader import load_runtime
 
 
+DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
+FUTURE_STAMP_MS = 1000.0  # how far ahead of the node's clock a sensor stamp may be without an age limit
+
+
 class PolicyNode(LifecycleNode):
     def __init__(self, name: str = "policy_node", **kwargs):
         super().__init__(name, **kwargs)
@@ -46,6 +50,8 @@ class PolicyNode(LifecycleNode):
         # was tried: it busy-polls ready callbacks of busy groups and starves the decision of the GIL.)
         self._wake = threading.Condition()
         self._wake_pending = False
+        self._ticking = False  # the inference thread is in a tick (a wake now is an overrun)
+        self._future_limit_ns = int(FUTURE_STAMP_MS * 1e6)  # set from the contract's age limit at configure
         self._worker = None
         self._worker_stop = False
         self._sensor_lock = threading.Lock()
@@ -81,16 +87,24 @@ class PolicyNode(LifecycleNode):
             self.health.last_error = f"configure failed: {exc}"
             self.get_logger().error(self.health.last_error)
             return TransitionCallbackReturn.FAILURE
+        try:
+            if self.p.prompt:
+                runtime.set_prompt(self.p.prompt)
+        except Exception as exc:  # a bad prompt parameter: report it, free the runtime, stay unconfigured
+            runtime.close()
+            self.health.last_error = f"configure failed: prompt parameter: {exc}"
+            self.get_logger().error(self.health.last_error)
+            return TransitionCallbackReturn.FAILURE
         with self.runtime_lock:
             self.runtime = runtime
             self._frame_shape = tuple(runtime.contract.buffers["images"].shape[1:])
-            if self.p.prompt:
-                self.runtime.set_prompt(self.p.prompt)
+            limit = runtime.contract.limits.max_observation_age_ms
+            self._future_limit_ns = int((limit if limit is not None else FUTURE_STAMP_MS) * 1e6)
         self.health.last_error = ""
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
-        # Reliable, and a deadline of one act period: every period without a chunk raises the middleware's
-        # offered-deadline-missed event, counted in /diagnostics.
-        period = 1.0 / runtime.stage_rates()[runtime.scheduler.output_stage]
+        # Reliable, with a deadline of 1.5 act periods: a period and a half without a chunk (not ordinary
+        # timer jitter) raises the middleware's offered-deadline-missed event, counted in /diagnostics.
+        period = DEADLINE_PERIODS / runtime.stage_rates()[runtime.scheduler.output_stage]
         chunk_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
                                durability=DurabilityPolicy.VOLATILE, deadline=Duration(seconds=period))
         self._chunk_pub = self.create_lifecycle_publisher(
@@ -167,6 +181,13 @@ class PolicyNode(LifecycleNode):
             JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data))
 
     def _check_stamp(self, source: str, stamp_ns: int) -> bool:
+        ahead = stamp_ns - self.get_clock().now().nanoseconds
+        if ahead > self._future_limit_ns:  # a stamp from a clock ahead of ours: kept, it would lock out the
+            # correctly stamped messages after it (stamps may not go back) and pass any age limit
+            self.health.reject("stamp_future", f"{source} stamp is {ahead / 1e6:.1f} ms ahead of the node's clock "
+                                               f"(limit {self._future_limit_ns / 1e6:g} ms): clocks disagree")
+            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            return False
         last = self._last_stamp.get(source)
         if last is not None and stamp_ns < last:
             self.health.reject("stamp_backwards", f"{source} stamp went back by {(last - stamp_ns) / 1e6:.1f} ms")
@@ -208,7 +229,11 @@ class PolicyNode(LifecycleNode):
 
     def _on_prompt(self, msg: String):
         with self.runtime_lock:
-            if self.runtime is None:
+            if self.runtime is None:  # kept for the next configure, which checks it against the model
+                if not msg.data.strip():
+                    self.health.reject("prompt", "prompt: empty")
+                    self.get_logger().warning(self.health.last_rejection)
+                    return
                 self.set_parameters([rclpy.parameter.Parameter("prompt", value=msg.data)])
                 return
             try:
@@ -216,6 +241,12 @@ class PolicyNode(LifecycleNode):
             except Exception as exc:
                 self.health.reject("prompt", str(exc))
                 self.get_logger().warning(self.health.last_rejection)
+
+    def _missing_inputs(self) -> list[str]:
+        """The topics that have not delivered a first message yet."""
+        with self._sensor_lock:
+            missing = [t for i, t in enumerate(self.p.camera_topics) if i not in self._images]
+            return missing + ([self.p.joint_state_topic] if self._joints is None else [])
 
     def _latest_observation(self):
         """The newest complete observation not yet fed to the runtime, or None."""
@@ -230,9 +261,10 @@ class PolicyNode(LifecycleNode):
 
     # ----------------------------------------------------------------- inference
     def _wake_worker(self):
-        """A stage timer fired: wake the inference thread (a wake while it still computes is an overrun)."""
+        """A stage timer fired: wake the inference thread. A wake while it still computes a tick is an overrun
+        (two stage timers that fire together while it waits are one wake: the tick runs every due stage)."""
         with self._wake:
-            if self._wake_pending:
+            if self._ticking:
                 self.health.overruns += 1
             self._wake_pending = True
             self._wake.notify()
@@ -245,12 +277,17 @@ class PolicyNode(LifecycleNode):
                 if self._worker_stop:
                     return
                 self._wake_pending = False
-            self._tick()
+                self._ticking = True
+            try:
+                self._tick()
+            finally:
+                with self._wake:
+                    self._ticking = False
 
     def _tick(self):
-        now_ns = self.get_clock().now().nanoseconds
-        observation = self._latest_observation()
-        with self.runtime_lock:
+        with self.runtime_lock:  # (a capsule service or a prompt may hold it: the clock is read after)
+            now_ns = self.get_clock().now().nanoseconds
+            observation = self._latest_observation()
             if self.runtime is None:
                 return
             if observation is not None and observation[2] >= self._fed_stamp:
@@ -262,7 +299,10 @@ class PolicyNode(LifecycleNode):
                     self.health.reject("observation", str(exc))
                     self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
             if not self.runtime.has_observation():
-                self.health.stale_reason = "waiting for a first complete observation (all cameras and joints)"
+                missing = self._missing_inputs()
+                self.health.stale_reason = ("waiting for a first complete observation: nothing yet on "
+                                            + ", ".join(missing) if missing else
+                                            "waiting for a first observation the runtime accepts")
                 return
             try:  # publish as soon as the actions exist, before the deferred stages are launched
                 result = self.runtime.step(now_ns, on_actions=self._publish_safely)

@@ -106,7 +106,8 @@ class Rig:
         if self.mode == "missing_joint":
             names, pos = names[:-1], pos[:-1]
         msg = JointState(name=names, position=pos)
-        msg.header.stamp = self._stamp(back_s=5.0) if self.mode == "backwards" else self._stamp()
+        back = {"backwards": 5.0, "future": -60.0}.get(self.mode, 0.0)  # future: a clock a minute ahead
+        msg.header.stamp = self._stamp(back_s=back)
         self.joints.publish(msg)
 
     # ---- helpers the tests use ----

@@ -42,10 +42,20 @@ def test_lifecycle_transitions_and_a_failed_configure(rig_factory, tmp_path):
     assert rig.wait(lambda: rig.last_status() is not None and "configure failed" in rig.last_status().message, 10)
     assert "missing_contract.yaml" in rig.last_status().message
 
-    value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value="")
-    result = rig.call(SetParameters, "set_parameters",
-                      SetParameters.Request(parameters=[Parameter(name="contract", value=value)]))
-    assert result.results[0].successful
+    def set_string(name, text):
+        value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=text)
+        result = rig.call(SetParameters, "set_parameters",
+                          SetParameters.Request(parameters=[Parameter(name=name, value=value)]))
+        assert result.results[0].successful
+
+    set_string("contract", "")
+    # a prompt the model cannot take (it would push the state out of the tiny model's 128 tokens) fails the
+    # transition with the reason, like a bad contract
+    set_string("prompt", "y" * 127)
+    assert rig.transition(CONFIGURE) is False and rig.state() == "unconfigured"
+    assert rig.wait(lambda: "configure failed: prompt parameter" in rig.last_status().message, 10), rig.last_status()
+    assert "more than prompt_len = 128" in rig.last_status().message
+    set_string("prompt", "pick up the cube")
     assert rig.transition(CONFIGURE) and rig.state() == "inactive"
     time.sleep(1.0)
     assert not rig.chunks, "an inactive node must not publish"
@@ -135,7 +145,9 @@ def test_capsule_services_end_to_end(rig_factory):
 @pytest.mark.parametrize("modes", [
     # (mode, diagnostics key that must count it)
     [("wrong_size", "rejected.image"), ("bad_encoding", "rejected.image"), ("nan_joints", "rejected.joint_state"),
-     ("missing_joint", "rejected.joint_state"), ("backwards", "rejected.stamp_backwards")],
+     ("missing_joint", "rejected.joint_state"), ("backwards", "rejected.stamp_backwards"),
+     # a joint clock a minute ahead: refused, and (not recorded) it does not lock out the good stamps after it
+     ("future", "rejected.stamp_future")],
 ])
 def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
     rig = rig_factory("bad_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ, max_age_ms=400.0)
@@ -152,7 +164,7 @@ def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
     rig.mode = "silent"
     assert rig.wait(lambda: rig.last_status() is not None and rig.last_status().level == b"\x02"
                     and "not publishing" in rig.last_status().message, 10), rig.last_status()
-    # The chunk publisher's deadline QoS (one act period) reports the silence too.
+    # The chunk publisher's deadline QoS (1.5 act periods) reports the silence too.
     assert rig.wait(lambda: int(_values(rig.last_status())["action_chunk_deadline_misses"]) > 0, 5)
     # A frame sent just before the silence may reach a busy node late and still be younger than max_age_ms
     # (0.4 s): from silence + max age + a margin on, every observation the node can have is too old.

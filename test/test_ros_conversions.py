@@ -74,6 +74,43 @@ def test_corrupt_compressed_image_is_refused():
         cv.compressed_to_rgb(CompressedImage(format="jpeg", data=b"\xff\xd8 not a jpeg"))
 
 
+def _png_claiming(width: int, height: int) -> bytes:
+    """A valid 1x1 PNG whose header (with its CRC fixed) claims another size."""
+    import struct
+    import zlib
+
+    import cv2
+
+    png = bytearray(cv2.imencode(".png", np.zeros((1, 1, 3), np.uint8))[1].tobytes())
+    ihdr = 8 + 4  # signature, then the IHDR chunk's length; its type and data follow
+    png[ihdr + 4:ihdr + 12] = struct.pack(">II", width, height)
+    png[ihdr + 17:ihdr + 21] = struct.pack(">I", zlib.crc32(bytes(png[ihdr:ihdr + 17])))
+    return bytes(png)
+
+
+def test_a_compressed_image_that_opencv_refuses_to_decode_is_a_conversion_error():
+    """OpenCV raises (cv2.error, not None) for a header beyond its pixel limit: one such message used to
+    escape the callback and end the node."""
+    from sensor_msgs.msg import CompressedImage
+
+    with pytest.raises(cv.ConversionError, match="could not be decoded: "):
+        cv.compressed_to_rgb(CompressedImage(format="png", data=_png_claiming(100000, 100000)))
+
+
+def test_16_bit_colour_is_reduced_to_its_high_byte_and_float_images_are_refused(rgb):
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+
+    wide = rgb.astype(np.uint16) * 256 + 7  # high byte = the 8-bit value
+    ok, buf = cv2.imencode(".png", wide[..., ::-1])
+    assert ok
+    np.testing.assert_array_equal(cv.compressed_to_rgb(CompressedImage(format="png", data=buf.tobytes())), rgb)
+    ok, buf = cv2.imencode(".tiff", rgb.astype(np.float32))
+    assert ok
+    with pytest.raises(cv.ConversionError, match="decodes to float32"):
+        cv.compressed_to_rgb(CompressedImage(format="tiff", data=buf.tobytes()))
+
+
 def test_joint_states_are_mapped_by_name_and_checked():
     from sensor_msgs.msg import JointState
 

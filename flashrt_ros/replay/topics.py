@@ -42,7 +42,8 @@ def absolute(topic: str, namespace: str = "/") -> str:
 
 def _from_node_params(params: dict, node: str, where: str) -> dict:
     """policy_node parameters (camera_topics, joint_state_topic, joint_names) -> mapping keys."""
-    ns = "/" + node.strip("/")
+    # a wildcard key (`/**`, `policy_node/*`) names no node: the topics are the default node name's
+    ns = "/" + node.strip("/") if "*" not in node else "/policy_node"
     out = {}
     if "camera_topics" in params:
         out["cameras"] = params["camera_topics"]
