@@ -1,6 +1,8 @@
 """The replay's arithmetic on hand-made inputs (no model): percentiles and deadline misses, matching
 decisions to recorded chunks, action error, two-contract agreement, the bag-clock grid, topic mapping,
 letterboxing."""
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -107,6 +109,8 @@ def test_topic_map_from_node_params_file_and_overrides(tmp_path):
     assert m.joint_names == ("a", "b") and m.prompt == "/policy_node/prompt"
     m = load_topic_map(params, cameras="/c0,/c1,/c2", joint_names="x,y")
     assert m.cameras == ("/c0", "/c1", "/c2") and m.joint_names == ("x", "y")
+    shipped = load_topic_map(pathlib.Path(__file__).resolve().parents[1] / "config" / "policy_node.yaml")
+    assert shipped.prompt == "/policy_node/prompt" and shipped.actions == "/policy_node/action_chunk"  # key /**
     bad = tmp_path / "bad.yaml"
     bad.write_text("cameras: [/a]\ncamera_rate: 30\n")
     with pytest.raises(ReplayError, match="camera_rate: unknown key"):
