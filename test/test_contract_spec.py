@@ -97,6 +97,7 @@ CASES = [
     ("stage-not-in-model", "stages.act", DELETE, "buffers.noise: never produced"),
     ("buffers-missing", "buffers", DELETE, "buffers: missing"),
     ("graphs-mode", "graphs", "always", "graphs: must be one of stage, plan, off"),
+    ("state-dim-over-model", "model.options.state_dim", 33, "model.options.state_dim: 33 exceeds the model's max_state_dim 32"),
     ("version-other", "version", 2, "version: this flashrt reads contract version 1, got 2"),
     ("version-string", "version", "1", "version: this flashrt reads contract version 1"),
     ("rate-too-high", "stages.act.trigger.rate_hz", 1e300, "stages.act.trigger.rate_hz: must be between"),

@@ -218,8 +218,27 @@ def test_nan_or_infinite_weights_are_refused_at_load(fixtures_dir, tmp_path):
         tensors[key] = tensors[key].clone()
         tensors[key].view(-1)[3] = float("nan")
     _rewrite(folder, poison)
-    with pytest.raises(CheckpointError, match=re.escape(f"NaN or infinite values in {key}")):
+    with pytest.raises(CheckpointError, match=re.escape(f"NaN or infinite values in 1 tensors: {key}")):
         pi05.load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("rename, message", [
+    (lambda k: "_orig_mod." + k, "behind an extra prefix '_orig_mod.' (e.g. _orig_mod.model."),
+    (lambda k: k[len("model."):], "they lack the leading 'model.' of a LeRobot PI05Policy state dict"),
+    (lambda k: "net." + k.replace(".", "_"), "not a LeRobot pi0.5 checkpoint?"),
+])
+def test_keys_under_another_prefix_are_described_with_the_file(tmp_path, rename, message):
+    """Sizes are inferred from the keys before any listing of missing / unexpected ones: when that fails,
+    the error still names the file and what its keys look like (a torch.compile wrapper's '_orig_mod.', a
+    state dict of the inner model without 'model.')."""
+    path = pi05.tiny_checkpoint(tmp_path / "tiny", seed=0)
+    tensors = load_file(str(path / "model.safetensors"))
+    save_file({rename(k): t for k, t in tensors.items()}, str(path / "model.safetensors"))
+    with pytest.raises(CheckpointError) as e:
+        pi05.load_checkpoint(path)
+    text = str(e.value)
+    assert text.startswith(str(path / "model.safetensors")) and "cannot infer pi0.5 sizes" in text, text
+    assert f"{len(tensors)} keys" in text and message in text, text
 
 
 def test_config_refuses_run_time_fields_out_of_range():

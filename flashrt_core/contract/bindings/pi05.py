@@ -85,8 +85,12 @@ class Pi05Binding(ModelBinding):
         action_dim = _positive(opts, "action_dim", min(7, c.action_dim))
         if action_dim > c.action_dim:
             raise ContractError(f"model.options.action_dim: {action_dim} exceeds the model's {c.action_dim}")
+        state_dim = _positive(opts, "state_dim", 8)
+        if state_dim > c.state_dim:  # (the policy refuses longer states: the contract says so up front)
+            raise ContractError(f"model.options.state_dim: {state_dim} exceeds the model's max_state_dim "
+                                f"{c.state_dim}")
         return {"views": _positive(opts, "views", 2), "image_height": _positive(opts, "image_height", 224),
-                "image_width": _positive(opts, "image_width", 224), "state_dim": _positive(opts, "state_dim", 8),
+                "image_width": _positive(opts, "image_width", 224), "state_dim": state_dim,
                 "prompt_bytes": _positive(opts, "prompt_bytes", 256), "prompt_len": c.tokenizer_max_length,
                 "slots": c.num_image_slots, "layers": c.vlm.depth, "kv_heads": c.vlm.kv_heads,
                 "head_dim": c.vlm.head_dim, "prefix_len": c.prefix_len, "chunk": c.chunk_size,

@@ -92,6 +92,23 @@ def _listing(title: str, items: list[str]) -> str:
     return f"{len(items)} {title}: {shown}{more}"
 
 
+def _key_layout_hint(shapes: dict) -> str:
+    """What the keys of a file whose sizes could not be inferred look like, against LeRobot's layout (keys
+    under `model.paligemma_with_expert.`): a prefix too many or too few is the usual cause."""
+    keys = sorted(shapes)
+    root = PG.split(".")[0] + "." + PG.split(".")[1] + "."  # "model.paligemma_with_expert."
+    inside = [k for k in keys if root in k]
+    text = f"{len(keys)} keys, {len(inside)} of them with '{root}'"
+    if inside and not any(k.startswith(root) for k in inside):
+        extra = inside[0][: inside[0].index(root)]
+        text += f" behind an extra prefix '{extra}' (e.g. {inside[0]}): strip it"
+    elif not inside and any(k.startswith(root[len("model."):]) for k in keys):
+        text += " (they lack the leading 'model.' of a LeRobot PI05Policy state dict)"
+    elif not inside:
+        text += "; not a LeRobot pi0.5 checkpoint? " + _listing("keys", keys)
+    return text
+
+
 def validate_shapes(config: Pi05Config, shapes: dict[str, tuple[int, ...]], source: str) -> None:
     """Raise CheckpointError listing missing, unexpected and mis-shaped keys (in that order)."""
     want = expected_keys(config)
@@ -135,8 +152,10 @@ def _infer_config(file: pathlib.Path, shapes: dict) -> Pi05Config:
             raise CheckpointError(f"{file.parent / name}: expected a JSON object, got {type(doc).__name__}")
     try:
         return Pi05Config.from_state_dict_shapes(shapes, dims=dims, lerobot_config=lerobot)
-    except CheckpointError:
-        raise
+    except CheckpointError as e:
+        if not str(e).startswith("cannot infer"):
+            raise
+        raise CheckpointError(f"{file}: {e}; {_key_layout_hint(shapes)}") from None
     except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
         raise CheckpointError(f"{file.parent}: {DIMS_FILE} / {LEROBOT_CONFIG_FILE} describe no valid pi0.5 model "
                               f"({type(e).__name__}: {e})") from None
@@ -178,10 +197,10 @@ def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
         raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
     bad = sorted(k for k, t in state.items() if not t.is_floating_point())
     if bad:
-        raise CheckpointError(f"{file}: non-floating tensors: " + ", ".join(bad[:_LIST]))
+        raise CheckpointError(f"{file}: " + _listing("non-floating tensors", bad))
     broken = sorted(k for k, t in state.items() if not torch.isfinite(t).all())
     if broken:
-        raise CheckpointError(f"{file}: NaN or infinite values in " + ", ".join(broken[:_LIST]))
+        raise CheckpointError(f"{file}: NaN or infinite values in " + _listing("tensors", broken))
     return config, state
 
 
