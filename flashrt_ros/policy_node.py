@@ -16,6 +16,7 @@ import numpy as np
 import rclpy
 from builtin_interfaces.msg import Time
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import TransitionCallbackReturn
@@ -66,6 +67,8 @@ class PolicyNode(LifecycleNode):
         self._chunk_pub = self._traj_pub = None
         self._diag_timer = None
         self.capsules = CapsuleServices(self)
+        self._prompt_echo = False  # set_parameters of a prompt the runtime already took (from ~/prompt)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_subscription(String, "~/prompt", self._on_prompt, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._diag_timer = self.create_timer(1.0, self._publish_diagnostics)
@@ -227,6 +230,27 @@ class PolicyNode(LifecycleNode):
                 self._joints = (positions, stamp)
                 self._dirty = True
 
+    def _on_set_parameters(self, parameters) -> SetParametersResult:
+        """Unconfigured: any change (read at the next configure). Configured: `prompt` is applied at once (and
+        refused with the runtime's reason); the others are read at configure only, so a change is refused
+        rather than accepted and ignored."""
+        if self.runtime is None:
+            return SetParametersResult(successful=True)
+        for p in parameters:
+            if p.name != "prompt":
+                return SetParametersResult(successful=False, reason=(
+                    f"{p.name}: read at configure; deactivate, clean up and configure again to change it"))
+        for p in parameters:
+            if self._prompt_echo:
+                continue
+            try:
+                with self.runtime_lock:
+                    if self.runtime is not None:
+                        self.runtime.set_prompt(p.value)
+            except Exception as exc:  # InputError: empty, too long for the model's tokens, ...
+                return SetParametersResult(successful=False, reason=f"prompt: {exc}")
+        return SetParametersResult(successful=True)
+
     def _on_prompt(self, msg: String):
         with self.runtime_lock:
             if self.runtime is None:  # kept for the next configure, which checks it against the model
@@ -241,6 +265,13 @@ class PolicyNode(LifecycleNode):
             except Exception as exc:
                 self.health.reject("prompt", str(exc))
                 self.get_logger().warning(self.health.last_rejection)
+                return
+        # the parameter follows, so that a cleanup and configure keep the prompt the robot was last given
+        self._prompt_echo = True
+        try:
+            self.set_parameters([rclpy.parameter.Parameter("prompt", value=msg.data)])
+        finally:
+            self._prompt_echo = False
 
     def _missing_inputs(self) -> list[str]:
         """The topics that have not delivered a first message yet."""

@@ -42,11 +42,13 @@ def test_lifecycle_transitions_and_a_failed_configure(rig_factory, tmp_path):
     assert rig.wait(lambda: rig.last_status() is not None and "configure failed" in rig.last_status().message, 10)
     assert "missing_contract.yaml" in rig.last_status().message
 
-    def set_string(name, text):
-        value = ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=text)
+    def set_param(name, value):
         result = rig.call(SetParameters, "set_parameters",
                           SetParameters.Request(parameters=[Parameter(name=name, value=value)]))
-        assert result.results[0].successful
+        return result.results[0]
+
+    def set_string(name, text):
+        assert set_param(name, ParameterValue(type=ParameterType.PARAMETER_STRING, string_value=text)).successful
 
     set_string("contract", "")
     # a prompt the model cannot take (it would push the state out of the tiny model's 128 tokens) fails the
@@ -57,6 +59,23 @@ def test_lifecycle_transitions_and_a_failed_configure(rig_factory, tmp_path):
     assert "more than prompt_len = 128" in rig.last_status().message
     set_string("prompt", "pick up the cube")
     assert rig.transition(CONFIGURE) and rig.state() == "inactive"
+    # configured: a parameter read at configure is refused (not accepted and ignored); the prompt applies now
+    rate = set_param("act_rate_hz", ParameterValue(type=ParameterType.PARAMETER_DOUBLE, double_value=7.0))
+    assert not rate.successful and "act_rate_hz: read at configure" in rate.reason
+    long = set_param("prompt", ParameterValue(type=ParameterType.PARAMETER_STRING, string_value="y" * 127))
+    assert not long.successful and "more than prompt_len = 128" in long.reason
+    set_string("prompt", "put the cube in the box")
+    # a prompt from the topic becomes the parameter too, so a cleanup and configure keep it
+    from rcl_interfaces.srv import GetParameters
+    from std_msgs.msg import String
+
+    topic = rig.node.create_publisher(String, "/lc_node/prompt", 10)
+
+    def prompt_is(text):
+        topic.publish(String(data=text))
+        got = rig.call(GetParameters, "get_parameters", GetParameters.Request(names=["prompt"]))
+        return got.values[0].string_value == text
+    assert rig.wait(lambda: prompt_is("wipe the table"), 10)
     time.sleep(1.0)
     assert not rig.chunks, "an inactive node must not publish"
     assert rig.transition(ACTIVATE) and rig.state() == "active"
