@@ -191,3 +191,26 @@ def test_inspect_cli_accepts_folder_or_file_and_reports(tmp_path):
 def test_import_of_a_missing_path_is_named(tmp_path):
     with pytest.raises(CapsuleError, match=str(pathlib.Path(tmp_path / "none"))):
         CapsuleStore(FP).import_(tmp_path / "none")
+
+
+def test_a_capsule_whose_buffers_disagree_with_its_own_fingerprint_is_refused(tmp_path):
+    """Checksums only prove a file is what its writer wrote: a capsule written (or hand-edited, checksums
+    recomputed) with buffers other than its fingerprint's layout is refused at import, before it takes a slot."""
+    from flashrt_core.capsule import diskfmt
+
+    bad = make_state(2)
+    bad["chunk"] = bad["chunk"][:, :4]  # [1, 4, 7] where the layout says [1, 5, 7]
+    path = tmp_path / "forged"
+    diskfmt.write_capsule(path, capsule_id="c0001-ffff", name="forged", created=0.0, fingerprint=FP.to_dict(),
+                          fingerprint_digest=FP.digest(), meta={"decision_id": 1}, tensors=bad)
+    store = CapsuleStore(FP)
+    with pytest.raises(CapsuleError, match=r"buffer chunk is float32 \(1,4,7\), the fingerprint says float32 \(1,5,7\)"):
+        store.import_(path)
+    missing = dict(make_state(2))
+    del missing["valid"]
+    path2 = tmp_path / "forged2"
+    diskfmt.write_capsule(path2, capsule_id="c0002-ffff", name="forged", created=0.0, fingerprint=FP.to_dict(),
+                          fingerprint_digest=FP.digest(), meta={"decision_id": 1}, tensors=missing)
+    with pytest.raises(CapsuleError, match=r"missing \['valid'\]"):
+        store.import_(path2)
+    assert store.list() == []

@@ -231,6 +231,7 @@ class CapsuleStore:
         if diffs:
             raise CapsuleError(f"{what}: fingerprint differs (this runtime != file): " + "; ".join(diffs))
         manifest, tensors = diskfmt.load_capsule(path, what)
+        self._full_check(tensors, what)  # (a hand-edited manifest may list other buffers than its fingerprint)
         meta = _own_meta(decode_meta(manifest["meta"]))
         with self._lock:
             self._make_room(tier, self.capsule_bytes, protect=set(), for_what=what)
