@@ -41,6 +41,7 @@ class NodeHealth:
         self.chunks_published = 0
         self.overruns = 0  # stage timers that fired while a tick was still computing
         self.deadline_misses = 0  # act periods without a chunk (the action_chunk publisher's deadline QoS)
+        self.clock_resets = 0  # times the node's clock jumped back (simulation resets)
 
     def reject(self, kind: str, why: str) -> None:
         self.rejected[kind] += 1
@@ -58,7 +59,8 @@ class NodeHealth:
 
     def key_values(self) -> list[tuple[str, str]]:
         values = [("chunks_published", str(self.chunks_published)), ("tick_overruns", str(self.overruns)),
-                  ("action_chunk_deadline_misses", str(self.deadline_misses))]
+                  ("action_chunk_deadline_misses", str(self.deadline_misses)),
+                  ("clock_resets", str(self.clock_resets))]
         for name, stats in sorted(self.stages.items()):
             values += [
                 (f"{name}.rate_hz", f"{stats.rate_hz():.2f}"),

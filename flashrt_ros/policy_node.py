@@ -36,6 +36,7 @@ from flashrt_ros.runtime_loader import load_runtime
 
 DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
 FUTURE_STAMP_MS = 1000.0  # how far ahead of the node's clock a sensor stamp may be without an age limit
+CLOCK_JUMP_NS = 1_000_000  # the node's clock going back by more than this is a reset (e.g. of a simulation)
 
 
 class PolicyNode(LifecycleNode):
@@ -53,6 +54,8 @@ class PolicyNode(LifecycleNode):
         self._wake_pending = False
         self._ticking = False  # the inference thread is in a tick (a wake now is an overrun)
         self._future_limit_ns = int(FUTURE_STAMP_MS * 1e6)  # set from the contract's age limit at configure
+        self._last_tick_ns = None  # the node's clock at the last tick (a jump back is a clock reset)
+        self._fresh_since_reset = True  # an observation stamped on the current clock was fed
         self._worker = None
         self._worker_stop = False
         self._sensor_lock = threading.Lock()
@@ -154,6 +157,7 @@ class PolicyNode(LifecycleNode):
             self._joints = None
             self._last_stamp.clear()
             self._fed_stamp = -1
+        self._last_tick_ns, self._fresh_since_reset = None, True
         return TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state) -> TransitionCallbackReturn:
@@ -192,6 +196,9 @@ class PolicyNode(LifecycleNode):
             self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
             return False
         last = self._last_stamp.get(source)
+        if last is not None and stamp_ns < last and self.get_clock().now().nanoseconds < last - self._future_limit_ns:
+            last = None  # our clock is behind this source's last stamp too, by more than any skew: both were
+            # reset (a simulation reset; the next tick resets the runtime's clocks)
         if last is not None and stamp_ns < last:
             self.health.reject("stamp_backwards", f"{source} stamp went back by {(last - stamp_ns) / 1e6:.1f} ms")
             self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
@@ -318,14 +325,18 @@ class PolicyNode(LifecycleNode):
     def _tick(self):
         with self.runtime_lock:  # (a capsule service or a prompt may hold it: the clock is read after)
             now_ns = self.get_clock().now().nanoseconds
-            observation = self._latest_observation()
             if self.runtime is None:
                 return
+            if self._last_tick_ns is not None and now_ns < self._last_tick_ns - CLOCK_JUMP_NS:
+                self._clock_jumped_back(now_ns)
+            self._last_tick_ns = now_ns
+            observation = self._latest_observation()
             if observation is not None and observation[2] >= self._fed_stamp:
                 images, state, stamp = observation
                 try:
                     self.runtime.set_observation(images=images, state=state, stamp_ns=stamp)
                     self._fed_stamp = stamp
+                    self._fresh_since_reset = True
                 except Exception as exc:  # InputError and friends: reject, keep the last good one
                     self.health.reject("observation", str(exc))
                     self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
@@ -334,6 +345,9 @@ class PolicyNode(LifecycleNode):
                 self.health.stale_reason = ("waiting for a first complete observation: nothing yet on "
                                             + ", ".join(missing) if missing else
                                             "waiting for a first observation the runtime accepts")
+                return
+            if not self._fresh_since_reset:
+                self.health.stale_reason = "the clock jumped back: waiting for observations stamped on the new clock"
                 return
             try:  # publish as soon as the actions exist, before the deferred stages are launched
                 result = self.runtime.step(now_ns, on_actions=self._publish_safely)
@@ -354,6 +368,24 @@ class PolicyNode(LifecycleNode):
             if self.runtime.scheduler.output_stage in result.skipped:  # due, but refused (stale input)
                 self.health.stale_reason = result.reason
                 self.get_logger().warning(f"no actions: {result.reason}", throttle_duration_sec=2.0)
+
+    def _clock_jumped_back(self, now_ns: int) -> None:
+        """The node's clock went back (a simulation reset under use_sim_time): the runtime's rate clocks and
+        stamps start again, sensor messages stamped on the old clock are dropped, and no decision is made
+        until an observation stamped on the new one is fed (runtime lock held)."""
+        back_ms = (self._last_tick_ns - now_ns) / 1e6
+        self.runtime.reset_clock()
+        horizon = now_ns + self._future_limit_ns
+        with self._sensor_lock:
+            self._images = {i: v for i, v in self._images.items() if v[1] <= horizon}
+            if self._joints is not None and self._joints[1] > horizon:
+                self._joints = None
+            self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= horizon}
+        self._fed_stamp = -1
+        self._fresh_since_reset = False
+        self.health.clock_resets += 1
+        self.get_logger().warning(f"the clock jumped back by {back_ms:.1f} ms (a simulation reset?): rate clocks "
+                                  "and stamps start again; waiting for observations on the new clock")
 
     def _publish_safely(self, result):
         """on_actions: publish; a failure is reported as such (the step itself went on and committed)."""

@@ -25,7 +25,8 @@ from flashrt_ros.synthetic import camera_frame, joint_names, joint_positions
 H, W, JOINTS = 48, 64, 5
 
 
-def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, contract=None, max_age_ms=400.0):
+def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, contract=None, max_age_ms=400.0,
+                 sim_time=False):
     topics = ",".join(f'"/{name}_cam{i}"' for i in range(2))
     joints = ",".join(f'"{n}"' for n in joint_names(JOINTS))
     cmd = [sys.executable, "-m", "flashrt_ros.policy_node", "--ros-args", "-r", f"__node:={name}",
@@ -37,12 +38,18 @@ def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, co
            "-p", "diagnostics_period_s:=0.2", "-p", "publish_joint_trajectory:=true"]
     if contract:
         cmd += ["-p", f"contract:={contract}"]
+    if sim_time:
+        cmd += ["-p", "use_sim_time:=true"]
     return cmd
 
 
 class Rig:
     def __init__(self, context, name: str, log_path: str, **node_kwargs):
         self.name = name
+        # sim_time: the rig publishes /clock (from 1000 s on, at wall speed) and stamps its sensors with it;
+        # jump_clock() sends it back, as a simulation reset does
+        self.sim_time = bool(node_kwargs.get("sim_time"))
+        self._sim_base_ns = 1000 * 10**9 - time.monotonic_ns()
         self.proc = subprocess.Popen(node_command(name, **node_kwargs), env=dict(os.environ),
                                      stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         self.log_path = log_path
@@ -71,6 +78,11 @@ class Rig:
         self.t0 = time.time()
         self.node.create_timer(1 / 15, self._publish_cameras)
         self.node.create_timer(1 / 50, self._publish_joints)
+        if self.sim_time:
+            from rosgraph_msgs.msg import Clock
+
+            clock_pub = self.node.create_publisher(Clock, "/clock", 10)
+            self.node.create_timer(1 / 200, lambda: clock_pub.publish(Clock(clock=self._stamp())))
         self.executor = SingleThreadedExecutor(context=context)
         self.executor.add_node(self.node)
         self._spin = threading.Thread(target=self.executor.spin, daemon=True)
@@ -80,8 +92,15 @@ class Rig:
         if any(s.name.startswith(f"{self.name}:") for s in msg.status):
             self.diagnostics.append(msg)
 
+    def sim_now_ns(self) -> int:
+        return time.monotonic_ns() + self._sim_base_ns
+
+    def jump_clock(self, back_s: float) -> None:
+        self._sim_base_ns -= int(back_s * 1e9)
+
     def _stamp(self, back_s: float = 0.0):
-        return rclpy.time.Time(nanoseconds=self.node.get_clock().now().nanoseconds - int(back_s * 1e9)).to_msg()
+        now = self.sim_now_ns() if self.sim_time else self.node.get_clock().now().nanoseconds
+        return rclpy.time.Time(nanoseconds=now - int(back_s * 1e9)).to_msg()
 
     def _publish_cameras(self):
         if self.mode == "silent":

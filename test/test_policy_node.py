@@ -195,3 +195,24 @@ def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
     assert rig.wait(lambda: len(rig.chunks_since(resumed)) >= 3, 20), rig.log()
     assert rig.wait(lambda: rig.last_status().level != b"\x02", 10)
     assert actions_of(rig.chunks[-1][1]).shape == (50, 5)
+
+
+def test_a_simulation_reset_sends_the_clock_back_and_the_node_carries_on(rig_factory):
+    """use_sim_time with /clock jumping back 30 s (an episode reset): the node counts a clock reset, drops
+    what was stamped on the old clock, and publishes again from observations stamped on the new one (before,
+    every new stamp was 'older than the last' and every stage waited for the old grid)."""
+    rig = rig_factory("sim_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ, max_age_ms=400.0,
+                      sim_time=True)
+    assert rig.wait(lambda: len(rig.chunks) >= 5, 60), rig.log()
+    before = max(m.observation_stamp.sec * 10**9 + m.observation_stamp.nanosec for _, m in rig.chunks)
+    assert before > 999 * 10**9  # stamped on the rig's simulated clock
+    rig.jump_clock(30.0)
+    jumped = time.monotonic()
+    assert rig.wait(lambda: rig.last_status() is not None
+                    and int(_values(rig.last_status())["clock_resets"]) >= 1, 10), rig.last_status()
+    assert rig.wait(lambda: len(rig.chunks_since(jumped)) >= 5, 20), rig.log()
+    late = rig.chunks_since(jumped)[-3:]
+    for m in late:
+        stamp = m.observation_stamp.sec * 10**9 + m.observation_stamp.nanosec
+        assert stamp < before - 20 * 10**9 and 0 <= m.observation_age_ms < 400, (stamp, before, m.observation_age_ms)
+    assert int(_values(rig.last_status()).get("rejected.stamp_backwards", 0)) == 0

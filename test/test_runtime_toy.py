@@ -459,3 +459,29 @@ def test_on_actions_may_not_step_feed_or_rewind_the_runtime():
     led = rt.buffers.ledger  # every step finished its work and counted its decision once
     assert led.decisions == len(calls) and led.runs["act"] == len(calls)
     assert rt.prompt == "sort" and rt.list_capsules() == []
+
+
+def test_reset_clock_after_the_clock_jumped_back():
+    """A simulation reset sends the clock back: without reset_clock every rate stage waits for the old grid
+    and every new observation is older than the last one. After it, the stages are due at the next step
+    again, the new observation is taken, and nothing stamped on the old clock is acted on."""
+    rt = make_runtime(max_age=150)
+    rng = np.random.default_rng(6)
+    rt.set_prompt("open the door")
+    rt.set_observation(*observation(rng), stamp_ns=5000 * MS)
+    assert rt.step(5000 * MS).actions is not None
+    assert rt.step(5020 * MS).ran == ["act", "energy"]
+    with pytest.raises(InputError, match="older than the last observation"):
+        rt.set_observation(*observation(rng), stamp_ns=10 * MS)
+    assert rt.step(20 * MS).ran == []  # the old grid: nothing due for ~5 s
+    rt.reset_clock()
+    rt.set_observation(*observation(rng), stamp_ns=40 * MS)
+    r = rt.step(50 * MS)  # every rate stage is due at the first step on the new clock
+    assert r.ran == ["observe", "act", "energy"] and r.observation_age_ms == pytest.approx(10.0)
+    assert rt.step(70 * MS).ran == ["act", "energy"]  # and the new grid goes on from there
+    # a step on the new clock before any new observation acts on nothing stamped on the old one
+    rt.set_observation(*observation(rng), stamp_ns=9000 * MS)
+    rt.step(9000 * MS)
+    rt.reset_clock()
+    r = rt.step(30 * MS)
+    assert r.actions is None and "in the future" in r.reason

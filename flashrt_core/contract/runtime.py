@@ -509,6 +509,18 @@ class Runtime:
         return (f"{c.model.name} ({c.model.checkpoint or 'built-in weights'}) {c.model.dtype} on {self.device}, "
                 f"{rates}, graphs {c.graphs}")
 
+    def reset_clock(self) -> None:
+        """The clock that steps and stamps count in jumped back (a simulation reset under use_sim_time, a
+        stepped system clock). The rate stages are anchored again at the next step (each due then), and the
+        next observation may carry any stamp. Buffers, prefix K/V, counters and capsules are kept; outputs
+        computed from observations stamped on the old clock are refused for age (stamped in the future) until
+        new ones arrive."""
+        self._not_in_on_actions("reset_clock")
+        with self._lock:
+            for clock in self.scheduler.clocks.values():
+                clock.t0, clock.n = None, 0
+            self._last_stamp = None
+
     def has_observation(self) -> bool:
         """Whether every observation input has been set at least once."""
         led = self.buffers.ledger.buffers
