@@ -37,6 +37,7 @@ from flashrt_ros.runtime_loader import load_runtime
 DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
 FUTURE_STAMP_MS = 1000.0  # how far ahead of the node's clock a sensor stamp may be without an age limit
 CLOCK_JUMP_NS = 1_000_000  # the node's clock going back by more than this is a reset (e.g. of a simulation)
+RESET_SKEW_NS = 50_000_000  # after a reset, messages stamped further than this past the node's clock are old
 
 
 class PolicyNode(LifecycleNode):
@@ -196,9 +197,12 @@ class PolicyNode(LifecycleNode):
             self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
             return False
         last = self._last_stamp.get(source)
-        if last is not None and stamp_ns < last and self.get_clock().now().nanoseconds < last - self._future_limit_ns:
-            last = None  # our clock is behind this source's last stamp too, by more than any skew: both were
-            # reset (a simulation reset; the next tick resets the runtime's clocks)
+        tick = self._last_tick_ns
+        if (last is not None and stamp_ns < last and tick is not None
+                and self.get_clock().now().nanoseconds < tick - CLOCK_JUMP_NS):
+            last = None  # the node's own clock went back since its last tick: a reset (the next tick resets
+            # the runtime's clocks), not a message out of order. (A message stamped on the new clock that
+            # arrives before the node's /clock moves back is still refused: the node cannot tell it apart.)
         if last is not None and stamp_ns < last:
             self.health.reject("stamp_backwards", f"{source} stamp went back by {(last - stamp_ns) / 1e6:.1f} ms")
             self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
@@ -243,19 +247,21 @@ class PolicyNode(LifecycleNode):
         rather than accepted and ignored."""
         if self.runtime is None:
             return SetParametersResult(successful=True)
-        for p in parameters:
-            if p.name != "prompt":
+        for p in parameters:  # (parameters of rclpy's own, e.g. use_sim_time, are live: let them through)
+            if p.name != "prompt" and p.name in params.PARAMETERS:
                 return SetParametersResult(successful=False, reason=(
                     f"{p.name}: read at configure; deactivate, clean up and configure again to change it"))
         for p in parameters:
-            if self._prompt_echo:
+            if self._prompt_echo or p.name != "prompt":
                 continue
             try:
                 with self.runtime_lock:
                     if self.runtime is not None:
                         self.runtime.set_prompt(p.value)
             except Exception as exc:  # InputError: empty, too long for the model's tokens, ...
-                return SetParametersResult(successful=False, reason=f"prompt: {exc}")
+                why = str(exc)
+                return SetParametersResult(successful=False, reason=why if why.startswith("prompt") else
+                                           f"prompt: {why}")
         return SetParametersResult(successful=True)
 
     def _on_prompt(self, msg: String):
@@ -375,7 +381,7 @@ class PolicyNode(LifecycleNode):
         until an observation stamped on the new one is fed (runtime lock held)."""
         back_ms = (self._last_tick_ns - now_ns) / 1e6
         self.runtime.reset_clock()
-        horizon = now_ns + self._future_limit_ns
+        horizon = now_ns + RESET_SKEW_NS
         with self._sensor_lock:
             self._images = {i: v for i, v in self._images.items() if v[1] <= horizon}
             if self._joints is not None and self._joints[1] > horizon:

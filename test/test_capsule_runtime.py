@@ -218,6 +218,8 @@ def test_closing_a_runtime_removes_its_temporary_capsule_folder(tmp_path):
     mine = Runtime.from_config("config/pi05_tiny.yaml", device="cpu", seed=0)
     configure_capsules(mine, disk_dir=tmp_path)
     run_ticks(mine, range(2))
-    mine.snapshot("kept", tier="disk")
+    kept = mine.snapshot("kept", tier="disk")
     mine.close()
-    assert tmp_path.is_dir()
+    assert (tmp_path / kept).is_dir()  # a folder the user named keeps its capsules (the export format)
+    again = Runtime.from_config("config/pi05_tiny.yaml", device="cpu", seed=0)
+    assert again.import_capsule(tmp_path / kept) in [c["id"] for c in again.list_capsules()]  # and reads back

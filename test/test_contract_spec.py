@@ -187,6 +187,11 @@ def test_a_key_given_twice_is_refused_with_its_lines(tmp_path):
     stage.write_text(text.replace("\n  act:\n", "\n  act:\n    trigger: {rate_hz: 5}\n  act:\n", 1))
     with pytest.raises(ContractError, match="key 'act' given twice"):
         load_contract(stage)
+    line = tmp_path / "line.yaml"  # twice within one flow mapping, on one line
+    line.write_text(text.replace("rate_hz: 50", "rate_hz: 50, rate_hz: 5", 1))
+    assert "rate_hz: 50, rate_hz: 5" in line.read_text()
+    with pytest.raises(ContractError, match="key 'rate_hz' given twice"):
+        load_contract(line)
     load_contract(CONFIG / "pi05_tiny.yaml")  # the shipped file, unchanged, still loads
 
 

@@ -60,6 +60,30 @@ def test_tiny_tokenizer_and_padding():
     assert tokenize_prompt(tok, "abc", 4, truncate=False)[1].all()
 
 
+def test_the_full_size_stand_in_tokenizer_fits_w2_prompts_in_48_tokens():
+    """The full-size model without a checkpoint (benchmarks) has no SentencePiece file: its stand-in gives a
+    token per word or number, as SentencePiece roughly does, so W2's 48 tokens hold a task and an 8-value
+    state (one token per byte needed 100); ids stay inside the vocabulary and are the same in every process."""
+    from flashrt_core.contract.bindings.pi05 import Pi05Binding
+    from flashrt_core.contract.spec import load_contract
+    from flashrt_core.contract.bindings.pi05 import model_config
+    from flashrt_core.models.pi05 import WordTokenizer
+
+    tok = WordTokenizer(257152)
+    text = format_prompt("pick up the red cube and put it in the bowl", np.ones(8, np.float32))
+    tokens, mask = tokenize_prompt(tok, text, 48, truncate=False)
+    assert int(mask.sum()) == 1 + len(text.split()) == 23 and 3 <= int(tokens[0, 1:23].min())
+    assert int(tokens.max()) < 257152 and tok.encode("State: 12") == tok.encode("State:   12")
+    assert len(set(tok.encode("a b c d e f g h"))) == 8  # distinct words, distinct ids (CRC32: fixed)
+    full = load_contract(pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05.yaml")
+    binding = object.__new__(Pi05Binding)  # (its tokenizer choice only: no 4B-parameter model on a CPU)
+    binding.model, binding.config = full.model, model_config(full.model)
+    assert isinstance(binding._tokenizer(None), WordTokenizer) and full.dims["prompt_len"] == 48
+    tiny = load_contract(pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml")
+    binding.model, binding.config = tiny.model, model_config(tiny.model)
+    assert isinstance(binding._tokenizer(None), TinyTokenizer)
+
+
 def test_a_task_too_long_for_the_state_is_refused_at_set_prompt():
     """The state comes last in the prompt: a task that fits the prompt buffer (256 bytes) but pushes the
     state digits past prompt_len (128 tokens of the tiny model) would leave the policy blind to the robot,

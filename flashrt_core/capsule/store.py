@@ -186,10 +186,10 @@ class CapsuleStore:
                 shutil.rmtree(cap.path, ignore_errors=True)
 
     def close(self) -> None:
-        """Drop every capsule (disk ones included: their files are removed), and the store's own folder."""
+        """Forget every capsule and free its memory. Disk capsules in a folder the user gave stay there (they
+        are in the export format: `import_` reads them back); a folder of the store's own is removed."""
         with self._lock:
-            for capsule_id in list(self._caps):
-                self.drop(capsule_id)
+            self._caps.clear()
             self._ring_slots.clear()
             self._ring_ids.clear()
             if self._remove_dir is not None:

@@ -208,12 +208,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                first = seen.get(key)
             except TypeError:  # an unhashable key (a list or mapping): the base class reports it
                 continue
-            if first != key_node.start_mark.line + 1:
+            if first is not None:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} given twice (first on line {first})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
 

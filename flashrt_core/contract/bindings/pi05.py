@@ -154,7 +154,9 @@ class Pi05Binding(ModelBinding):
         if self.model.checkpoint and self.config.vocab_size >= 257152:
             raise CheckpointError(f"{self.model.checkpoint}: no tokenizer.model beside the weights; "
                                   "pass tokenizer= (the PaliGemma SentencePiece model)")
-        return pi05.TinyTokenizer()  # the built-in models: byte ids fit any vocab they have
+        if self.config.vocab_size >= 257152:  # full size, random weights: a stand-in with SentencePiece's counts
+            return pi05.WordTokenizer(self.config.vocab_size)
+        return pi05.TinyTokenizer()  # the built-in small models: byte ids fit any vocab they have
 
     def check_prompt(self, text: str) -> None:
         """InputError when the task with a state of three-digit bins (the longest text a state gives) does not

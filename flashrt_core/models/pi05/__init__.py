@@ -11,8 +11,8 @@ from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfi
 from flashrt_core.models.pi05.normalize import FeatureNorm, Normalizer
 from flashrt_core.models.pi05.policy import Pi05Policy, load
 from flashrt_core.models.pi05.preprocess import preprocess_images, resize_with_pad
-from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, discretize_state,
-                                             format_prompt, tokenize_prompt)
+from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, WordTokenizer,
+                                             discretize_state, format_prompt, tokenize_prompt)
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.tiny import build_tiny, tiny_checkpoint
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
@@ -20,6 +20,6 @@ from flashrt_core.models.pi05.weights import Pi05Weights, convert
 __all__ = [
     "load", "Pi05Policy", "Pi05Config", "VisionConfig", "GemmaConfig", "Pi05Weights", "PrefixCache", "convert",
     "load_checkpoint", "save_checkpoint", "checkpoint_config", "expected_keys", "build_tiny", "tiny_checkpoint",
-    "preprocess_images", "resize_with_pad", "format_prompt", "discretize_state", "tokenize_prompt", "Tokenizer",
+    "preprocess_images", "resize_with_pad", "format_prompt", "discretize_state", "tokenize_prompt", "Tokenizer", "WordTokenizer",
     "SentencePieceTokenizer", "TinyTokenizer", "Normalizer", "FeatureNorm",
 ]

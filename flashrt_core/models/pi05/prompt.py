@@ -8,6 +8,7 @@ default), truncated to `max_length` and right-padded with the pad id.
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -97,6 +98,24 @@ class TinyTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i - self.offset for i in ids if i >= self.offset).decode("utf-8", errors="replace")
+
+
+class WordTokenizer:
+    """Download-free stand-in for PaliGemma's SentencePiece on a full-size model with random weights (the
+    benchmarks' `config/pi05.yaml` without a checkpoint): one id per whitespace-separated piece (its CRC32
+    mapped into [3, vocab)), so a prompt takes about as many tokens as SentencePiece gives it (~1 per word or
+    number), not one per byte: W2's 48 tokens hold a task and an 8-value state. Deterministic across runs."""
+
+    pad_id, eos_id, bos_id = 0, 1, 2
+    offset = 3
+
+    def __init__(self, vocab_size: int):
+        if vocab_size <= self.offset:
+            raise InputError(f"WordTokenizer: vocab_size must exceed {self.offset}, got {vocab_size}")
+        self.vocab_size = int(vocab_size)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.offset + zlib.crc32(w.encode("utf-8")) % (self.vocab_size - self.offset) for w in text.split()]
 
 
 def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int, truncate: bool = True):
