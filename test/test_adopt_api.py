@@ -217,6 +217,39 @@ def test_detach_restores_bit_exact_and_shares_parameters():
     accelerate(model, (x,), timer=fused_is_faster)  # adoptable again after detach
 
 
+def test_train_mode_reaches_the_originals_and_survives_detach():
+    """A wrapper runs its original in training mode, so the original must be in training mode then (dropout,
+    batch statistics): `model.train()` reaches it through the wrapper, and detach keeps the model's mode."""
+    model, x = siglip_like(), patches()
+    model, report = accelerate(model, (x,), timer=fused_is_faster)
+    wrapped = [m for m in model.modules() if isinstance(m, api.AdoptedModule)]
+    assert wrapped
+    model.train()
+    assert all(w.training and w.original.training for w in wrapped)
+    model.eval()
+    assert all(not w.training and not w.original.training for w in wrapped)
+    model.train()
+    detach(model)
+    assert all(m.training for m in model.modules())
+
+
+def test_modules_with_hooks_are_left_alone():
+    """A fused path does not run a submodule's hooks: a unit with any forward or backward hook is refused
+    (and its hook keeps firing); the others are adopted as before."""
+    model, x = gemma_like(), tokens()
+    calls = []
+    handle = model.norm.register_forward_hook(lambda m, i, o: calls.append(1))
+    model, report = accelerate(model, (x,), timer=fused_is_faster)
+    refused = [u for u in report.units if u.name == "norm"]
+    assert refused and not any(u.kept for u in refused) and "hooks on norm" in refused[0].reason
+    assert report.kept  # the others
+    calls.clear()
+    with torch.no_grad():
+        model(x)
+    assert calls == [1]
+    handle.remove()
+
+
 def test_adopting_twice_refused():
     model, x = gemma_like(), tokens()
     accelerate(model, (x,), timer=fused_is_faster, kinds=["rms_norm"])

@@ -105,6 +105,10 @@ class _Session:
         unit = cand.report
         stats = UnitStats()
         unit.stats = stats
+        hooked = _hooked(cand.originals)
+        if hooked:
+            unit.reason = f"hooks on {hooked}: the fused path would not run them"
+            return False
         try:
             cand.wrappers = cand.build(stats)
             with torch.no_grad():
@@ -344,6 +348,15 @@ def _capture(session: _Session, e: EndToEnd, name: str) -> None:
     e.capture = f"captured {name} ({graphed.uploads_hoisted} host uploads hoisted)"
 
 
+def _hooked(originals: dict) -> str | None:
+    """The first of these modules (or their submodules) with forward or backward hooks, or None."""
+    for name, module in originals.items():
+        for sub, m in module.named_modules():
+            if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks:
+                return f"{name}.{sub}" if sub else name
+    return None
+
+
 def detach(model: nn.Module) -> nn.Module:
     """Put every original submodule back (the same objects, so outputs are bit-exact and parameters shared)
     and remove captured graphs. Safe to call on a model that was never adopted."""
@@ -351,6 +364,7 @@ def detach(model: nn.Module) -> nn.Module:
     for name, wrapper in swapped:
         if not name:
             raise AdoptError("the root module itself is a swapped module; detach its parent instead")
+        wrapper.original.train(wrapper.training)  # (the same mode the model had through the wrapper)
         set_submodule(model, name, wrapper.original)
     for module in model.modules():
         for attr in [k for k, v in vars(module).items() if isinstance(v, GraphedMethod)]:

@@ -84,6 +84,13 @@ class AdoptedModule(nn.Module):
     def original(self) -> nn.Module:
         return self._original
 
+    def train(self, mode: bool = True):
+        """The mode reaches the original too (it runs every call in training mode: dropout and the like must
+        see it), not only the wrapper and the children it shares with the original."""
+        super().train(mode)
+        self._original.train(mode)
+        return self
+
     def _weights_usable(self) -> bool:
         """No gradient wanted through them, and not written, converted or moved since adoption (derived
         tensors such as merged weights would be stale)."""
