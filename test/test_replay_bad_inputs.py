@@ -138,3 +138,41 @@ def test_camera_topic_of_unknown_type(tmp_path, contract):
 def test_bag_that_does_not_exist(tmp_path, contract):
     with pytest.raises(ReplayError, match="no such bag"):
         replay(tmp_path / "nope", config=contract, progress=False)
+
+
+def test_a_replay_in_which_every_decision_is_refused_is_an_error(tmp_path, contract):
+    """Camera frames stamped a second behind the bag clock (a driver's clock offset): every due decision is
+    refused for age. That is a failed replay (status error, a non-zero exit), not 'status ok, 0 decisions'."""
+    def late(topic, seq, msg):
+        if topic.startswith("/camera"):
+            msg.header.stamp.sec -= 1
+        return msg
+
+    bag = write_bag(tmp_path / "bag", "mcap", edit=late)
+    err = expect_error(bag, contract, tmp_path / "report", r"no decisions: all \d+ due decisions were refused "
+                                                           r"\(most: observation age .* exceeds")
+    assert err.report.data["decisions"] == 0 and err.report.data["ticks"] > 5
+    assert "refused decisions:" in err.report.summary_table()
+
+
+def test_a_report_folder_is_replaced_whole_and_a_file_in_its_way_is_refused(tmp_path, contract):
+    bag = write_bag(tmp_path / "bag", "mcap")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "actions.png").write_bytes(b"an older run's plot")
+    (out / "notes.txt").write_text("older")
+    report = replay(bag, config=contract, report_dir=out, progress=False)
+    assert report.ok and sorted(p.name for p in out.iterdir()) == sorted(
+        ["report.json", "report.md", "latency.png", "observation_age.png", "actions.png"])
+    assert (out / "actions.png").read_bytes()[:4] == b"\x89PNG"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]  # no temporary folders left
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    with pytest.raises(ReplayError, match="exists and is not a folder"):
+        replay(bag, config=contract, report_dir=blocked, progress=False)
+    assert blocked.read_text() == "x"
+
+
+def test_realtime_refuses_options_it_would_ignore(tmp_path, contract):
+    with pytest.raises(ReplayError, match="--compare and --device apply to the bag-clock replay"):
+        replay(tmp_path / "bag", config=contract, compare=contract, realtime=True, progress=False)

@@ -95,7 +95,8 @@ def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_labe
         ax.grid(alpha=0.3)
     for ax in axes[joints:]:
         ax.set_visible(False)
-    axes[0].legend(fontsize=7, loc="upper right")
+    if axes[0].get_legend_handles_labels()[0]:  # (nothing to label when no decision was made)
+        axes[0].legend(fontsize=7, loc="upper right")
     for c in range(cols):  # the lowest panel of each column carries the time axis
         last = max((j for j in range(joints) if j % cols == c), default=None)
         if last is not None:

@@ -43,6 +43,9 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
     if realtime:
         from flashrt_ros.replay.realtime import replay_realtime
 
+        if compare is not None or device != "cpu":  # (the running node has its own contract and device)
+            raise ReplayError("--compare and --device apply to the bag-clock replay; --realtime drives a "
+                              "running policy_node, whose parameters set them")
         return replay_realtime(bag, config, report_dir=report_dir, topics=topic_map, prompt=prompt, node=node,
                                progress=progress, seed=seed, timeout_s=timeout_s)
     t_wall = time.perf_counter()
@@ -71,13 +74,20 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
         if bar is not None:
             bar.close(player.last_ns or source.info.start_ns, player.decisions)
     info = source.info
-    report = build_report(mode="bag-clock", config=config, seed=seed, topics=topic_map, info=info, player=player,
-                          contract=contract, compare_config=compare, wall_s=time.perf_counter() - t_wall,
-                          error=error)
-    if player is not None:
-        report.data["input_notes"] = list(player.fit.notes)
-    if report_dir is not None:
-        report.write(report_dir)
+    try:
+        report = build_report(mode="bag-clock", config=config, seed=seed, topics=topic_map, info=info,
+                              player=player, contract=contract, compare_config=compare,
+                              wall_s=time.perf_counter() - t_wall, error=error)
+        if player is not None:
+            report.data["input_notes"] = list(player.fit.notes)
+        error = report.data["error"]  # (also: no decision at all, every one refused)
+        if report_dir is not None:
+            report.write(report_dir)
+    except ReplayError:
+        raise
+    except Exception as exc:  # numbers or plots of a bag this replay did not foresee: say so, no traceback
+        raise ReplayError(f"{bag}: building the report failed ({type(exc).__name__}: {exc})"
+                          + (f"; the replay itself had failed: {error}" if error else "")) from exc
     if error:
         raise ReplayError(error, report=report, report_dir=report_dir)
     return report

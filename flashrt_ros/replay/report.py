@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashrt_ros.replay import metrics, plots
 from flashrt_ros.replay.clock import stage_periods_ms, stage_rates
+from flashrt_ros.replay.errors import ReplayError
 
 
 @dataclass
@@ -29,8 +33,29 @@ class Report:
 
     # ---- files -------------------------------------------------------------------------------------------
     def write(self, out_dir) -> Path:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+        """Write the report folder whole or not at all: it is built in a sibling folder and then takes the
+        place of `out_dir` (an older report there is replaced, never mixed with this one's files)."""
+        final = Path(out_dir)
+        if final.exists() and not final.is_dir():
+            raise ReplayError(f"--report {final}: exists and is not a folder")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        try:
+            self._write_files(out)
+            if final.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
+                os.replace(final, old / final.name)
+                os.replace(out, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(out, final)
+        except BaseException:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+        self.data["report_dir"] = str(final)
+        return final
+
+    def _write_files(self, out: Path) -> None:
         made = []
         t0 = self.ticks[0].t_ns if self.ticks else 0
         if self.ticks:
@@ -46,8 +71,6 @@ class Report:
         self.data["plots"] = [p.name for p in made]
         (out / "report.json").write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
         (out / "report.md").write_text(self.markdown())
-        self.data["report_dir"] = str(out)
-        return out
 
     # ---- text --------------------------------------------------------------------------------------------
     def stage_rows(self) -> list[list[str]]:
@@ -70,6 +93,12 @@ class Report:
             limit = f", limit {s['limit_ms']:.0f} ms: {s['over_limit']} over" if s.get("limit_ms") else ""
             lines.append(f"observation age: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, max {s['max']:.1f} ms"
                          f"{limit}; refused decisions: {s['refused']}")
+        elif s.get("refused"):
+            lines.append(f"refused decisions: {s['refused']} (no decision was made)")
+        for reason, n in sorted(s.get("refusal_reasons", {}).items(), key=lambda kv: -kv[1])[:3]:
+            lines.append(f"  refused {n}x: {reason}")
+        for note in d.get("input_notes", []):
+            lines.append(f"input: {note}")
         e = d.get("action_error", {})
         if "mse" in e:
             lines.append(f"action error vs recorded: {e['matched']}/{e['recorded']} chunks matched, "
@@ -163,6 +192,11 @@ def build_report(*, mode: str, config, seed: int, topics, info=None, player=None
         pairs = metrics.match_recorded(ticks, recorded, tol) if recorded else []
         if compare_config is not None:
             data["compare"] = dict(config=str(compare_config), **metrics.agreement(ticks))
+    if not error and ticks and data["decisions"] == 0 and data.get("staleness", {}).get("refused"):
+        reasons = data["staleness"]["refusal_reasons"]
+        data["status"] = "error"
+        data["error"] = (f"no decisions: all {data['staleness']['refused']} due decisions were refused (most: "
+                         f"{max(reasons, key=reasons.get)})")
     data["decisions_table"] = [
         {"t_s": (t.t_ns - ticks[0].t_ns) / 1e9, "decision_id": t.decision_id, "ran": t.ran,
          "latency_ms": t.latency_ms, "observation_age_ms": t.observation_age_ms}
