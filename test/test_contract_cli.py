@@ -40,3 +40,14 @@ def test_simulate_json_and_table(capsys):
     assert "simulated 0.2 s: 5 ticks" in out and "misses" in out
     assert cli.contract_simulate(CONFIG, -1.0) == 1
     assert "duration_s must be positive" in capsys.readouterr().err
+
+
+def test_simulate_refuses_rates_that_are_not_positive(capsys):
+    """A negative tick rate used to loop for ever, and 0 to be taken as 'not set'."""
+    for flag, value in (("--tick-hz", "-5"), ("--tick-hz", "0"), ("--observation-hz", "0"), ("--tick-hz", "nan")):
+        args = parse(["contract", "simulate", str(CONFIG), "--duration", "0.5", flag, value])
+        assert args.func(args) == 1
+        err = capsys.readouterr().err
+        assert "must be a rate in (0, 10000] Hz" in err, (flag, value, err)
+    args = parse(["contract", "simulate", str(CONFIG), "--duration", "inf"])
+    assert args.func(args) == 1 and "duration_s must be positive and finite" in capsys.readouterr().err

@@ -285,16 +285,19 @@ def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None
     (every input except the prompt-like ones nobody stamps) arrives at every tick, or at observation_hz. The
     prompt is set once at t=0. Compute takes no simulated time, so ages are pure scheduling staleness.
     """
-    if duration_s <= 0:
-        raise ValueError(f"duration_s must be positive, got {duration_s}")
+    if not (duration_s > 0 and math.isfinite(duration_s)):
+        raise ValueError(f"duration_s must be positive and finite (seconds), got {duration_s}")
+    for name, hz in (("tick_hz", tick_hz), ("observation_hz", observation_hz)):
+        if hz is not None and not (0 < hz <= 1e4 and math.isfinite(hz)):  # (None: not set; 0 is not "unset")
+            raise ValueError(f"{name} must be a rate in (0, 10000] Hz, got {hz}")
     sched = Scheduler(contract)
     ledger = Ledger.fresh(contract)
     end = int(Fraction(str(duration_s)) * NS)
     inputs = [b.name for b in contract.buffers.values() if b.is_input]
     stamped = [b for b in inputs if not _is_prompt(contract, b)]
     unstamped = [b for b in inputs if b not in stamped]
-    tick_clock = RateClock(tick_hz) if tick_hz else None
-    cam_clock = RateClock(observation_hz) if observation_hz else None
+    tick_clock = RateClock(tick_hz) if tick_hz is not None else None
+    cam_clock = RateClock(observation_hz) if observation_hz is not None else None
     for clock in (tick_clock, cam_clock):
         if clock:
             clock.t0 = 0
