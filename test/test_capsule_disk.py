@@ -214,3 +214,28 @@ def test_a_capsule_whose_buffers_disagree_with_its_own_fingerprint_is_refused(tm
     with pytest.raises(CapsuleError, match=r"missing \['valid'\]"):
         store.import_(path2)
     assert store.list() == []
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(buffers=list(m["buffers"])), "buffers is a list, not a mapping"),
+    (lambda m: m.update(meta=[1, 2]), "meta is a list, not a mapping"),
+    (lambda m: m.update(fingerprint="pi05"), "fingerprint is a str, not a mapping"),
+    (lambda m: m["buffers"]["chunk"].pop("nbytes"), "buffers.chunk lacks shape, dtype, nbytes or sha256"),
+    (lambda m: m.update(tensors_file=None), "tensors_file None is not a file name"),
+    (lambda m: m.update(tensors_file="../other/buffers.safetensors"), "is not a file name inside the capsule folder"),
+])
+def test_a_malformed_manifest_is_a_failed_check_not_a_crash(tmp_path, edit, message):
+    """`capsule inspect` never raises on bad data, even where the manifest's checksum was recomputed: fields of
+    the wrong type, and a tensors file outside the capsule folder, are refused before anything is followed."""
+    from flashrt_core.capsule import diskfmt
+
+    _, _, _, _, path = exported(tmp_path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    manifest["manifest_sha256"] = diskfmt._manifest_digest(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    out = io.StringIO()
+    assert capsule_inspect(path, out=out) == 1
+    assert message in out.getvalue(), out.getvalue()
+    with pytest.raises(CapsuleError, match="malformed manifest"):
+        CapsuleStore(FP).import_(path)

@@ -101,6 +101,21 @@ def capsule_dir(path) -> pathlib.Path:
     return path.parent if path.name in (TENSORS, MANIFEST) else path
 
 
+def _layout_problem(manifest: Mapping) -> str | None:
+    """What makes a manifest unusable before any checksum is looked at, or None."""
+    for key in ("fingerprint", "meta", "buffers"):
+        if not isinstance(manifest.get(key), dict):
+            return f"{key} is a {type(manifest.get(key)).__name__}, not a mapping"
+    for name, spec in manifest["buffers"].items():
+        if not (isinstance(spec, dict) and isinstance(spec.get("shape"), list) and isinstance(spec.get("dtype"), str)
+                and isinstance(spec.get("nbytes"), int) and isinstance(spec.get("sha256"), str)):
+            return f"buffers.{name} lacks shape, dtype, nbytes or sha256"
+    tensors = manifest.get("tensors_file", TENSORS)
+    if not isinstance(tensors, str) or tensors in ("", ".", "..") or pathlib.PurePath(tensors).name != tensors:
+        return f"tensors_file {tensors!r} is not a file name inside the capsule folder"
+    return None
+
+
 def read_manifest(path) -> tuple[dict | None, Check]:
     """The manifest and the check of its own integrity; (None, failed check) if unreadable."""
     file = capsule_dir(path) / MANIFEST
@@ -114,6 +129,9 @@ def read_manifest(path) -> tuple[dict | None, Check]:
         return None, Check("manifest", False, f"{file} is not a {FORMAT} manifest")
     if manifest.get("version") != VERSION:
         return manifest, Check("manifest", False, f"{file}: version {manifest.get('version')} != {VERSION}")
+    problem = _layout_problem(manifest)
+    if problem:  # (nothing of it can be shown or followed: a field of the wrong type, a path out of the folder)
+        return None, Check("manifest", False, f"{file}: malformed manifest: {problem}")
     if manifest.get("manifest_sha256") != _manifest_digest(manifest):
         return manifest, Check("manifest", False, f"{file}: manifest checksum failed (edited or corrupt)")
     return manifest, Check("manifest", True, f"{file}: checksum ok")
