@@ -2,6 +2,7 @@
 table, the report folder, and a clear message (exit 1) for a bad bag."""
 import pathlib
 
+import pytest
 import yaml
 
 from flashrt_ros.cli import main
@@ -38,3 +39,21 @@ def test_make_bag_then_replay_from_the_command_line(tmp_path, capsys):
     # an existing output path is never overwritten
     assert main(["make-bag", bag, "--duration", "0.5", "--no-progress"]) == 1
     assert "exists already" in capsys.readouterr().err
+
+
+def test_make_bag_that_fails_leaves_nothing_behind(tmp_path):
+    """A bag is written beside its destination and moved there when complete: a failure part-way (here more
+    joints than the tiny contract's state holds) leaves no half bag that would block the next try."""
+    from flashrt_ros.replay.errors import ReplayError
+    from flashrt_ros.replay.make_bag import make_bag
+
+    out = tmp_path / "bag"
+    with pytest.raises(Exception):
+        make_bag(out, duration=0.3, joints=20, height=48, width=64)
+    assert list(tmp_path.iterdir()) == []
+    for bad in (dict(duration=float("nan")), dict(duration=float("inf")), dict(height=0)):
+        with pytest.raises(ReplayError, match="must be (a )?positive"):
+            make_bag(out, **{"duration": 0.3, **bad})
+    summary = make_bag(out, duration=0.3, height=48, width=64)
+    assert summary["path"] == str(out) and (out / "metadata.yaml").is_file() and (out / "bag.mcap").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["bag"]

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -84,7 +88,31 @@ def chunk_message(store, tick, joint_names, dt: float):
 def make_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 2, seed: int = 0, config=None,
              height: int = 240, width: int = 320, joints: int = 7, prompt: str = "pick up the red cube",
              device: str = "cpu", progress: bool = False, action_dt: float = 0.02) -> dict:
-    """Write the sample bag to `out` (a new folder) and return a summary (topics, counts, decisions)."""
+    """Write the sample bag to `out` (a new folder) and return a summary (topics, counts, decisions). The bag
+    is written in a temporary folder beside `out` and moved there when complete: a failure leaves nothing."""
+    if not (duration > 0 and math.isfinite(duration)):
+        raise ReplayError(f"duration: must be a positive number of seconds, got {duration}")
+    if height <= 0 or width <= 0 or joints <= 0:
+        raise ReplayError(f"size and joints: must be positive, got {width}x{height} and {joints} joints")
+    out = Path(out)
+    if out.exists():
+        raise ReplayError(f"{out}: exists already; a bag is never overwritten")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        summary = _write_bag(staging / out.name, storage=storage, duration=duration, cameras=cameras, seed=seed,
+                             config=config, height=height, width=width, joints=joints, prompt=prompt, device=device,
+                             progress=progress, action_dt=action_dt)
+        os.replace(staging / out.name, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    summary["path"] = str(out)
+    return summary
+
+
+def _write_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 2, seed: int = 0, config=None,
+             height: int = 240, width: int = 320, joints: int = 7, prompt: str = "pick up the red cube",
+             device: str = "cpu", progress: bool = False, action_dt: float = 0.02) -> dict:
     if duration <= 0:
         raise ReplayError(f"duration: must be positive, got {duration}")
     if not (1 <= cameras <= 8):
