@@ -176,3 +176,14 @@ def test_a_report_folder_is_replaced_whole_and_a_file_in_its_way_is_refused(tmp_
 def test_realtime_refuses_options_it_would_ignore(tmp_path, contract):
     with pytest.raises(ReplayError, match="--compare and --device apply to the bag-clock replay"):
         replay(tmp_path / "bag", config=contract, compare=contract, realtime=True, progress=False)
+
+
+def test_a_compare_contract_with_other_actions_is_refused_up_front(tmp_path, contract):
+    data = yaml.safe_load(contract.read_text())
+    data["model"]["options"]["action_dim"] = 5
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(data, sort_keys=False))
+    bag = write_bag(tmp_path / "bag", "mcap")
+    with pytest.raises(ReplayError, match=r"compare contract #1: its actions are \[50, 5\], the main contract's "
+                                          r"\[50, 7\]"):
+        replay(bag, config=contract, compare=other, progress=False)

@@ -154,3 +154,21 @@ def test_rosbags_messages_convert_like_rclpy_ones():
                                         velocity=np.zeros(0), effort=np.zeros(0))
     js = store.deserialize_cdr(store.serialize_cdr(js, bagio.JOINT_STATE), bagio.JOINT_STATE)
     np.testing.assert_array_equal(conversions.joint_positions(js, ["c", "a"]), pos[[2, 0]].astype(np.float32))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: setattr(m, "observation_age_ms", float("nan")), r"message #4: observation_age_ms is nan"),
+    (lambda m: (setattr(m, "horizon", 0), setattr(m, "actions", [])), r"message #4: an empty chunk \(0 x 2\)"),
+])
+def test_a_recorded_chunk_that_cannot_be_placed_is_a_replay_error(edit, message):
+    from types import SimpleNamespace
+
+    from flashrt_ros.replay.bagio import BagEvent
+
+    msg = SimpleNamespace(actions=[0.5] * 6, horizon=3, action_dim=2, observation_age_ms=12.0, decision_id=1,
+                          observation_stamp=SimpleNamespace(sec=5, nanosec=0), latency_ms=3.0, stages_ran=["act"],
+                          joint_names=["a", "b"])
+    assert RecordedChunk.from_msg(BagEvent("actions", 0, "/chunks", 0, 7, 4, msg)).t_ns == 5_012_000_000
+    edit(msg)
+    with pytest.raises(ReplayError, match=message):
+        RecordedChunk.from_msg(BagEvent("actions", 0, "/chunks", 0, 7, 4, msg))

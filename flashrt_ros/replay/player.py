@@ -9,6 +9,7 @@ same inputs at the same ticks and draw the same noise from their own equally see
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -56,6 +57,10 @@ class RecordedChunk:
         if actions.size != int(m.horizon) * int(m.action_dim):
             raise ReplayError(f"{ev.topic} message #{ev.seq}: {actions.size} action values, but horizon "
                               f"{m.horizon} x action_dim {m.action_dim} = {int(m.horizon) * int(m.action_dim)}")
+        if int(m.horizon) == 0 or int(m.action_dim) == 0:
+            raise ReplayError(f"{ev.topic} message #{ev.seq}: an empty chunk ({m.horizon} x {m.action_dim})")
+        if not math.isfinite(float(m.observation_age_ms)):
+            raise ReplayError(f"{ev.topic} message #{ev.seq}: observation_age_ms is {m.observation_age_ms}")
         obs = int(m.observation_stamp.sec) * 1_000_000_000 + int(m.observation_stamp.nanosec)
         # The tick that computed it: observation stamp + age (both from the runtime's clock), else the stamp.
         t_ns = obs + round(float(m.observation_age_ms) * 1e6) if obs else ev.stamp_ns
@@ -83,8 +88,13 @@ class BagClockPlayer:
         self.slots = slots or n_cameras
         self.joint_names = list(joint_names)
         self.fit = InputFitter(self.runtimes[0].contract)
+        out = self.runtimes[0].contract.buffers[self.runtimes[0].contract.output].shape
         for i, rt in enumerate(self.runtimes[1:]):
             self.fit.check_same(InputFitter(rt.contract), f"compare contract #{i + 1}")
+            theirs = rt.contract.buffers[rt.contract.output].shape
+            if theirs != out:  # (their actions are compared value by value)
+                raise ReplayError(f"compare contract #{i + 1}: its actions are {list(theirs)}, the main contract's "
+                                  f"{list(out)}")
         self.images: list = [None] * n_cameras  # (rgb, stamp_ns) per mapped camera
         self.joints = None  # (positions, stamp_ns)
         self.prompt_fixed = prompt is not None
