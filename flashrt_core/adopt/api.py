@@ -222,6 +222,10 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     e2e_trials: at most this many end-to-end timings (each `rounds` paired rounds of the whole method) when
         the kept set does not gain `min_gain` as a whole and a subset that does is searched for.
     Returns (model, AdoptReport).
+    Weights changed later through the parameters themselves (`load_state_dict`, `p.copy_`, `.to`) send the
+    swapped modules back to their originals until adopted again; changes through `p.data` (as some LoRA
+    merges write them) bypass autograd's version counter and are not seen: `detach` and adopt again then.
+    Modules with hooks are not swapped (the fused path would skip the hooks).
     """
     if any(isinstance(m, AdoptedModule) for m in model.modules()):
         raise AdoptError("model is already adopted; call detach(model) before adopting it again")
