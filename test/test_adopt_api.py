@@ -250,6 +250,37 @@ def test_modules_with_hooks_are_left_alone():
     handle.remove()
 
 
+def test_a_swap_that_leaves_state_its_parent_reads_is_refused_end_to_end():
+    """A GELU that also stores its output for the parent (a skip read from `self.act.last`): on the fused path
+    the stored value stays the one of the gating run, so the model is right on the example input only. The
+    end-to-end check on a perturbed copy of the inputs catches it; the model stays exact on new inputs."""
+    import torch.nn.functional as F
+
+    class RecordingGelu(nn.Module):
+        def forward(self, x):
+            self.last = F.gelu(x, approximate="tanh")
+            return self.last
+
+    class Net(nn.Module):
+        def __init__(self, w=64):
+            super().__init__()
+            self.fc1, self.act, self.fc2, self.skip = nn.Linear(w, 4 * w), RecordingGelu(), nn.Linear(4 * w, w), \
+                nn.Linear(4 * w, w)
+
+        def forward(self, x):
+            return self.fc2(self.act(self.fc1(x))) + self.skip(self.act.last)
+
+    torch.manual_seed(1)
+    net, x, x2 = Net().eval(), torch.randn(4, 64), torch.randn(4, 64)
+    with torch.no_grad():
+        want = net(x2)
+    net, report = accelerate(net, (x,), timer=fused_is_faster)
+    assert not any("act" in u.name.split("+") or u.name == "act" for u in report.kept), [u.name for u in report.kept]
+    with torch.no_grad():
+        got = net(x2)
+    assert float((got - want).abs().max() / want.abs().max()) <= TOL["fp32_rel"]
+
+
 def test_adopting_twice_refused():
     model, x = gemma_like(), tokens()
     accelerate(model, (x,), timer=fused_is_faster, kinds=["rms_norm"])

@@ -3,7 +3,9 @@
 Order of work: one captured run of the example inputs (the eager reference output, plus every interesting
 submodule's calls); then, kind by kind (larger units first), each recognised unit must pass its own parity on
 its captured calls and the paired A/B timing; the units of a kind that passed are swapped in together and the
-whole model is checked end to end against the reference (a failing set is bisected to the offending units);
+whole model is checked end to end against the reference, on the example inputs and on a perturbed copy of
+them (a swap that leaves state its parent reads would only be right for the inputs it was gated on; a failing
+set is bisected to the offending units);
 then the whole model (or method) with the kept swaps is timed against the original, and if it does not gain,
 the best-measured subset that does is kept, or none (e2e.py); finally, if asked, a method is captured as a
 CUDA graph.
@@ -74,10 +76,11 @@ class _Session:
         self.kept: list[Candidate] = []
 
     # -- running the model
-    def run_seeded(self):
-        """The parity run: fixed RNG, and fresh copies of the inputs so a unit that writes into its input
-        cannot change what later checks compare against."""
-        args, kwargs = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, (self.args, self.kwargs))
+    def run_seeded(self, inputs=None):
+        """The parity run: fixed RNG, and fresh copies of the inputs (default: the example ones) so a unit that
+        writes into its input cannot change what later checks compare against."""
+        args, kwargs = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v,
+                                inputs if inputs is not None else (self.args, self.kwargs))
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.no_grad():
             torch.manual_seed(0)
@@ -147,7 +150,9 @@ class _Session:
     # -- end to end
     def e2e(self):
         try:
-            return gates.parity(self.reference, self.run_seeded()), None
+            first = gates.parity(self.reference, self.run_seeded())
+            second = gates.parity(self.reference2, self.run_seeded(self.inputs2))
+            return gates.Parity(min(first.cosine, second.cosine), max(first.max_rel_err, second.max_rel_err)), None
         except Exception as exc:
             return None, f"{type(exc).__name__}: {exc}"
 
@@ -250,6 +255,8 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     structures = [r.structure for _, r in order if r is not None]
     interesting = lambda m: isinstance(m, nn.Linear) or any(s(m) for s in structures)  # noqa: E731
     session.reference, cap = run_with_capture(model, session.run_seeded, interesting)
+    session.inputs2 = _perturbed((args, kwargs))  # the second end-to-end input, same shapes (same signatures)
+    session.reference2 = session.run_seeded(session.inputs2)
     report = AdoptReport(device=str(device), dtype=str(gates.compute_dtype(model)).replace("torch.", ""),
                          cos_min=cos_min, min_gain=min_gain, rounds=rounds, timing=gates.timer_mode(unit_timer))
 
@@ -280,6 +287,19 @@ def accelerate(model: nn.Module, example_inputs, *, timer=None, min_gain: float 
     for c in session.kept:
         c.report.stats.reset()
     return model, report
+
+
+def _perturbed(inputs):
+    """The inputs with every floating tensor moved by 10% of its spread in seeded directions (integer tensors,
+    e.g. token ids or masks, unchanged): other values through the same call signatures."""
+    g = torch.Generator().manual_seed(1)
+
+    def bump(v):
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel() > 1):
+            return v
+        noise = torch.randn(v.shape, generator=g).to(device=v.device, dtype=v.dtype)
+        return v + 0.1 * v.detach().float().std().to(v.dtype) * noise
+    return tree_map(bump, inputs)
 
 
 def _drop_refused(session: _Session, tried: list[Candidate]) -> None:
