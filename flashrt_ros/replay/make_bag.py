@@ -11,9 +11,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +22,7 @@ from flashrt_ros.replay.errors import ReplayError
 from flashrt_ros.replay.player import BagClockPlayer
 from flashrt_ros.replay.progress import Progress
 from flashrt_ros.replay.runtimes import build_runtime, default_config
+from flashrt_ros.replay.staged import staged_folder
 from flashrt_ros.replay.topics import TopicMap
 
 NS = 1_000_000_000
@@ -94,29 +92,21 @@ def make_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 
         raise ReplayError(f"duration: must be a positive number of seconds, got {duration}")
     if height <= 0 or width <= 0 or joints <= 0:
         raise ReplayError(f"size and joints: must be positive, got {width}x{height} and {joints} joints")
+    if not (1 <= cameras <= 8):
+        raise ReplayError(f"cameras: between 1 and 8, got {cameras}")
     out = Path(out)
     if out.exists():
         raise ReplayError(f"{out}: exists already; a bag is never overwritten")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        summary = _write_bag(staging / out.name, storage=storage, duration=duration, cameras=cameras, seed=seed,
-                             config=config, height=height, width=width, joints=joints, prompt=prompt, device=device,
-                             progress=progress, action_dt=action_dt)
-        os.replace(staging / out.name, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with staged_folder(out, replace=False) as path:
+        summary = _write_bag(path, storage, duration, cameras, seed, config, height, width, joints, prompt, device,
+                             progress, action_dt)
     summary["path"] = str(out)
     return summary
 
 
-def _write_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 2, seed: int = 0, config=None,
-             height: int = 240, width: int = 320, joints: int = 7, prompt: str = "pick up the red cube",
-             device: str = "cpu", progress: bool = False, action_dt: float = 0.02) -> dict:
-    if duration <= 0:
-        raise ReplayError(f"duration: must be positive, got {duration}")
-    if not (1 <= cameras <= 8):
-        raise ReplayError(f"cameras: between 1 and 8, got {cameras}")
+def _write_bag(out, storage, duration, cameras, seed, config, height, width, joints, prompt, device, progress,
+               action_dt) -> dict:
+    """make_bag's work, into `out` (a path that does not exist yet), after its checks."""
     store = bagio.typestore()
     config = Path(config) if config is not None else default_config()
     topics = TopicMap(cameras=tuple(f"/camera{i}/image_raw" for i in range(cameras)))

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flashrt_ros.replay import metrics, plots
 from flashrt_ros.replay.clock import stage_periods_ms, stage_rates
 from flashrt_ros.replay.errors import ReplayError
+from flashrt_ros.replay.staged import staged_folder
 
 
 @dataclass
@@ -38,20 +36,9 @@ class Report:
         final = Path(out_dir)
         if final.exists() and not final.is_dir():
             raise ReplayError(f"--report {final}: exists and is not a folder")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        out = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        try:
+        with staged_folder(final, replace=True) as out:
+            out.mkdir()
             self._write_files(out)
-            if final.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
-                os.replace(final, old / final.name)
-                os.replace(out, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(out, final)
-        except BaseException:
-            shutil.rmtree(out, ignore_errors=True)
-            raise
         self.data["report_dir"] = str(final)
         return final
 
