@@ -189,7 +189,8 @@ class PolicyNode(LifecycleNode):
             JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data))
 
     def _check_stamp(self, source: str, stamp_ns: int) -> bool:
-        ahead = stamp_ns - self.get_clock().now().nanoseconds
+        now = self.get_clock().now().nanoseconds
+        ahead = stamp_ns - now
         if ahead > self._future_limit_ns:  # a stamp from a clock ahead of ours: kept, it would lock out the
             # correctly stamped messages after it (stamps may not go back) and pass any age limit
             self.health.reject("stamp_future", f"{source} stamp is {ahead / 1e6:.1f} ms ahead of the node's clock "
@@ -198,8 +199,7 @@ class PolicyNode(LifecycleNode):
             return False
         last = self._last_stamp.get(source)
         tick = self._last_tick_ns
-        if (last is not None and stamp_ns < last and tick is not None
-                and self.get_clock().now().nanoseconds < tick - CLOCK_JUMP_NS):
+        if last is not None and stamp_ns < last and tick is not None and now < tick - CLOCK_JUMP_NS:
             last = None  # the node's own clock went back since its last tick: a reset (the next tick resets
             # the runtime's clocks), not a message out of order. (A message stamped on the new clock that
             # arrives before the node's /clock moves back is still refused: the node cannot tell it apart.)

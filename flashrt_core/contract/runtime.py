@@ -154,12 +154,12 @@ class Runtime:
         if spec is None:
             raise InputError("prompt: this contract has no prompt input")
         data = inputs.encode_prompt(text, spec.shape[0])
-        check = getattr(self.binding, "check_prompt", None)  # the model's own limits (token count)
-        if check is not None:
-            check(text)
         with self._lock:
             if text == self._prompt:
                 return  # the same command again is not a change; nothing re-encodes
+            check = getattr(self.binding, "check_prompt", None)  # the model's own limits (token count)
+            if check is not None:
+                check(text)
             self.buffers.host_view("prompt").copy_(torch.from_numpy(data))
             self.buffers.ledger.write_input("prompt", None)
             self._prompt = text

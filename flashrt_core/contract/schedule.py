@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from flashrt_core.contract.spec import Contract
+from flashrt_core.contract.spec import MAX_RATE_HZ, Contract
 
 NS = 1_000_000_000
 
@@ -213,18 +213,16 @@ class Scheduler:
                 plan.skipped[name] = "late: no new inputs since its last run; reusing its last outputs"
             return False
         limit = c.limits.max_observation_age_ms
-        if name == self.output_stage and limit is not None and src is not None and (now_ns - src) / 1e6 > limit:
-            plan.skipped[name] = (f"observation age {(now_ns - src) / 1e6:.1f} ms exceeds "
-                                  f"limits.max_observation_age_ms = {limit:g}")
-            plan.refused_for_age = True
-            return False
-        if name == self.output_stage and limit is not None and src is not None and (src - now_ns) / 1e6 > limit:
-            # stamped further ahead of this clock than the age limit: the sensor's clock and ours disagree,
-            # so its age means nothing (a negative age would pass any limit)
-            plan.skipped[name] = (f"observation stamped {(src - now_ns) / 1e6:.1f} ms in the future (more than "
-                                  f"limits.max_observation_age_ms = {limit:g}): sensor and runtime clocks disagree")
-            plan.refused_for_age = True
-            return False
+        if name == self.output_stage and limit is not None and src is not None:
+            age = (now_ns - src) / 1e6
+            if age > limit:
+                plan.skipped[name] = f"observation age {age:.1f} ms exceeds limits.max_observation_age_ms = {limit:g}"
+            elif -age > limit:  # a negative age would pass any limit: the sensor's clock and ours disagree
+                plan.skipped[name] = (f"observation stamped {-age:.1f} ms in the future (more than "
+                                      f"limits.max_observation_age_ms = {limit:g}): sensor and runtime clocks disagree")
+            if name in plan.skipped:
+                plan.refused_for_age = True
+                return False
         return src
 
     def _run(self, name, src, plan: Plan, ver: dict, stamp: dict, deferred: bool = False) -> None:
@@ -288,8 +286,8 @@ def simulate(contract: Contract, duration_s: float, tick_hz: float | None = None
     if not (duration_s > 0 and math.isfinite(duration_s)):
         raise ValueError(f"duration_s must be positive and finite (seconds), got {duration_s}")
     for name, hz in (("tick_hz", tick_hz), ("observation_hz", observation_hz)):
-        if hz is not None and not (0 < hz <= 1e4 and math.isfinite(hz)):  # (None: not set; 0 is not "unset")
-            raise ValueError(f"{name} must be a rate in (0, 10000] Hz, got {hz}")
+        if hz is not None and not 0 < hz <= MAX_RATE_HZ:  # (None: not set; 0 is not "unset"; NaN fails too)
+            raise ValueError(f"{name} must be a rate in (0, {MAX_RATE_HZ:g}] Hz, got {hz}")
     sched = Scheduler(contract)
     ledger = Ledger.fresh(contract)
     end = int(Fraction(str(duration_s)) * NS)

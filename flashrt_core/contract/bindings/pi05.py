@@ -31,7 +31,7 @@ from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import CheckpointError, ContractError, InputError
 from flashrt_core.models import pi05
 from flashrt_core.models.pi05.normalize import Normalizer
-from flashrt_core.models.pi05.policy import make_engine
+from flashrt_core.models.pi05.policy import PALIGEMMA_VOCAB, make_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
 from flashrt_core.models.pi05.prompt import clean_task
 
@@ -151,10 +151,10 @@ class Pi05Binding(ModelBinding):
             sp = (p if p.is_dir() else p.parent) / "tokenizer.model"
             if sp.is_file():
                 return pi05.SentencePieceTokenizer(sp)
-        if self.model.checkpoint and self.config.vocab_size >= 257152:
+        if self.model.checkpoint and self.config.vocab_size >= PALIGEMMA_VOCAB:
             raise CheckpointError(f"{self.model.checkpoint}: no tokenizer.model beside the weights; "
                                   "pass tokenizer= (the PaliGemma SentencePiece model)")
-        if self.config.vocab_size >= 257152:  # full size, random weights: a stand-in with SentencePiece's counts
+        if self.config.vocab_size >= PALIGEMMA_VOCAB:  # full size, random weights: SentencePiece-like counts
             return pi05.WordTokenizer(self.config.vocab_size)
         return pi05.TinyTokenizer()  # the built-in small models: byte ids fit any vocab they have
 

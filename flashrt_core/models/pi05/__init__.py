@@ -20,6 +20,6 @@ from flashrt_core.models.pi05.weights import Pi05Weights, convert
 __all__ = [
     "load", "Pi05Policy", "Pi05Config", "VisionConfig", "GemmaConfig", "Pi05Weights", "PrefixCache", "convert",
     "load_checkpoint", "save_checkpoint", "checkpoint_config", "expected_keys", "build_tiny", "tiny_checkpoint",
-    "preprocess_images", "resize_with_pad", "format_prompt", "discretize_state", "tokenize_prompt", "Tokenizer", "WordTokenizer",
-    "SentencePieceTokenizer", "TinyTokenizer", "Normalizer", "FeatureNorm",
+    "preprocess_images", "resize_with_pad", "format_prompt", "discretize_state", "tokenize_prompt", "Tokenizer",
+    "SentencePieceTokenizer", "TinyTokenizer", "WordTokenizer", "Normalizer", "FeatureNorm",
 ]

@@ -96,7 +96,7 @@ def _key_layout_hint(shapes: dict) -> str:
     """What the keys of a file whose sizes could not be inferred look like, against LeRobot's layout (keys
     under `model.paligemma_with_expert.`): a prefix too many or too few is the usual cause."""
     keys = sorted(shapes)
-    root = PG.split(".")[0] + "." + PG.split(".")[1] + "."  # "model.paligemma_with_expert."
+    root = ".".join(PG.split(".")[:2]) + "."  # "model.paligemma_with_expert."
     inside = [k for k in keys if root in k]
     text = f"{len(keys)} keys, {len(inside)} of them with '{root}'"
     if inside and not any(k.startswith(root) for k in inside):
