@@ -530,7 +530,7 @@ class Runtime:
         """Drop graphs, buffers, weights and capsules (a temporary capsule folder is removed) so device memory
         can be freed."""
         with self._lock:
-            if getattr(self, "capsules", None) is not None:
+            if self.capsules is not None:
                 self.capsules.close()
                 self.capsules = None
             self.graphs = GraphCache(self.buffers, enabled=False)
