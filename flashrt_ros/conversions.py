@@ -1,7 +1,8 @@
 """Conversions between ROS messages and the arrays flashrt_core takes, with clear errors on bad input.
 
 cv_bridge is used when the ROS install has it; otherwise images are decoded with numpy (honouring `step`
-row padding and `is_bigendian`) and CompressedImage with OpenCV.
+row padding and `is_bigendian`) and CompressedImage (PNG, JPEG) with OpenCV, after its size was read from the
+header bytes and checked.
 """
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ SUPPORTED_ENCODINGS = ("rgb8", "bgr8", "mono8", "16UC1", "mono16")
 
 class ConversionError(ValueError):
     """A message cannot be turned into model input; the message says why."""
+
+
+class ImageSizeError(ConversionError):
+    """An image of another size than the model's frames (read from its header, before any decoding)."""
 
 
 def stamp_to_ns(stamp) -> int:
@@ -52,15 +57,17 @@ def _cv_bridge():
     return _BRIDGE or None
 
 
-def image_to_rgb(msg) -> np.ndarray:
-    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array (validated first, decoded by cv_bridge when
-    available, by numpy otherwise)."""
+def image_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarray:
+    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array (validated first, against `expected_size`
+    (width, height) too when given, then decoded by cv_bridge when available, by numpy otherwise)."""
     encoding = msg.encoding
     if encoding not in SUPPORTED_ENCODINGS:
         raise ConversionError(f"unsupported image encoding '{encoding}' (supported: {', '.join(SUPPORTED_ENCODINGS)})")
     height, width, step = int(msg.height), int(msg.width), int(msg.step)
     if height <= 0 or width <= 0:
         raise ConversionError(f"image has no pixels ({width}x{height})")
+    if expected_size is not None and (width, height) != tuple(expected_size):
+        raise ImageSizeError(f"size {width}x{height}, expected {expected_size[0]}x{expected_size[1]}")
     channels = 3 if encoding in ("rgb8", "bgr8") else 1
     itemsize = 2 if encoding in ("16UC1", "mono16") else 1
     row_bytes = width * channels * itemsize
@@ -86,20 +93,72 @@ def image_to_rgb(msg) -> np.ndarray:
     return np.ascontiguousarray(_to_rgb8(array, encoding))
 
 
-def compressed_to_rgb(msg) -> np.ndarray:
-    """sensor_msgs/CompressedImage (jpeg/png) -> HxWx3 uint8 RGB array."""
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (every coding process); C4 (DHT), C8 (JPG) and CC (DAC) share the range
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_JPEG_NO_LENGTH = {0x01, *range(0xD0, 0xD9)}  # TEM, RST0-7 and SOI stand alone
+# Without an expected size, the most pixels a compressed image may decode to (4096x4096: 48 MB as RGB).
+MAX_COMPRESSED_PIXELS = 4096 * 4096
+
+
+def compressed_size(data: bytes, fmt: str = "") -> tuple[int, int]:
+    """(width, height) of a PNG (IHDR) or JPEG (SOF) stream, read from its header bytes without decoding."""
+    if data[:8] == PNG_SIGNATURE:
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            raise ConversionError(f"compressed image (format '{fmt}') could not be decoded: PNG without an IHDR header")
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data[:2] == b"\xff\xd8":
+        pos = 2
+        while pos + 4 <= len(data):
+            if data[pos] != 0xFF:
+                break  # not a marker where one must be: the stream is corrupt
+            marker = data[pos + 1]
+            if marker == 0xFF:  # fill byte
+                pos += 1
+                continue
+            if marker in _JPEG_NO_LENGTH:
+                pos += 2
+                continue
+            if marker in (0xD9, 0xDA):  # end of image, or scan data before any frame header
+                break
+            length = int.from_bytes(data[pos + 2:pos + 4], "big")
+            if marker in _JPEG_SOF and length >= 7 and pos + 9 <= len(data):
+                height, width = int.from_bytes(data[pos + 5:pos + 7], "big"), int.from_bytes(data[pos + 7:pos + 9], "big")
+                if height == 0:  # the height comes later, in a DNL marker: not supported
+                    raise ConversionError(f"compressed image (format '{fmt}') states no height in its frame header")
+                return width, height
+            pos += 2 + length
+        raise ConversionError(f"compressed image (format '{fmt}') could not be decoded: no JPEG frame header (SOF)")
+    raise ConversionError(f"compressed image (format '{fmt}') is neither PNG nor JPEG: its size cannot be checked "
+                          "before decoding")
+
+
+def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarray:
+    """sensor_msgs/CompressedImage (png/jpeg) -> HxWx3 uint8 RGB array. The size is read from the header and
+    checked first: against `expected_size` (width, height) when given, else against MAX_COMPRESSED_PIXELS;
+    an image refused there is never decoded (a few hundred KB of PNG can claim gigabytes of pixels)."""
     import cv2
 
-    buf = np.frombuffer(bytes(msg.data), dtype=np.uint8)
-    if buf.size == 0:
+    data = bytes(msg.data)
+    if not data:
         raise ConversionError("compressed image is empty")
+    width, height = compressed_size(data, msg.format)
+    if expected_size is not None and (width, height) != tuple(expected_size):
+        raise ImageSizeError(f"size {width}x{height} (from its header, not decoded), expected "
+                             f"{expected_size[0]}x{expected_size[1]}")
+    if width * height == 0 or width * height > MAX_COMPRESSED_PIXELS:
+        raise ImageSizeError(f"size {width}x{height} (from its header, not decoded) is outside 1..{MAX_COMPRESSED_PIXELS} "
+                             "pixels")
     try:
-        decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
-    except Exception as exc:  # cv2.error: e.g. a header claiming more pixels than OpenCV allows
+        decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    except Exception as exc:  # cv2.error: a stream OpenCV refuses part-way
         raise ConversionError(f"compressed image (format '{msg.format}') could not be decoded: "
                               f"{str(exc).strip().splitlines()[-1]}") from None
     if decoded is None:
         raise ConversionError(f"compressed image (format '{msg.format}') could not be decoded")
+    if decoded.shape[:2] != (height, width):
+        raise ConversionError(f"compressed image (format '{msg.format}') decodes to {decoded.shape[1]}x"
+                              f"{decoded.shape[0]}, its header says {width}x{height}")
     if decoded.dtype not in (np.uint8, np.uint16) or decoded.ndim not in (2, 3):
         raise ConversionError(f"compressed image (format '{msg.format}') decodes to {decoded.dtype} with shape "
                               f"{decoded.shape}; expected 8- or 16-bit mono or colour")
@@ -139,9 +198,17 @@ def rgb_to_image(rgb: np.ndarray, image_type, stamp=None, frame_id: str = "", en
 
 
 def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
-    """sensor_msgs/JointState -> float32 positions ordered by `joint_names`; every joint must be present."""
+    """sensor_msgs/JointState -> float32 positions ordered by `joint_names`; every joint must be present,
+    and named once."""
     if len(msg.position) != len(msg.name):
         raise ConversionError(f"JointState has {len(msg.name)} names but {len(msg.position)} positions")
+    seen, twice = set(), []
+    for name in msg.name:
+        if name in seen and name not in twice:
+            twice.append(name)
+        seen.add(name)
+    if twice:  # which of the values is the joint's? refused rather than the last one winning
+        raise ConversionError(f"JointState names joints {twice} more than once")
     index = {name: i for i, name in enumerate(msg.name)}
     if not joint_names:
         values = np.asarray(msg.position, dtype=np.float32)

@@ -88,16 +88,114 @@ def _png_claiming(width: int, height: int) -> bytes:
     return bytes(png)
 
 
-def test_a_compressed_image_that_opencv_refuses_to_decode_is_a_conversion_error():
-    """OpenCV raises (cv2.error, not None) for a header beyond its pixel limit: one such message used to
-    escape the callback and end the node."""
+def _valid_png(width: int, height: int, rng, channels: int = 3) -> bytes:
+    """A valid PNG (8-bit RGB or grey) of any size in few bytes: a random first row, and every later row
+    filtered 'Up' to zeros (it repeats the first), so that the deflate stream stays about 1/1000 of the pixels."""
+    import struct
+    import zlib
+
+    first = b"\x00" + rng.integers(1, 255, size=width * channels, dtype=np.uint8).tobytes()
+    up = b"\x02" + bytes(width * channels)
+    z = zlib.compressobj(9)
+    idat = b"".join([z.compress(first)] + [z.compress(up) for _ in range(height - 1)] + [z.flush()])
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2 if channels == 3 else 0, 0, 0, 0)
+    return cv.PNG_SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+@pytest.fixture(scope="module")
+def huge_png():
+    """The issue's frame: a valid 8000x8000 RGB PNG of about 200 KB (192 MB once decoded)."""
+    return _valid_png(8000, 8000, np.random.default_rng(11))
+
+
+@pytest.fixture
+def decoder_calls(monkeypatch):
+    """Every call of cv2.imdecode (still decoding), so a test can say that a frame was never decoded."""
+    import cv2
+
+    calls, real = [], cv2.imdecode
+    monkeypatch.setattr(cv2, "imdecode", lambda *a: calls.append(len(a[0])) or real(*a))
+    return calls
+
+
+def test_the_png_builder_makes_real_pngs():
+    import cv2
+
+    data = _valid_png(17, 13, np.random.default_rng(4))
+    decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert decoded.shape == (13, 17, 3) and (decoded == decoded[0]).all() and decoded.any()
+
+
+def test_a_huge_compressed_frame_is_refused_from_its_header_and_never_decoded(huge_png, decoder_calls):
+    """One valid 8000x8000 PNG of ~200 KB used to be decoded (1.6 s of the executor, +368 MB) before it was
+    refused as the wrong size: its size is now read from the IHDR bytes and compared first."""
     from sensor_msgs.msg import CompressedImage
 
-    with pytest.raises(cv.ConversionError, match="could not be decoded: "):
-        cv.compressed_to_rgb(CompressedImage(format="png", data=_png_claiming(100000, 100000)))
+    assert len(huge_png) < 300_000
+    assert cv.compressed_size(huge_png) == (8000, 8000)
+    msg = CompressedImage(format="png", data=huge_png)
+    with pytest.raises(cv.ImageSizeError, match=r"size 8000x8000 \(from its header, not decoded\), expected 64x48"):
+        cv.compressed_to_rgb(msg, expected_size=(64, 48))
+    # without an expected size, the decode bound refuses it all the same
+    with pytest.raises(cv.ImageSizeError, match=f"outside 1..{cv.MAX_COMPRESSED_PIXELS} pixels"):
+        cv.compressed_to_rgb(msg)
+    # a header claiming more than OpenCV allows (it raises cv2.error for those) is refused the same way
+    with pytest.raises(cv.ImageSizeError, match="size 100000x100000"):
+        cv.compressed_to_rgb(CompressedImage(format="png", data=_png_claiming(100000, 100000)), expected_size=(64, 48))
+    assert decoder_calls == []
+    # a frame of the expected size is decoded (once), pixel for pixel
+    small = _valid_png(64, 48, np.random.default_rng(5), channels=1)
+    out = cv.compressed_to_rgb(CompressedImage(format="png", data=small), expected_size=(64, 48))
+    assert out.shape == (48, 64, 3) and decoder_calls == [len(small)]
+    row = np.random.default_rng(5).integers(1, 255, size=64, dtype=np.uint8)  # the builder's first (and every) row
+    np.testing.assert_array_equal(out, np.broadcast_to(row[None, :, None], (48, 64, 3)))
 
 
-def test_16_bit_colour_is_reduced_to_its_high_byte_and_float_images_are_refused(rgb):
+@pytest.mark.parametrize("progressive", [0, 1])
+def test_jpeg_sizes_are_read_from_the_frame_header(rgb, progressive, decoder_calls):
+    import struct
+
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+
+    ok, buf = cv2.imencode(".jpg", rgb[..., ::-1], [cv2.IMWRITE_JPEG_PROGRESSIVE, progressive])
+    assert ok
+    data = buf.tobytes()
+    assert cv.compressed_size(data) == (17, 13)
+    sof = data.index(b"\xff\xc2" if progressive else b"\xff\xc0")
+    assert cv.compressed_to_rgb(CompressedImage(format="jpeg", data=data), expected_size=(17, 13)).shape == (13, 17, 3)
+    huge = data[:sof + 5] + struct.pack(">HH", 9000, 12000) + data[sof + 9:]
+    with pytest.raises(cv.ImageSizeError, match=r"size 12000x9000 \(from its header, not decoded\), expected 17x13"):
+        cv.compressed_to_rgb(CompressedImage(format="jpeg", data=huge), expected_size=(17, 13))
+    assert decoder_calls == [len(data)]
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "PNG without an IHDR header"),
+    (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(7) + b"\xff\xda\x00\x08", r"no JPEG frame header \(SOF\)"),
+    (b"GIF89a\x01\x00\x01\x00", "neither PNG nor JPEG"),
+])
+def test_compressed_streams_without_a_readable_size_are_refused_undecoded(data, message, decoder_calls):
+    from sensor_msgs.msg import CompressedImage
+
+    with pytest.raises(cv.ConversionError, match=message):
+        cv.compressed_to_rgb(CompressedImage(format="x", data=data), expected_size=(64, 48))
+    assert decoder_calls == []
+
+
+def test_raw_images_of_another_size_are_refused_before_conversion(rgb):
+    from sensor_msgs.msg import Image
+
+    msg = cv.rgb_to_image(rgb, Image, pad=2)
+    np.testing.assert_array_equal(cv.image_to_rgb(msg, expected_size=(17, 13)), rgb)
+    with pytest.raises(cv.ImageSizeError, match="size 17x13, expected 13x17"):
+        cv.image_to_rgb(msg, expected_size=(13, 17))
+
+
+def test_16_bit_colour_is_reduced_to_its_high_byte_and_other_formats_are_refused(rgb):
     import cv2
     from sensor_msgs.msg import CompressedImage
 
@@ -105,9 +203,9 @@ def test_16_bit_colour_is_reduced_to_its_high_byte_and_float_images_are_refused(
     ok, buf = cv2.imencode(".png", wide[..., ::-1])
     assert ok
     np.testing.assert_array_equal(cv.compressed_to_rgb(CompressedImage(format="png", data=buf.tobytes())), rgb)
-    ok, buf = cv2.imencode(".tiff", rgb.astype(np.float32))
+    ok, buf = cv2.imencode(".tiff", rgb.astype(np.float32))  # (its size is not read before decoding)
     assert ok
-    with pytest.raises(cv.ConversionError, match="decodes to float32"):
+    with pytest.raises(cv.ConversionError, match="neither PNG nor JPEG"):
         cv.compressed_to_rgb(CompressedImage(format="tiff", data=buf.tobytes()))
 
 
@@ -124,6 +222,19 @@ def test_joint_states_are_mapped_by_name_and_checked():
         cv.joint_positions(msg, ["a", "b"])
     with pytest.raises(cv.ConversionError, match="3 names but 2 positions"):
         cv.joint_positions(JointState(name=["a", "b", "c"], position=[1.0, 2.0]), [])
+
+
+@pytest.mark.parametrize("wanted", [["a", "b"], []])
+def test_a_joint_named_twice_is_refused_with_its_name(wanted):
+    """The last value used to win silently."""
+    from sensor_msgs.msg import JointState
+
+    values = np.random.default_rng(8).uniform(0.1, 1.0, size=5).tolist()
+    msg = JointState(name=["b", "a", "c", "a", "b"], position=values)
+    with pytest.raises(cv.ConversionError, match=r"names joints \['a', 'b'\] more than once"):
+        cv.joint_positions(msg, wanted)
+    msg.name = ["b", "a", "c", "d", "e"]
+    np.testing.assert_array_equal(cv.joint_positions(msg, ["a", "b"]), np.float32(values[1::-1]))
 
 
 def test_stamp_conversion_round_trips():
