@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         import lerobot  # noqa: F401
         from lerobot.policies.pi05.modeling_pi05 import PI05Policy  # noqa: F401
     except ImportError as exc:
-        print(f"bench_adopt: LeRobot 0.6.1 is not importable ({exc}); see shared/notes/gpu.md", file=sys.stderr)
+        print(f"bench_adopt: LeRobot 0.6.1 is not importable ({exc}); see docs/gpu-machine.md", file=sys.stderr)
         return 2
     from flashrt_core.adopt import accelerate, detach
 

@@ -34,7 +34,7 @@ from flashrt_core.capsule.slab import arena  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _common import commit as _commit  # noqa: E402  (honours FLASHRT_COMMIT where there is no .git)
 
-COPY_TBPS = 4.2  # measured device-to-device copy on the H200 (bytes read + written), notes/gpu.md
+COPY_TBPS = 4.2  # measured device-to-device copy on the H200 (bytes read + written), docs/gpu-machine.md
 
 
 def pi05_layout(layers=18, prefix=3 * 256 + 200, head_dim=256, chunk=50, action_dim=32, fused_kv=False):

@@ -7,7 +7,7 @@ Two timings per op, both medians of --iters samples from CUDA events:
     gaps, which is what the engine's captured stages pay;
   * eager: --reps calls issued from Python, per call: includes launcher and dispatch overhead.
 Next to each Triton time: bytes moved (inputs read + outputs written), achieved GB/s and the fraction of the
-4.22 TB/s copy ceiling of the H200 (notes/gpu.md); FLOP/s for attention. Inputs are the same every call, so
+4.22 TB/s copy ceiling of the H200 (docs/gpu-machine.md); FLOP/s for attention. Inputs are the same every call, so
 they are warm in L2 like the activations of a running engine. Every row also reports the largest absolute
 difference between the two backends' outputs.
 
@@ -31,7 +31,7 @@ from _common import commit  # noqa: E402  (honours FLASHRT_COMMIT where there is
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's flashrt_core first
 
-COPY_TBPS = 4.22  # measured device-to-device copy on the H200 (bytes read + written), notes/gpu.md
+COPY_TBPS = 4.22  # measured device-to-device copy on the H200 (bytes read + written), docs/gpu-machine.md
 
 
 def _nbytes(*tensors):

@@ -58,7 +58,7 @@ def add_compiled(out, w2, shared, mode, iters) -> None:
         w2["results"]["lerobot-compile"] = bench_compiled(shared["lerobot"], inputs, mode, 3, iters, print)
         w2["extra"]["notes"].append(
             f"lerobot-compile uses torch.compile mode '{mode}'; LeRobot's default max-autotune is "
-            "not measured: it did not finish compiling within 8 minutes on the H200 (shared/notes/gpu.md)")
+            "not measured: it did not finish compiling within 8 minutes on the H200 (docs/gpu-machine.md)")
     except Exception as exc:
         w2["results"]["lerobot-compile"] = {"error": f"{type(exc).__name__}: {exc}"}
     r = w2["results"]["lerobot-compile"]

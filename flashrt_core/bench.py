@@ -6,7 +6,7 @@ Full-size pi0.5 with every parameter drawn from normal(0, 0.02) directly on the 
   flashrt-act-only  one action tick that reuses the cached prefix (noise in, 10 flow steps, actions out)
   lerobot-eager     `PI05Policy(cfg).model.sample_actions(..., noise=noise)` in bf16 mode
   lerobot-compile   the same under `torch.compile` (mode "default": LeRobot's own default, max-autotune, did
-                    not finish compiling within 8 minutes on the H200, shared/notes/gpu.md)
+                    not finish compiling within 8 minutes on the H200, docs/gpu-machine.md)
 Each: p50/p90/p99 ms over CUDA events (3 warm-ups, 20+ timed calls, one decision per timing), and the peak
 GPU memory the system allocated on top of the shared random state. Per stage (observe, act) the achieved
 TFLOP/s and GB/s next to the measured H200 ceilings. With --parity: actions of the bf16 engine against the
@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-# Measured on the H200 (shared/notes/gpu.md): the ceilings the per-stage numbers are compared with.
+# Measured on the H200 (docs/gpu-machine.md): the ceilings the per-stage numbers are compared with.
 CEILINGS = {"bf16_gemm_tflops": 694.0, "prefix_gemm_tflops": 625.0, "copy_tbps": 4.22}
 PARITY_TARGETS = {"cosine_min": 0.999, "rel_l2_max": 2e-2}
 WEIGHT_STD = 0.02
@@ -367,7 +367,8 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
             if "lerobot-compile" in wanted:
                 results["lerobot-compile"] = bench_compiled(policy, inputs, compile_mode, warmup, iters, log)
                 notes.append("lerobot-compile uses torch.compile mode '%s'; LeRobot's default max-autotune is not "
-                             "measured: it did not finish compiling within 8 minutes on the H200 (gpu.md)" % compile_mode)
+                             "measured: it did not finish compiling within 8 minutes on the H200 "
+                             "(docs/gpu-machine.md)" % compile_mode)
         except Exception as exc:  # a baseline that cannot run is reported, not hidden
             extra["lerobot_error"] = f"{type(exc).__name__}: {exc}"
             for b in wanted:

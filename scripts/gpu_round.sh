@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One whole GPU round on the device machine (see ../shared/notes/gpu.md): GPU tests, then the benchmarks,
+# One whole GPU round on the device machine (see docs/gpu-machine.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
 #   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|probes|cudachain|attention|runtime|chain|observe] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
-# Device call: carry [".whl", ".fixtures"] (.whl: LeRobot 0.6.1 and its pinned wheels, see gpu.md;
-# .fixtures/reference: a copy of ../shared/reference, which does not travel). The device tool returns at
+# Device call: carry [".whl"] (LeRobot 0.6.1 and its pinned wheels, see docs/gpu-machine.md; the LeRobot
+# golden fixtures are tracked in test/fixtures/ and travel with the tree). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
 # the profile separately).
 # ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_positions, fused_euler, or several comma-separated,
@@ -32,7 +32,6 @@ mkdir -p .cache
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/.cache/triton}" \
   FLASHRT_TUNING_CACHE="${FLASHRT_TUNING_CACHE:-$PWD/.cache/tuning}" \
   TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/.cache/inductor}"
-[ -d .fixtures/reference ] && export FLASHRT_SHARED="$PWD/.fixtures"
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH="$PYTHONPATH:/tmp/site"
@@ -42,7 +41,7 @@ status=0
 if [[ "$what" == tests || "$what" == all ]]; then
   echo "== GPU tests ==" | tee -a "$LOG"
   # FLASHRT_TEST_PATHS: which test files (default: all); FLASHRT_TEST_PART=engine|rest splits the suite in two
-  # device calls (test_pi05_engine.py alone, then the others), each well inside a call's 600 s
+  # device calls (test/test_pi05_engine.py alone, then the others), each well inside a call's 600 s
   paths="${FLASHRT_TEST_PATHS:-test}"
   if [[ "${FLASHRT_TEST_PART:-}" == engine ]]; then paths="test/test_pi05_engine.py"; fi
   if [[ "${FLASHRT_TEST_PART:-}" == rest ]]; then paths="test --ignore=test/test_pi05_engine.py"; fi

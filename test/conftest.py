@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: the reference fixtures folder, GPU skipping, isolated ROS environments."""
+"""Shared pytest fixtures: LeRobot golden fixtures (test/fixtures/), GPU skipping, isolated ROS environments."""
 import os
 import pathlib
 import random
@@ -9,16 +9,12 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def shared_dir() -> pathlib.Path:
-    """The read-only `shared/` folder beside the checkout (override with FLASHRT_SHARED)."""
-    return pathlib.Path(os.environ.get("FLASHRT_SHARED", REPO.parent / "shared"))
-
-
 @pytest.fixture(scope="session")
 def fixtures_dir() -> pathlib.Path:
-    path = shared_dir() / "reference" / "fixtures"
-    if not path.is_dir():
-        pytest.fail(f"LeRobot golden fixtures not found at {path}; set FLASHRT_SHARED")
+    """test/fixtures/: LeRobot 0.6.1's golden outputs for tiny pi0.5 / pi0 checkpoints (its README.md)."""
+    path = REPO / "test" / "fixtures"
+    if not (path / "lerobot_pi05_tiny").is_dir():
+        pytest.fail(f"LeRobot golden fixtures not found at {path}: they are part of the repository")
     return path
 
 

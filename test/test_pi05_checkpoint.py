@@ -18,10 +18,10 @@ TOL = {"round_trip": 0.0}
 FIXTURE = "lerobot_pi05_tiny"
 
 
-def _full_key_table(shared_ref):
-    """Expand `lerobot_pi05_state_dict.txt` ('{i}' rows with a [0..n] range) into {key: shape}."""
+def _full_key_table(fixtures_dir):
+    """Expand test/fixtures/lerobot_pi05_state_dict.txt ('{i}' rows with a [0..n] range) into {key: shape}."""
     out = {}
-    for line in (shared_ref / "lerobot_pi05_state_dict.txt").read_text().splitlines():
+    for line in (fixtures_dir / "lerobot_pi05_state_dict.txt").read_text().splitlines():
         if line.startswith("#") or not line.strip():
             continue
         m = re.match(r"(\S+)\s+\[([\d, ]+)\]\s+\S+(?:\s+\[0\.\.(\d+)\])?", line)
@@ -35,7 +35,7 @@ def _copy_fixture(fixtures_dir, tmp_path):
     dst = tmp_path / "ckpt"
     shutil.copytree(fixtures_dir / FIXTURE, dst)
     for f in dst.iterdir():
-        f.chmod(0o644)  # the shared fixtures are read-only
+        f.chmod(0o644)  # writable, whatever the checkout's file modes
     return dst
 
 
@@ -46,7 +46,7 @@ def _rewrite(folder, edit):
 
 
 def test_expected_keys_match_lerobot_full_checkpoint(fixtures_dir):
-    table = _full_key_table(fixtures_dir.parent)
+    table = _full_key_table(fixtures_dir)
     assert len(table) == 813  # the count printed at the top of the table
     want = pi05.expected_keys(Pi05Config.full())
     assert set(want) | set(IGNORED_KEYS) == set(table)

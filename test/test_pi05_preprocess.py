@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05 import preprocess_images, resize_with_pad
+from lerobot_cases import case_fields, load_case_tensors
 
 # Tolerances (absolute).
 TOL = {
@@ -18,8 +18,7 @@ CASES = ["two_views_padded_prompt", "three_views_full_prompt", "one_view_240x320
 
 @pytest.fixture(scope="module")
 def cases(fixtures_dir):
-    raw = load_file(str(fixtures_dir / "lerobot_pi05_tiny" / "cases.safetensors"))
-    return {n: {k[len(n) + 1:]: v for k, v in raw.items() if k.startswith(n + ".")} for n in CASES}
+    return case_fields(load_case_tensors(fixtures_dir / "lerobot_pi05_tiny" / "cases.safetensors"), CASES)
 
 
 def _expected(c):

@@ -1,7 +1,7 @@
 """Plain-torch references of every kernel: the CPU path, and the ground truth for kernel tests.
 
 Each `<op>_ref` takes the same arguments as the fused op, computes in fp32 and returns in the input dtype,
-following the formulas LeRobot 0.6.1 / transformers Gemma and SigLIP use (see shared/notes/pi05.md).
+following the formulas LeRobot 0.6.1 / transformers Gemma and SigLIP use (see docs/pi05-facts.md).
 """
 import math
 

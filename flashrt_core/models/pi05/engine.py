@@ -126,42 +126,44 @@ class Pi05Engine:
         ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in every process), or a
         `TuningCache`. rope_in_attention: the action expert's attention reads q, k and v straight from the
         QKV GEMM output and rotates q and k on load, instead of a split/rotate kernel before it (one kernel
-        less per layer and flow step; off: slower on the H200, `profile_pi05.py --ab rope_in_attention`; again
-        at d78ebe1 with the current attention kernel: act 8690 vs 7394 us interleaved p50,
-        `results/profile_pi05_w2_rope_in_attention_ab.json`).
+        less per layer and flow step; off: slower on the H200,
+        `benchmarks/profile_pi05.py --ab rope_in_attention`; again at d78ebe1 with the current attention
+        kernel: act 8690 vs 7394 us interleaved p50,
+        `benchmarks/results/profile_pi05_w2_rope_in_attention_ab.json`).
         norm_in_gemm: no norm kernels between the action expert's GEMMs: the GEMMs that produce its residual
         stream (action in, o, down) add their gated residual in place and also write the next AdaRMS's
         scaled input and row sums of squares (`engine_gemm.GatedResidual`, `RowStats`); the GEMMs that read
         a norm (QKV, gate|up, action out) apply the row scale and shift after their product (`RowNorm`).
         370 fewer launches per act, same actions (cosine 0.999999), but not faster on the H200 with PDL
-        (8451 vs 8393 us, `results/profile_pi05_w2_norm_ab2.json`: there the norm kernels hide behind the
+        (8451 vs 8393 us, `benchmarks/results/profile_pi05_w2_norm_ab2.json`: there the norm kernels hide behind the
         GEMMs and the producing GEMMs' epilogues grow; again at d78ebe1 with the full candidate list: 7591 vs
-        7550 us, `results/profile_pi05_w2_norm_in_gemm_ab.json`), so off by default; without PDL (pdl=False, GPUs
-        before sm_90) launches cost more and it may pay: `profile_pi05.py --pdl 0 --ab norm_in_gemm`.
+        7550 us, `benchmarks/results/profile_pi05_w2_norm_in_gemm_ab.json`), so off by default; without PDL
+        (pdl=False, GPUs before sm_90) launches cost more and it may pay:
+        `benchmarks/profile_pi05.py --pdl 0 --ab norm_in_gemm`.
         l2_prefetch: the action expert's glue kernels start the HBM -> L2 stream of the weights (and cached
         prefix K/V) that the next GEMMs (and attention) read, so those read L2 instead of waiting on HBM
         (`_expert_prefetch`; sm_90+, elsewhere a no-op). Packs each expert layer's weights into one block.
         Needs the split/rotate and norm kernels (rope_in_attention and norm_in_gemm off). Off: slower on
-        the H200 (act 11.5 vs 8.6 ms, `results/profile_pi05_w2_l2_ab.json`: the prefetch traffic slows the
+        the H200 (act 11.5 vs 8.6 ms, `benchmarks/results/profile_pi05_w2_l2_ab.json`: the prefetch traffic slows the
         GEMMs it was meant to feed, which already load their weights before the PDL wait).
         rope_in_gemm: the action expert's QKV GEMM splits, rotates and writes q / k / v in its epilogue
         (`engine_gemm.QkvRope`; tuned against cuBLAS + the split/rotate kernel, over every plain candidate and
         its twin at half the BLOCK_N), one kernel less per layer and flow step. Off: slower on the H200 (act
-        7222 vs 7115 us interleaved p50, `results/profile_pi05_w2_rope_in_gemm_ab.json`): the fused GEMM's
+        7222 vs 7115 us interleaved p50, `benchmarks/results/profile_pi05_w2_rope_in_gemm_ab.json`): the fused GEMM's
         best form takes 6.87 us (the plain GEMM's twin 6.98) against 4.62 us for the plain QKV GEMM, more
         than the rotate kernel it removes costs in the PDL chain.
         attention_merge_apart: the attention tuning may also pick configurations whose key splits are merged
         by a second kernel (`kernels.attention` config[5]). Off: timed alone such a configuration wins the
         expert's attention (9.8 vs 12.3 us for W2), but in the act graph it lost (interleaved act p50 8478
-        vs 8279 us with the in-kernel merge, H200, `results/profile_pi05_w2_attention_merge_apart_ab.json`):
+        vs 8279 us with the in-kernel merge, H200, `benchmarks/results/profile_pi05_w2_attention_merge_apart_ab.json`):
         the merge kernel is one more PDL boundary per layer and flow step that the isolated timing misses
         (again at 1d7cd17 with the one-key-loop kernel: 8.92 vs 9.69 us alone, act 7397 vs 6912 us,
-        `results/profile_pi05_w2_attention_merge_apart_ab_1d7cd17.json`).
+        `benchmarks/results/profile_pi05_w2_attention_merge_apart_ab_1d7cd17.json`).
         gemm_preload: the GEMM tuning may also pick skinny configurations that request their first weight
         tiles before the PDL wait in the K loop (`engine_gemm.CONFIGS` entries with a 6th element; the PTX
-        check `test_kernels_ptx.py` shows the loads before the wait). On: together with early_modulation the
+        check `test/test_kernels_ptx.py` shows the loads before the wait). On: together with early_modulation the
         act graph went from 7486 to 7090 us (interleaved p50, H200, action cosine 0.999999,
-        `results/profile_pi05_w2_gemm_preload-early_modulation_ab.json`; the picker took preload
+        `benchmarks/results/profile_pi05_w2_gemm_preload-early_modulation_ab.json`; the picker took preload
         configurations for the expert's QKV and down GEMMs). It adds 10 candidates to the first tuning.
         early_modulation: the action expert's AdaRMS kernels read their scale / shift / gate rows (weights: the
         precomputed modulation table) before waiting for the kernel before them (`constant_mod`), so that
@@ -171,70 +173,72 @@ class Pi05Engine:
         positions are torch kernels that finish before the act stage's first Triton kernel starts), so after
         the wait it reads only the qkv row it rotates: one memory round trip instead of two. Same results.
         On: act 7402 -> 7224 us interleaved p50 (6967 -> 6851 us under the profiler; H200, 80b7fb2,
-        `results/profile_pi05_w2_early_positions_ab.json`). (The expert attention's first prefix K/V tile read
-        before its wait, `early_prefix` until b21f6d8..80b7fb2, lost: 7335 vs 7102 us, its held tile cost
-        registers and a spill, `results/profile_pi05_w2_early_prefix_ab.json`; it was removed.)
+        `benchmarks/results/profile_pi05_w2_early_positions_ab.json`). (The expert attention's first prefix K/V
+        tile read before its wait, `early_prefix` until b21f6d8..80b7fb2, lost: 7335 vs 7102 us, its held tile cost
+        registers and a spill, `benchmarks/results/profile_pi05_w2_early_prefix_ab.json`; it was removed.)
         fused_euler: each flow step's Euler update x_t += dt * velocity is the action-out GEMM's epilogue (a
         gated residual into the fp32 state, the velocity rounded to the model dtype first as before), and the
         next step's action-in GEMM reads the fp32 state, rounding it on load: the two torch kernels per step
         (the add and the cast) leave the act graph. Torch kernels do not take part in PDL, so each was a full
         drain of the chain (and the action-in GEMM could not request its weights early). Same actions up to
         fp32 rounding of the update. On: act 7245 -> 7161 us interleaved p50 (7022 -> 6996 us under the
-        profiler; H200, 6e84f3f, `results/profile_pi05_w2_fused_euler_ab.json`).
+        profiler; H200, 6e84f3f, `benchmarks/results/profile_pi05_w2_fused_euler_ab.json`).
         gemm_tma: the GEMM tuning may also pick skinny configurations that read their weight tiles through TMA
         descriptors (Hopper's bulk tensor copies into shared memory, `engine_gemm.TMA_CONFIGS`) instead of
         per-thread loads. Off: on the H200 the picker took TMA forms only for the two tiny flow-step GEMMs
         (action in 1.33 vs 1.52 us, action out 3.06 vs 3.38 us); for QKV, o, gate|up and down the best TMA
         form was 0.15-0.8 us slower than the best pointer-loaded one, and act stayed where it was (6994 vs
-        6956 us interleaved p50, action cosine 1.000000; 1bdf079, `results/profile_pi05_w2_gemm_tma_ab.json`).
+        6956 us interleaved p50, action cosine 1.000000; 1bdf079,
+        `benchmarks/results/profile_pi05_w2_gemm_tma_ab.json`).
         reduce_in_norm: the action expert's o and down GEMMs leave their split-K partials unreduced
         (`kernels.Partials`) and the gated residual + AdaRMS kernel after each adds them up while it reads the
         row, so the GEMM's in-kernel reduction (a ticket, then the last program's reads of every partial)
         leaves the chain. The picker then offers the skinny configurations of at most 8 splits. Same actions,
         bit for bit where the same configuration is picked (the sum order and rounding are the GEMM's).
         On: act 7377 -> 7018 us interleaved p50 (6859 -> 6509 us under the profiler; o 5.08 -> 3.12 us, down
-        7.24 -> 4.85 us graph-timed; H200, fd4f555, `results/profile_pi05_w2_reduce_in_norm_ab.json`). No
+        7.24 -> 4.85 us graph-timed; H200, fd4f555, `benchmarks/results/profile_pi05_w2_reduce_in_norm_ab.json`). No
         effect with norm_in_gemm (no norm kernel there).
         reduce_in_rotate: the same for the QKV GEMM, whose partials the split/rotate kernel adds up (no effect
         where that kernel is not used: rope_in_attention, rope_in_gemm, norm_in_gemm). On: act 7009 -> 6832 us
         interleaved p50 with reduce_in_norm on in both (6701 -> 6540 us under the profiler; the QKV GEMM took
         (64, 512, 0, 8, 1), 2 splits; action cosine 0.999999; H200, 810d6d9,
-        `results/profile_pi05_w2_reduce_in_rotate_ab.json`).
+        `benchmarks/results/profile_pi05_w2_reduce_in_rotate_ab.json`).
         overlap_decision: a whole decision (`decision()`, `sample_actions`) is one CUDA graph in which the act
         stage runs on a second stream beside the observe stage: its first flow step's layer i waits only for
         the observe stage's K/V of prefix layer i (events), not for the whole prefix, so that flow step fills
         the SMs the prefix's kernels leave idle (their tails, the glue kernels, SigLIP's small GEMMs). Same
         kernels, same actions (bit for bit on the H200); `observe()` / `act()` alone are unchanged. On: whole
         decision 11924 -> 11589 us interleaved p50 (graphs only; H200, ca08d1d,
-        `results/profile_pi05_w2_overlap_decision_ab.json`).
+        `benchmarks/results/profile_pi05_w2_overlap_decision_ab.json`).
         gemm_mid: the GEMMs of 129-1024 rows (SigLIP's, the prefix's QKV / o / down) are tuned too, cuBLAS against
         the Triton GEMM with mid-size tiles (`engine_gemm.MID_CONFIGS`: smaller tiles and split K where cuBLAS
         leaves SMs idle, and PDL launches). Off: cuBLAS won every such shape on the H200 (graph-timed, weights
         cycled past L2; best Triton form in brackets): SigLIP QKV 9.43 us (11.6), o 5.90 (7.65), fc1 10.5 (17.7),
         fc2 15.6 (22.3), projector 6.99 (8.41); prefix QKV 11.6 (17.2), o 10.2 (16.4), down 56.4 (106), so the
         picker kept cuBLAS and observe stayed where it was (5946 vs 5933 us interleaved p50; ccc8d16,
-        `results/profile_pi05_w2_gemm_mid_ab.json`): the skinny kernel's pointer-loaded, transposed weight tiles
-        are no match for cuBLAS's Hopper kernels once a GEMM has hundreds of rows.
+        `benchmarks/results/profile_pi05_w2_gemm_mid_ab.json`): the skinny kernel's pointer-loaded, transposed
+        weight tiles are no match for cuBLAS's Hopper kernels once a GEMM has hundreds of rows.
         patch_gemm: SigLIP's patch embedding (a 14x14 stride-14 convolution) as what it is, one GEMM over the
         images' patches (a reshape copy of the pixels, then cuBLAS with the bias), instead of `F.conv2d`
         (on CUDA cuDNN converts the input and weight to NHWC and the output back around its kernel). Same
         math up to the products' summation order. On: observe 5914 -> 5819 us, whole decision 11663 -> 11556 us
-        (interleaved p50, H200, 972a64f, `results/profile_pi05_w2_patch_gemm_ab.json`). The patch rows are
+        (interleaved p50, H200, 972a64f, `benchmarks/results/profile_pi05_w2_patch_gemm_ab.json`). The patch rows are
         zero-padded from 588 to 592 values (16-byte rows: cuBLAS's TMA kernels, 14.7 -> 5.0 us for W2,
-        `results/blas_choice_probe_h200.json`), and the position embedding is added by the first LayerNorm's
+        `benchmarks/results/blas_choice_probe_h200.json`), and the position embedding is added by the first LayerNorm's
         kernel (`kernels.add_layer_norm` with the table as a repeating residual) instead of a kernel of its own.
         gelu_epilogue: on CUDA SigLIP's fc1 + bias + tanh-GELU is one cuBLASLt GEMM with a bias + GELU
         epilogue (`engine_blas.linear_bias_gelu_tanh`) instead of the GEMM and the bias_gelu kernel after it.
         Not used where the GEMM picker may route fc1 to the Triton GEMM (gemm_mid). On: observe 5958 -> 5824 us,
         whole decision 11670 -> 11554 us (interleaved p50, H200, 972a64f,
-        `results/profile_pi05_w2_gelu_epilogue_ab.json`).
+        `benchmarks/results/profile_pi05_w2_gelu_epilogue_ab.json`).
         rerank_in_graph: once, before the first graph holding the act stage is captured, the act stage's
         deferred-reduction GEMMs (QKV, o, down with reduce_in_rotate / reduce_in_norm) are ranked again by
         the act graph's own time over their best few candidates by isolated time (`engine_rerank`: alone,
         a GEMM's timing misses what its split count costs the kernel that adds the partials); kept in the
         tuning cache. CUDA graphs only; a few seconds of the first warm-up. On: act 6949 -> 6733 us, whole
-        decision 11670 -> 11442 us (interleaved p50, H200, 6d7a0bc, `results/profile_pi05_w2_rerank_in_graph_ab.json`:
-        the down projection took 4 splits instead of 8)."""
+        decision 11670 -> 11442 us (interleaved p50, H200, 6d7a0bc,
+        `benchmarks/results/profile_pi05_w2_rerank_in_graph_ab.json`: the down projection took 4 splits instead
+        of 8)."""
         if l2_prefetch and (rope_in_attention or norm_in_gemm or rope_in_gemm):
             raise ValueError("l2_prefetch: the prefetches ride on the rotate and norm kernels, which "
                              "rope_in_attention / norm_in_gemm / rope_in_gemm remove; use it with those off")
@@ -633,7 +637,7 @@ class Pi05Engine:
         """ms of one replay of a fresh act graph (captured with the pickers' current choices, then dropped),
         median of `iters`: what `engine_rerank` compares. (A capture that fails part-way is not recoverable in
         this process on the H200 with torch 2.11: every later capture fails, "already recording to mempool_id",
-        and so do other engines' (results/gpu_tests_h200_7a3ec9c_failed_capture.log). Each candidate runs
+        and so do other engines' (benchmarks/results/gpu_tests_h200_7a3ec9c_failed_capture.log). Each candidate runs
         eagerly first and the body is the one the main capture records, so none is expected to fail here.)"""
         graph = self._capture("act", self._act_body, keep=False)
         return statistics.median(cuda_samples(graph.replay, warmup=1, iters=iters))
@@ -687,7 +691,8 @@ class Pi05Engine:
         """set_observation's copies, after its checks: two multi-tensor calls (the four copies, then the
         unused slots' masks and prompt tails cleared) over views made once per (buffers, slots, tokens). The
         host time of these calls is part of every decision (the graph launch waits for it): 55 us p50 on the
-        H200 machine against 82 for seven separate slicings and copies (results/set_observation_host_h200.json)."""
+        H200 machine against 82 for seven separate slicings and copies
+        (benchmarks/results/set_observation_host_h200.json)."""
         b, s = images.shape[:2]
         n = lang_tokens.shape[1]
         self._resize(b)

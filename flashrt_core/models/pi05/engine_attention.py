@@ -23,7 +23,7 @@ from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 # heuristic: (16, 32, 8, 8)): shallower or deeper key pipelines, 16 warps for the wide accumulator, other
 # split counts.
 # Left out (H200, 2026-12-03): (64, 32, 4, 4), (64, 32, 8, 4), (64, 32, 16, 4) and (128, 32, 4, 8), 2.4-7x slower
-# than the best at every pi0.5 shape of W2, one and three views (results/pi05_*.json attention_choices), and
+# than the best at every pi0.5 shape of W2, one and three views (benchmarks/results/pi05_*.json attention_choices), and
 # spilling 432-2072 bytes per thread at the expert's (sm_90, test/ptx_testing.py): compile time at warm-up only.
 CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 64, 4, 8),
               (32, 32, 16, 4), (64, 64, 1, 4), (128, 64, 1, 8),
@@ -43,7 +43,7 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 64, 4, 8),
               # the splits merged by a second kernel over 4 rows per program instead of one program per row
               # block (H200: 9.35 us alone vs 13.5 for the best in-kernel merge; in an act-like chain of
               # rotate -> attention over 18 layers with L2 evicted between them 570-597 us vs 664 us,
-              # results/attention_breakdown_h200.json and attention_chain_h200.json; but in the act graph
+              # benchmarks/results/attention_breakdown_h200.json and attention_chain_h200.json; but in the act graph
               # itself slower, profile_pi05_w2_attention_merge_apart_ab.json: offered only with merge_apart)
               (64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4)]
 TIMED_CALLS = 10

@@ -21,7 +21,7 @@ def patch_matrix(w: torch.Tensor) -> torch.Tensor:
     """A ViT patch-embedding weight [hidden, C, patch, patch] as the GEMM's [hidden, K'] matrix, each row in
     (channel, row, column) order and zero-padded from K = C * patch^2 to a multiple of ROW_ALIGN: SigLIP's
     K = 588 rows are not 16-byte aligned, and cuBLAS then runs an older kernel (H200, 512 x 588 x 1152:
-    14.7 us, padded to 592: 5.0 us, results/blas_choice_probe_h200.json)."""
+    14.7 us, padded to 592: 5.0 us, benchmarks/results/blas_choice_probe_h200.json)."""
     hidden, k = w.shape[0], w[0].numel()
     mat = w.new_zeros(hidden, -(-k // ROW_ALIGN) * ROW_ALIGN)
     mat[:, :k] = w.reshape(hidden, k)

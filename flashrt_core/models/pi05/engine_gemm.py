@@ -1,7 +1,7 @@
 """GEMMs of the engine: cuBLAS, or a skinny Triton GEMM for the action expert, whichever measures faster.
 
 The action expert multiplies 50 tokens by 0.6 GB of weights per flow step: memory-bound GEMMs with M = 50,
-where cuBLAS reaches only 0.7-1.4 TB/s (shared/notes/gpu.md). The Triton kernel here tiles only N and
+where cuBLAS reaches only 0.7-1.4 TB/s (docs/gpu-machine.md). The Triton kernel here tiles only N and
 (optionally) K, keeps the whole M in one tile, and streams weight tiles through a deep software pipeline;
 with GEGLU=True it multiplies the gate and up halves of a merged [gate; up] weight side by side and
 writes gelu_tanh(gate) * up directly (the GeGLU kernel and its intermediate disappear). Optional fusions
@@ -70,9 +70,9 @@ MID_CONFIGS = [(64, 64, 1, 4, 4, 0, 0, 64), (128, 64, 1, 4, 4, 0, 0, 64), (64, 6
                (64, 64, 2, 4, 4, 0, 0, 128), (128, 64, 2, 8, 4, 0, 0, 128), (64, 64, 2, 4, 4, 0, 0, 64),
                (32, 64, 1, 4, 4, 0, 0, 64), (64, 64, 3, 4, 4, 0, 0, 128), (256, 64, 1, 8, 3, 0, 0, 128)]
 # (left out: (32, 128, 8, 4, 4, 0, 1), (64, 128, 0, 4, 1, 0, 1), (64, 128, 4, 4, 4, 0, 1) and (64, 128, 8, 4, 3, 0, 1)
-# spill at one expert shape or more on sm_90, `ptx_testing.py --tma`)
-# (none of these spills at the expert's shapes on sm_90: `test_kernels_ptx.py`; (64, 128, 4, 4, 4, 2) did at
-# gate|up and was left out)
+# spill at one expert shape or more on sm_90, `test/ptx_testing.py --tma`)
+# (none of these spills at the expert's shapes on sm_90: `test/test_kernels_ptx.py`; (64, 128, 4, 4, 4, 2) did
+# at gate|up and was left out)
 # Tried and left out (H200, 2026-12-03): the whole K = 1024 in one step, (32, 1024, 0, 8, 1) and
 # (16, 1024, 0, 8, 1): QKV 5.44 / 9.52 us vs 4.57, o 5.41 vs 5.01, down 7.60 vs 7.41, gate|up out of shared
 # memory or 14.3 vs 7.14 (each program then reads all of x, 100 KB, after the PDL wait).

@@ -5,7 +5,7 @@ split-K partials to the kernel after it (`defer`: the expert's QKV, o and down p
 reduce_in_rotate / reduce_in_norm), that timing leaves out a cost that depends on the candidate: the reader
 loads every partial of each row, so more splits make the next kernel slower, and in the act graph's PDL chain
 a kernel's start and tail overlap its neighbours differently than alone. On the H200 (W2, 2026-12-04,
-`benchmarks/chain_tuning_probe.py`, `results/chain_tuning_probe_h200.json`) the picker's choice for the down
+`benchmarks/chain_tuning_probe.py`, `benchmarks/results/chain_tuning_probe_h200.json`) the picker's choice for the down
 projection, 8 splits at 5.21 us alone, gave an act graph of 6060 us; a 4-split candidate at 5.74 us alone gave
 5873 us. Every other act-stage shape kept its isolated ranking there.
 
