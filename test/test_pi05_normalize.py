@@ -115,8 +115,10 @@ def _all_stats(key, dim, seed):
 
 
 def _pipeline_json(name, registry, state_file, norm_map, eps=1e-8):
-    return {"name": name, "steps": [
-        {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+    # LeRobot's pi0.5 pre-processor starts with a rename step; its post-processor has none
+    first = [{"registry_name": "rename_observations_processor", "config": {"rename_map": {}}}] \
+        if name == "policy_preprocessor" else []
+    return {"name": name, "steps": first + [
         {"registry_name": registry, "config": {"eps": eps, "features": {}, "norm_map": norm_map},
          "state_file": state_file}]}
 

@@ -11,8 +11,15 @@ Spaces: `state` is in robot units (normalized on the host before discretization)
 are in the model's normalized action space (all max_action_dim columns); `actions` is in robot units (the
 first action_dim columns, un-normalized by the LeRobot post-processor statistics beside the checkpoint).
 The built-in tiny/full models and checkpoints without stats files use identity normalization.
-Model options (contract `model.options`): variant (tiny | full, without a checkpoint), views, image_height,
-image_width, action_dim (columns the robot uses), state_dim, prompt_len, prompt_bytes, image_slots, engine,
+A LeRobot checkpoint folder brings its own processors (`flashrt_core.models.pi05.processors`): the camera
+features (slot order), state and action widths, normalization, relative actions and tokenizer name. With
+relative actions, observe stages the raw state on the relative columns (`state_offset`) and keeps it beside
+the prefix it belongs to (`action_offset`); act adds it to the un-normalized actions.
+Model options (contract `model.options`): variant (tiny | full, without a checkpoint), views (cameras the
+robot sends; default: the checkpoint's camera features), image_height, image_width (the frames' size in the
+`images` buffer), action_dim / state_dim (default: the checkpoint's; a contract value must agree with it),
+prompt_len, prompt_bytes, image_slots, engine (auto: fused on CUDA, reference on CPU; fused; reference),
+tokenizer (a tokenizer.json / tokenizer.model path; default: resolved by the checkpoint's tokenizer name),
 vision_dtype (float32 as LeRobot keeps SigLIP, or model: the model dtype; default model for the fused engine,
 whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference).
 """
@@ -28,15 +35,17 @@ import torch
 from flashrt_core.contract.bindings import ModelBinding
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
-from flashrt_core.errors import CheckpointError, ContractError, InputError
+from flashrt_core.errors import ContractError, InputError
 from flashrt_core.models import pi05
 from flashrt_core.models.pi05.normalize import Normalizer
-from flashrt_core.models.pi05.policy import PALIGEMMA_VOCAB, make_engine
+from flashrt_core.models.pi05.policy import choose_tokenizer, make_engine, resolve_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
+from flashrt_core.models.pi05.processors import Processors, read_processors
 from flashrt_core.models.pi05.prompt import clean_task
 
 _OPTIONS = {"variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
-            "prompt_bytes", "image_slots", "engine", "vision_dtype"}
+            "prompt_bytes", "image_slots", "engine", "vision_dtype", "tokenizer"}
+DEFAULT_VIEWS, DEFAULT_STATE_DIM, DEFAULT_ACTION_DIM = 2, 8, 7  # without a checkpoint that says
 
 
 def model_config(model) -> pi05.Pi05Config:
@@ -47,6 +56,7 @@ def model_config(model) -> pi05.Pi05Config:
     if unknown:
         raise ContractError(f"model.options.{unknown[0]}: unknown option for pi05 "
                             f"(expected: {', '.join(sorted(_OPTIONS))})")
+    procs = checkpoint_processors(model)
     if model.checkpoint:
         config = _checkpoint_config(model.checkpoint)
     else:
@@ -54,12 +64,44 @@ def model_config(model) -> pi05.Pi05Config:
         if variant not in ("tiny", "full"):
             raise ContractError(f"model.options.variant: tiny or full, got {variant!r}")
         config = pi05.Pi05Config.tiny() if variant == "tiny" else pi05.Pi05Config.full()
-    views = _positive(opts, "views", 2)
-    slots = _positive(opts, "image_slots", views)
+    cameras = len(procs.camera_names) if procs is not None else 0
+    views = _views(opts, procs)
+    slots = _positive(opts, "image_slots", max(views, cameras))
     if slots < views:
         raise ContractError(f"model.options.image_slots: {slots} is fewer than views ({views})")
     return dataclasses.replace(config, num_image_slots=slots,
                                tokenizer_max_length=_positive(opts, "prompt_len", config.tokenizer_max_length))
+
+
+def checkpoint_processors(model) -> Processors | None:
+    """The processors of the contract's checkpoint folder (None without a checkpoint)."""
+    if not model.checkpoint:
+        return None
+    if not pathlib.Path(model.checkpoint).exists():
+        raise ContractError(f"model.checkpoint: {model.checkpoint} not found")
+    return read_processors(model.checkpoint)
+
+
+def _views(opts, procs: Processors | None) -> int:
+    """Cameras the robot sends: the checkpoint's camera features unless the contract says fewer (the rest are
+    missing cameras, as in LeRobot)."""
+    cameras = len(procs.camera_names) if procs is not None else 0
+    views = _positive(opts, "views", cameras or DEFAULT_VIEWS)
+    if cameras and views > cameras:
+        raise ContractError(f"model.options.views: {views} cameras but the checkpoint has {cameras} camera features "
+                            f"({', '.join(procs.camera_names)})")
+    return views
+
+
+def _robot_dim(opts, key: str, from_checkpoint: int | None, default: int) -> int:
+    """state_dim / action_dim: the checkpoint's width; a contract or node value must agree with it."""
+    if from_checkpoint is None:
+        return _positive(opts, key, default)
+    v = _positive(opts, key, from_checkpoint)
+    if v != from_checkpoint:
+        raise ContractError(f"model.options.{key}: {v}, but the checkpoint's config.json says {from_checkpoint} "
+                            f"(the robot's joints must match the checkpoint's features)")
+    return v
 
 
 def _checkpoint_config(path: str) -> pi05.Pi05Config:
@@ -82,14 +124,16 @@ class Pi05Binding(ModelBinding):
     def dims(cls, model) -> dict[str, int]:
         c = model_config(model)
         opts = model.options
-        action_dim = _positive(opts, "action_dim", min(7, c.action_dim))
+        procs = checkpoint_processors(model)
+        action_dim = _robot_dim(opts, "action_dim", procs.action_dim if procs else None,
+                                min(DEFAULT_ACTION_DIM, c.action_dim))
         if action_dim > c.action_dim:
             raise ContractError(f"model.options.action_dim: {action_dim} exceeds the model's {c.action_dim}")
-        state_dim = _positive(opts, "state_dim", 8)
+        state_dim = _robot_dim(opts, "state_dim", procs.state_dim if procs else None, DEFAULT_STATE_DIM)
         if state_dim > c.state_dim:  # (the policy refuses longer states: the contract says so up front)
             raise ContractError(f"model.options.state_dim: {state_dim} exceeds the model's max_state_dim "
                                 f"{c.state_dim}")
-        return {"views": _positive(opts, "views", 2), "image_height": _positive(opts, "image_height", 224),
+        return {"views": _views(opts, procs), "image_height": _positive(opts, "image_height", 224),
                 "image_width": _positive(opts, "image_width", 224), "state_dim": state_dim,
                 "prompt_bytes": _positive(opts, "prompt_bytes", 256), "prompt_len": c.tokenizer_max_length,
                 "slots": c.num_image_slots, "layers": c.vlm.depth, "kv_heads": c.vlm.kv_heads,
@@ -100,8 +144,9 @@ class Pi05Binding(ModelBinding):
     def signatures(cls, d, model) -> dict[str, StageSignature]:
         kv = ((d["layers"], d["kv_heads"], d["prefix_len"], d["head_dim"]), model.dtype)
         chunk = ((d["chunk"], d["max_action_dim"]), "float32")
+        offset = ((d["action_dim"],), "float32")
         prefix = {"prefix_k": kv, "prefix_v": kv, "prefix_mask": ((d["prefix_len"],), "bool"),
-                  "prefix_valid": ((1,), "int64")}
+                  "prefix_valid": ((1,), "int64"), "action_offset": offset}
         return {
             "prompt": StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
                                      writes={"task": ((d["prompt_bytes"],), "uint8")}),
@@ -110,7 +155,7 @@ class Pi05Binding(ModelBinding):
                        "images": ((d["views"], d["image_height"], d["image_width"], 3), "uint8"),
                        "image_mask": ((d["views"],), "bool"), "state": ((d["state_dim"],), "float32")},
                 writes={"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool"),
-                        **prefix}),
+                        "state_offset": offset, **prefix}),
             "act": StageSignature(reads=prefix, writes={"noise": chunk, "prev_chunk": chunk,
                                                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
@@ -127,36 +172,35 @@ class Pi05Binding(ModelBinding):
         else:
             config = self.config
             state = random_state(config, seed, device)
-        engine_name = model.options.get("engine", "reference")
+        try:
+            engine_name = resolve_engine(model.options.get("engine", "auto"), device)
+        except ValueError as e:
+            raise ContractError(f"model.options.{e}") from None
+        self.engine_name = engine_name
         vision = model.options.get("vision_dtype", "model" if engine_name == "fused" else "float32")
         if vision not in ("float32", "model"):
             raise ContractError(f"model.options.vision_dtype: float32 or model, got {vision!r}")
+        procs = checkpoint_processors(model)
+        folder = None
+        if model.checkpoint:
+            folder = pathlib.Path(model.checkpoint)
+            folder = folder if folder.is_dir() else folder.parent
+        # the tokenizer before the weights: a missing one is refused before minutes of loading
+        tok = choose_tokenizer(config, folder, tokenizer if tokenizer is not None else model.options.get("tokenizer"),
+                               procs)
         weights = pi05.convert(config, state).to(device=device, dtype=dtype,
                                                  vision_dtype=torch.float32 if vision == "float32" else None)
         del state
         engine = make_engine(engine_name, weights)
         self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
-        self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed,
-                                      tokenizer=self._tokenizer(tokenizer))
+        self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed, tokenizer=tok,
+                                      processors=procs)
+        self.processors = procs
         # state stats stay on the host (observe's host part); action stats live beside the actions
-        self.normalizer = (Normalizer.from_checkpoint(model.checkpoint, dims["state_dim"], dims["action_dim"])
-                           if model.checkpoint else Normalizer.identity())
+        self.normalizer = procs.normalizer if procs is not None else Normalizer.identity()
         self._action_norm = self.normalizer.to(self.device)
-
-    def _tokenizer(self, tokenizer):
-        if tokenizer is not None:
-            return pi05.SentencePieceTokenizer(tokenizer) if isinstance(tokenizer, (str, pathlib.Path)) else tokenizer
-        if self.model.checkpoint:
-            p = pathlib.Path(self.model.checkpoint)
-            sp = (p if p.is_dir() else p.parent) / "tokenizer.model"
-            if sp.is_file():
-                return pi05.SentencePieceTokenizer(sp)
-        if self.model.checkpoint and self.config.vocab_size >= PALIGEMMA_VOCAB:
-            raise CheckpointError(f"{self.model.checkpoint}: no tokenizer.model beside the weights; "
-                                  "pass tokenizer= (the PaliGemma SentencePiece model)")
-        if self.config.vocab_size >= PALIGEMMA_VOCAB:  # full size, random weights: SentencePiece-like counts
-            return pi05.WordTokenizer(self.config.vocab_size)
-        return pi05.TinyTokenizer()  # the built-in small models: byte ids fit any vocab they have
+        mask = procs.relative_mask if procs is not None and procs.relative else None
+        self._offset_mask = None if mask is None else torch.tensor(mask, dtype=torch.float32)
 
     def check_prompt(self, text: str) -> None:
         """InputError when the task with a state of three-digit bins (the longest text a state gives) does not
@@ -184,9 +228,20 @@ class Pi05Binding(ModelBinding):
             tokens, mask = pi05.tokenize_prompt(self.policy.tokenizer, text, self.dims["prompt_len"], truncate=False)
             io.to_device("lang_tokens", tokens[0])
             io.to_device("lang_mask", mask[0])
+            io.to_device("state_offset", self._state_offset(io.host("state")))
         elif stage == "act":
             d = self.dims
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
+
+    def _state_offset(self, raw_state: torch.Tensor) -> torch.Tensor:
+        """What the absolute-actions step adds to this observation's actions (zeros without relative actions)."""
+        if self._offset_mask is None:
+            return torch.zeros(self.dims["action_dim"])
+        return raw_state[: self.dims["action_dim"]].float() * self._offset_mask
+
+    def _robot_actions(self, chunk: torch.Tensor, b) -> torch.Tensor:
+        """Model-space chunk [chunk, max_action_dim] -> robot units [chunk, action_dim] (post-processor)."""
+        return self._action_norm.unnormalize_actions(chunk[:, :self.dims["action_dim"]]) + b["action_offset"]
 
     def device_part(self, stage):
         if hasattr(self.policy.engine, "run_stage"):  # the fused engine: a stage and its copies in one graph
@@ -213,6 +268,7 @@ class Pi05Binding(ModelBinding):
             b["prefix_v"].copy_(buf.prefix_v[:, 0])
             b["prefix_mask"].copy_(buf.pad_mask[0])
             b["prefix_valid"].copy_(buf.n_valid)
+            b["action_offset"].copy_(b["state_offset"])
         return pre, post
 
     def _act_hooks(self, b, prefix: bool = True):
@@ -228,7 +284,7 @@ class Pi05Binding(ModelBinding):
         def post():
             chunk = engine.buffers.actions[0]
             b["prev_chunk"].copy_(chunk)
-            b["actions"].copy_(self._action_norm.unnormalize_actions(chunk[:, :self.dims["action_dim"]]))
+            b["actions"].copy_(self._robot_actions(chunk, b))
         return pre, post
 
     def _observe_in_engine(self, b) -> None:
@@ -256,12 +312,13 @@ class Pi05Binding(ModelBinding):
         b["prefix_v"].copy_(cache.v[:, 0])
         b["prefix_mask"].copy_(cache.pad_mask[0])
         b["prefix_valid"].copy_(cache.n_valid)
+        b["action_offset"].copy_(b["state_offset"])
 
     def _act(self, b) -> None:
         cache = prefix_cache(b)
         chunk = self.policy.denoise(cache, b["noise"][None])[0]
         b["prev_chunk"].copy_(chunk)  # model space: what the next chunk would be conditioned on
-        b["actions"].copy_(self._action_norm.unnormalize_actions(chunk[:, :self.dims["action_dim"]]))
+        b["actions"].copy_(self._robot_actions(chunk, b))
 
     def identity(self) -> str:
         return "pi05:" + self.config.to_json().replace("\n", "").replace(" ", "")

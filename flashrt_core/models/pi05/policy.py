@@ -4,7 +4,10 @@ An engine is any module with `make_engine(weights)` returning an object with
 `encode_prefix(images, image_masks, lang_tokens, lang_mask) -> PrefixCache` and
 `denoise(prefix, noise) -> actions` (and optionally `sample_actions(...)`, a whole decision in one go);
 "reference" is the eager torch model, "fused" the module `flashrt_core.models.pi05.engine` (imported only
-when asked for).
+when asked for), "auto" the fused engine on CUDA and the reference on a CPU.
+
+`predict_chunk(images, state, task)` is the whole LeRobot pipeline (pre-processor -> model -> post-processor)
+of the checkpoint folder: raw frames and robot-unit state in, robot-unit actions out.
 """
 from __future__ import annotations
 
@@ -15,33 +18,48 @@ import pathlib
 import numpy as np
 import torch
 
-from flashrt_core.errors import InputError
+from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.models.hub_tokenizer import PALIGEMMA_TOKENIZER, find_tokenizer_file, open_tokenizer, resolve_tokenizer
 from flashrt_core.models.pi05.checkpoint import load_checkpoint
 from flashrt_core.models.pi05.config import Pi05Config
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_prefix
+from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.preprocess import preprocess_images
-from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, format_prompt,
-                                             tokenize_prompt)
+from flashrt_core.models.pi05.processors import Processors, read_processors
+from flashrt_core.models.pi05.prompt import TinyTokenizer, Tokenizer, WordTokenizer, format_prompt, tokenize_prompt
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.tiny import build_tiny
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
 
 ENGINES = {"reference": "flashrt_core.models.pi05.reference", "fused": "flashrt_core.models.pi05.engine"}
+ENGINE_CHOICES = ("auto", *ENGINES)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
-TOKENIZER_FILE = "tokenizer.model"  # an optional PaliGemma SentencePiece model beside the weights
 PALIGEMMA_VOCAB = 257152
 
 
-def parse_dtype(dtype) -> torch.dtype:
+def resolve_engine(name: str | None, device) -> str:
+    """"auto" (or None) -> "fused" on CUDA, "reference" elsewhere; other names are checked and kept."""
+    if name in (None, "", "auto"):
+        return "fused" if torch.device(device).type == "cuda" else "reference"
+    if name not in ENGINES:
+        raise ValueError(f"engine: unknown {name!r} (one of {', '.join(ENGINE_CHOICES)})")
+    return name
+
+
+def parse_dtype(dtype, device="cpu") -> torch.dtype:
+    """A dtype name or torch.dtype; "auto" (or None) = bfloat16 on CUDA, float32 elsewhere."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype in (None, "", "auto"):
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"dtype: unknown {dtype!r} (one of {', '.join(_DTYPES)})")
     return _DTYPES[dtype]
 
 
 def make_engine(name: str, weights: Pi05Weights):
+    name = resolve_engine(name, weights.time_in_w.device)
     if name not in ENGINES:
         raise ValueError(f"engine: unknown {name!r} (one of {', '.join(ENGINES)})")
     try:
@@ -57,7 +75,7 @@ class Pi05Policy:
     """pi0.5 with LeRobot's `sample_actions` signature, plus the two stages it is made of."""
 
     def __init__(self, config: Pi05Config, weights: Pi05Weights, engine, device, dtype: torch.dtype,
-                 seed: int = 0, tokenizer: Tokenizer | None = None):
+                 seed: int = 0, tokenizer: Tokenizer | None = None, processors: Processors | None = None):
         pieces = getattr(tokenizer, "vocab_size", None)
         if pieces is not None and pieces > config.vocab_size:
             raise InputError(f"tokenizer: {pieces} pieces but the model's vocabulary has {config.vocab_size} "
@@ -65,6 +83,8 @@ class Pi05Policy:
         self.config, self.weights, self.engine = config, weights, engine
         self.device, self.dtype, self.tokenizer = torch.device(device), dtype, tokenizer
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.processors = processors
+        self.normalizer = processors.normalizer if processors is not None else Normalizer.identity()
 
     # ---- inputs --------------------------------------------------------------------------------------
     def preprocess_images(self, frames, num_slots: int | None = None):
@@ -72,17 +92,18 @@ class Pi05Policy:
         return preprocess_images(frames, num_slots or self.config.num_image_slots,
                                  self.config.vision.image_size, device=self.device)
 
-    def tokenize(self, task: str, state_normalized):
+    def tokenize(self, task: str, state_normalized, truncate: bool = True):
         """Task + normalized state -> (lang_tokens [1, L], lang_mask [1, L]) on device. The state may have at
-        most config.state_dim values, and the tokenizer must stay inside the model's vocabulary."""
+        most config.state_dim values, and the tokenizer must stay inside the model's vocabulary. truncate:
+        cut a long prompt as LeRobot's tokenizer step does (True) or refuse it (False, InputError)."""
         if self.tokenizer is None:
-            raise InputError(f"tokenizer: none loaded; put {TOKENIZER_FILE} beside the checkpoint or pass tokenizer=")
+            raise InputError("tokenizer: none loaded; pass tokenizer= (see hub_tokenizer.resolve_tokenizer)")
         shape = tuple(state_normalized.shape) if hasattr(state_normalized, "shape") else np.shape(state_normalized)
         if len(shape) == 1 and shape[0] > self.config.state_dim:  # (other ranks: format_prompt says so)
             raise InputError(f"state: {shape[0]} values but the model takes at most {self.config.state_dim} "
                              "(max_state_dim)")
         tokens, mask = tokenize_prompt(self.tokenizer, format_prompt(task, state_normalized),
-                                       self.config.tokenizer_max_length)
+                                       self.config.tokenizer_max_length, truncate=truncate)
         if int(tokens.max()) >= self.config.vocab_size:
             raise InputError(f"tokenizer: id {int(tokens.max())} is outside the model's vocabulary of "
                              f"{self.config.vocab_size} (a tokenizer of another model?)")
@@ -119,25 +140,92 @@ class Pi05Policy:
         return whole(images, img_masks, lang_tokens, lang_mask, noise)
 
 
-def _pick_tokenizer(config: Pi05Config, folder: pathlib.Path | None, tokenizer):
-    if tokenizer is not None:
-        return SentencePieceTokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-    if folder is not None and (folder / TOKENIZER_FILE).is_file():
-        return SentencePieceTokenizer(folder / TOKENIZER_FILE)
+    # ---- the whole pipeline ------------------------------------------------------------------------------
+    def predict_chunk(self, images, state, task: str, noise=None) -> np.ndarray:
+        """LeRobot's `preprocessor -> predict_action_chunk -> postprocessor` for one robot.
+
+        images: raw RGB uint8 HxWx3 frames of any size, one per camera feature of the checkpoint in its order
+        (`processors.camera_names`; None = a missing camera); state: robot units, `state_dim` values; task:
+        the text; noise: optional [1, chunk, max_action_dim]. -> actions [chunk, action_dim] float32 in robot
+        units. A task that does not fit `tokenizer_max_length` tokens with the state is refused (InputError;
+        LeRobot would cut the end of the prompt, where the state is, off)."""
+        p = self.processors
+        frames = list(images) if isinstance(images, (list, tuple)) else None
+        if frames is None:
+            raise InputError(f"images: expected a list of frames, one per camera, got {type(images).__name__}")
+        if p is not None and p.camera_names and len(frames) != len(p.camera_names):
+            raise InputError(f"images: {len(frames)} frames for {len(p.camera_names)} camera features "
+                             f"({', '.join(p.camera_names)}); give None for a missing camera")
+        raw = _state_vector(state, p.state_dim if p is not None else None)
+        imgs, masks = self.preprocess_images(frames)
+        tokens, mask = self.tokenize(task, self.normalizer.normalize_state(raw), truncate=False)
+        actions = self.sample_actions(imgs, masks, tokens, mask, noise=noise)
+        width = p.action_dim if p is not None and p.action_dim else self.config.action_dim
+        out = self.normalizer.unnormalize_actions(actions[0, :, :width].float().cpu())
+        if p is not None and p.relative:
+            out = out + action_offset(raw, p.relative_mask)
+        return out.numpy()
+
+
+def action_offset(raw_state: torch.Tensor, mask) -> torch.Tensor:
+    """What the absolute-actions step adds: the raw state on the relative columns, 0 on the others."""
+    m = torch.tensor(mask, dtype=torch.float32)
+    return raw_state[: m.shape[0]].float() * m
+
+
+def _state_vector(state, dim: int | None) -> torch.Tensor:
+    if state is None:
+        raise InputError("state: missing (None)")
+    try:
+        arr = np.asarray(state.detach().cpu() if isinstance(state, torch.Tensor) else state, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise InputError(f"state: expected numbers, got {type(state).__name__}") from None
+    if arr.ndim != 1:
+        raise InputError(f"state: expected a 1-D vector, got shape {arr.shape}")
+    if dim is not None and arr.shape[0] != dim:
+        raise InputError(f"state: {arr.shape[0]} values, the checkpoint's observation.state has {dim}")
+    if not np.all(np.isfinite(arr)):
+        raise InputError("state: contains NaN or infinity")
+    return torch.from_numpy(arr.copy())
+
+
+def choose_tokenizer(config: Pi05Config, folder: pathlib.Path | None, tokenizer=None,
+                     processors: Processors | None = None):
+    """The one tokenizer rule of the project (policy API and contract runtime alike):
+    an explicit tokenizer (object, file or folder) first; then a tokenizer file in the checkpoint folder; a
+    LeRobot folder (with its pre-processor file) or a full-size checkpoint: the tokenizer its pre-processor
+    names (its tokenizer step), from the hub cache (CheckpointError listing where it looked); small test models: TinyTokenizer;
+    full size without a checkpoint (benchmarks): WordTokenizer."""
+    if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    named = processors.tokenizer_name if processors is not None else None
+    name = named or PALIGEMMA_TOKENIZER
+    if tokenizer:
+        return resolve_tokenizer(name, explicit=tokenizer)
+    if folder is not None:
+        file, _ = find_tokenizer_file(name, folder=folder)
+        if file is not None and file.parent == folder:
+            return open_tokenizer(file)
+        if named or config.vocab_size >= PALIGEMMA_VOCAB:
+            return resolve_tokenizer(name, folder=folder)
     if TinyTokenizer.vocab_size <= config.vocab_size < PALIGEMMA_VOCAB:
         return TinyTokenizer()  # a small test model (the built-in one, or a saved copy of it)
-    return None
+    if folder is None:
+        return WordTokenizer(config.vocab_size)  # full size, random weights: SentencePiece-like token counts
+    raise CheckpointError(f"{folder}: no tokenizer for a vocabulary of {config.vocab_size}")
 
 
-def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="float32", engine: str = "reference",
+def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="auto", engine: str = "auto",
          seed: int = 0, tokenizer=None) -> Pi05Policy:
-    """Load a LeRobot-layout pi0.5 checkpoint (folder or model.safetensors); None or "" = built-in tiny model.
+    """Load a LeRobot pi0.5 checkpoint folder (as `save_pretrained` writes it, processors included; or a bare
+    model.safetensors); None or "" = the built-in tiny model.
 
-    `seed` seeds the policy's noise generator (and the tiny model's weights); `tokenizer` is a
-    SentencePiece model path or a Tokenizer (default: tokenizer.model beside the weights, or TinyTokenizer
-    for the built-in model).
+    dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine "auto" = fused on CUDA, reference elsewhere;
+    `seed` seeds the policy's noise generator (and the tiny model's weights); `tokenizer`: a path or a
+    Tokenizer (default: see `choose_tokenizer`).
     """
-    torch_dtype = parse_dtype(dtype)
+    torch_dtype = parse_dtype(dtype, device)
+    processors = None
     if ckpt_dir in (None, ""):
         config, state = build_tiny(seed)
         folder = None
@@ -145,7 +233,8 @@ def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="float32
         config, state = load_checkpoint(ckpt_dir)
         folder = pathlib.Path(ckpt_dir)
         folder = folder if folder.is_dir() else folder.parent
+        processors = read_processors(folder)
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
-    impl = make_engine(engine, weights)
+    impl = make_engine(resolve_engine(engine, device), weights)
     return Pi05Policy(config, weights, impl, device, torch_dtype, seed=seed,
-                      tokenizer=_pick_tokenizer(config, folder, tokenizer))
+                      tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors)
