@@ -186,7 +186,7 @@ def test_restore_reports_what_it_restored_and_repeats_exactly():
     host = rt.runtime_meta()
     for seed in (3, 4):
         disturb(rt, seed)
-        meta = rt.restore(cid)
+        meta = rt.restore(cid, rewind_time=True)  # everything back, the rate clocks and stamp watermark too
         for k, v in rt.persistent_buffers().items():
             assert torch.equal(v, want[k])
         assert same_meta(rt.runtime_meta(), host)
@@ -195,11 +195,11 @@ def test_restore_reports_what_it_restored_and_repeats_exactly():
         groups, singles, _ = rt.capsules._caps[cid].slab.planned[False][1]
         assert sum(len(d) for d, _ in groups) + len(singles) == 2
         assert meta == {"capsule_id": cid, "decisions": host["decisions"], "step": host["step"],
-                        "prompt": host["prompt"]}
+                        "prompt": host["prompt"], "rewind_time": True}
         # the runtime took no references into the capsule's meta: changing the live state leaves it intact
         rt.generator.manual_seed(99)
         rt.buffers.ledger.runs["act"] = 999
-        rt.restore(cid)
+        rt.restore(cid, rewind_time=True)
         assert same_meta(rt.runtime_meta(), host)
 
 

@@ -197,7 +197,8 @@ def test_budget_refuse_is_clear_and_changes_nothing(tmp_path):
     ids = [s.snapshot(f"s{i}", "device", live, {}) for i in range(2)]
     dirty(live, 18)
     after = clone(live)
-    with pytest.raises(CapsuleError, match=r"device tier budget is full: needs \d+ bytes, 0 of \d+ free"):
+    with pytest.raises(CapsuleError, match=r"the device tier is full: its budget of [\d.]+ MB holds 2 capsule\(s\), "
+                                           r"[\d.]+ MB \(c0002-\w+, c0001-\w+\), 0.0000 MB free"):
         s.snapshot("third", "device", live, {})
     assert [r["id"] for r in s.list()] == ids and all(r["tier"] == "device" for r in s.list())
     assert_same(live, after)

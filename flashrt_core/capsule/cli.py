@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from flashrt_core.capsule.diskfmt import inspect
+from flashrt_core.capsule.diskfmt import created_unix, inspect
+from flashrt_core.capsule.timefmt import iso_utc
 
 
 def capsule_inspect(path, out=None) -> int:
@@ -14,7 +15,10 @@ def capsule_inspect(path, out=None) -> int:
     if manifest is not None:
         fp = manifest.get("fingerprint", {})
         for key in ("id", "name", "created", "format", "version"):
-            print(f"{key}: {manifest.get(key)}", file=out)
+            value = manifest.get(key)
+            if key == "created" and value is not None:  # ISO 8601 UTC, whichever form the manifest holds
+                value = iso_utc(created_unix(manifest))
+            print(f"{key}: {value}", file=out)
         for key in ("model", "weights_digest", "precision"):
             print(f"fingerprint.{key}: {fp.get(key)}", file=out)
         print(f"fingerprint.digest: {manifest.get('fingerprint_digest')}", file=out)
@@ -31,10 +35,14 @@ def capsule_inspect(path, out=None) -> int:
     return 1 if failed else 0
 
 
-def add_subparsers(subparsers) -> None:
-    """Register `capsule inspect PATH` on an argparse subparsers object; the handler is in `func`."""
-    capsule = subparsers.add_parser("capsule", help="inspect exported execution-state capsules")
+def add_subparsers(subparsers):
+    """Register `capsule inspect PATH` on an argparse subparsers object; the handler is in `func`. Returns the
+    `capsule` verbs, so that a shell around the engine can add its own (flashrt_ros: export/import/list on a
+    running node)."""
+    capsule = subparsers.add_parser("capsule", help="execution-state capsules: inspect files, or (with a node) "
+                                                    "export, import, list")
     verbs = capsule.add_subparsers(dest="capsule_verb", required=True)
     insp = verbs.add_parser("inspect", help="print the manifest and verify every buffer checksum")
     insp.add_argument("path", help="capsule folder (or its manifest.json / buffers.safetensors)")
     insp.set_defaults(func=lambda args: capsule_inspect(args.path))
+    return verbs

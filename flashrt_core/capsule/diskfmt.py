@@ -3,6 +3,7 @@
 Written into a temporary sibling folder and renamed into place, so a reader never sees half a capsule. The
 manifest carries its own sha256 so a flipped byte in it (e.g. in the meta) is caught too. Reading checks
 every buffer's byte range against the manifest before any tensor is built, and names the first bad buffer.
+The manifest's `created` is ISO 8601 text in UTC (older manifests hold Unix seconds; both are read).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from safetensors.torch import save_file as st_save_file
 
 from flashrt_core.capsule.fingerprint import dtype_name
 from flashrt_core.capsule.meta import encode_meta
+from flashrt_core.capsule.timefmt import iso_utc, unix_seconds
 from flashrt_core.errors import CapsuleError
 
 FORMAT, VERSION = "flashrt-capsule", 1
@@ -66,7 +68,7 @@ def write_capsule(path, *, capsule_id: str, name: str, created: float, fingerpri
         raw = (tmp / TENSORS).read_bytes()
         file_bytes, header_bytes = len(raw), raw[8:8 + int.from_bytes(raw[:8], "little")]
         manifest = {
-            "format": FORMAT, "version": VERSION, "id": capsule_id, "name": name, "created": created,
+            "format": FORMAT, "version": VERSION, "id": capsule_id, "name": name, "created": iso_utc(created),
             "fingerprint": dict(fingerprint), "fingerprint_digest": fingerprint_digest,
             "meta": encode_meta(meta), "tensors_file": TENSORS, "tensors_file_bytes": file_bytes,
             "header_sha256": _sha(header_bytes),
@@ -110,10 +112,20 @@ def _layout_problem(manifest: Mapping) -> str | None:
         if not (isinstance(spec, dict) and isinstance(spec.get("shape"), list) and isinstance(spec.get("dtype"), str)
                 and isinstance(spec.get("nbytes"), int) and isinstance(spec.get("sha256"), str)):
             return f"buffers.{name} lacks shape, dtype, nbytes or sha256"
+    try:
+        created_unix(manifest)
+    except CapsuleError as exc:
+        return str(exc)
     tensors = manifest.get("tensors_file", TENSORS)
     if not isinstance(tensors, str) or tensors in ("", ".", "..") or pathlib.PurePath(tensors).name != tensors:
         return f"tensors_file {tensors!r} is not a file name inside the capsule folder"
     return None
+
+
+def created_unix(manifest: Mapping) -> float | None:
+    """When the capsule was made, in Unix seconds (None when the manifest does not say)."""
+    value = manifest.get("created")
+    return None if value is None else unix_seconds(value, "created")
 
 
 def read_manifest(path) -> tuple[dict | None, Check]:

@@ -2,16 +2,19 @@
 
 A runtime provides `persistent_buffers() -> {name: tensor}` (the live, graph-captured buffers),
 `runtime_meta() -> dict` (decision counter, stamps, RNG state, prompt state), `apply_meta(meta)`,
-`fingerprint_fields() -> dict` (model, weights_digest, precision and optionally layout) and a `capsules`
-attribute that starts as None; the store is created on first use.
+`fingerprint_fields() -> dict` (model, weights_digest, precision and optionally layout), a `capsules`
+attribute that starts as None and optionally `capsule_options` (capsule.options: budgets, eviction, folder).
+The store is created by `prepare` (the runtime's warmup) or else at the first capsule verb.
 """
 from __future__ import annotations
 
+import tempfile
 import weakref
 
 import torch
 
 from flashrt_core.capsule.fingerprint import Fingerprint, fingerprint
+from flashrt_core.capsule.options import CapsuleOptions, capsule_options
 from flashrt_core.capsule.store import CapsuleStore
 from flashrt_core.errors import CapsuleError
 
@@ -46,14 +49,48 @@ def configure_capsules(rt, *, budgets=None, on_full="refuse", disk_dir=None, rin
     return rt.capsules
 
 
+def _options(rt) -> CapsuleOptions:
+    opts = getattr(rt, "capsule_options", None)
+    return opts if opts is not None else capsule_options()
+
+
 def capsule_store(rt) -> CapsuleStore:
     if getattr(rt, "capsules", None) is None:
-        import tempfile
-
-        # Without explicit options the disk tier still works, in a private temporary folder.
-        # (the store's own: removed when the runtime closes, or at exit)
-        configure_capsules(rt, disk_dir=tempfile.mkdtemp(prefix="flashrt_capsules_"), owns_disk_dir=True)
+        opts = _options(rt)
+        # Without a capsule_dir the disk tier still works, in a private temporary folder (the store's own:
+        # removed when the runtime closes, or at exit). A capsule_dir is kept, and what it holds is listed.
+        folder = opts.capsule_dir
+        if folder is not None:
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CapsuleError(f"capsule_dir: cannot create {folder}: {exc}") from exc
+        configure_capsules(rt, budgets=opts.budget_bytes(), on_full=opts.on_full,
+                           disk_dir=folder if folder is not None else tempfile.mkdtemp(prefix="flashrt_capsules_"),
+                           owns_disk_dir=folder is None)
     return rt.capsules
+
+
+def prepare(rt) -> CapsuleStore:
+    """Make the store ready at start-up (Runtime.warmup): the fingerprint (the weights digest: sha256 over every
+    weight, seconds for a full-size model), the store, its spare slabs and warm copy paths. Without it the
+    first snapshot did all of that between two control ticks."""
+    store = _checked_store(rt, "capsule warm-up")
+    store.prepare(rt.persistent_buffers())
+    return store
+
+
+def reconfigure(rt, options: CapsuleOptions) -> CapsuleStore:
+    """New capsule options for a runtime that holds no capsule it made (capsules listed again from its old
+    capsule_dir do not count: they stay in their folder); the new store is made ready at once."""
+    store = getattr(rt, "capsules", None)
+    if store is not None and any(c["id"] not in store.relisted for c in store.list()):
+        raise CapsuleError("capsule options: the runtime already holds capsules; drop them first")
+    if store is not None:
+        store.close()
+        rt.capsules = None
+    rt.capsule_options = options
+    return prepare(rt)
 
 
 def _config_key(rt):
@@ -96,8 +133,10 @@ def snapshot(rt, name: str, tier: str = "device") -> str:
     return _checked_store(rt, f"snapshot {name!r}").snapshot(name, tier, rt.persistent_buffers(), rt.runtime_meta())
 
 
-def restore(rt, capsule_id: str) -> dict:
-    """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch.
+def restore(rt, capsule_id: str, rewind_time: bool = False) -> dict:
+    """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch:
+    live (the rate grid and the input watermark go on from now) or with rewind_time (they return to the
+    snapshot's; see contract.host_state).
 
     The runtime's `check_meta` (when it has one) vets the meta before any copy, so a meta that does not
     fit this runtime is refused with the live buffers and host state untouched. Returns what was restored
@@ -107,9 +146,9 @@ def restore(rt, capsule_id: str) -> dict:
     store = _checked_store(rt, f"restore of {capsule_id}")
     meta = store.restore(capsule_id, rt.persistent_buffers(), check=getattr(rt, "check_meta", None),
                          copy_meta=False)
-    rt.apply_meta(meta)  # takes no references into meta
+    rt.apply_meta(meta, rewind_time=rewind_time)  # takes no references into meta
     return {"capsule_id": capsule_id, "decisions": meta.get("decisions"), "step": meta.get("step"),
-            "prompt": meta.get("prompt")}
+            "prompt": meta.get("prompt"), "rewind_time": rewind_time}
 
 
 def fork(rt, capsule_id: str, name: str) -> str:
@@ -117,13 +156,15 @@ def fork(rt, capsule_id: str, name: str) -> str:
 
 
 def list_capsules(rt) -> list[dict]:
-    return [] if getattr(rt, "capsules", None) is None else rt.capsules.list()
+    if getattr(rt, "capsules", None) is None and _options(rt).capsule_dir is None:
+        return []  # (nothing made yet, nothing to list again: no need to compute the fingerprint)
+    return capsule_store(rt).list()
 
 
 def drop_capsule(rt, capsule_id: str) -> None:
-    if getattr(rt, "capsules", None) is None:
+    if getattr(rt, "capsules", None) is None and _options(rt).capsule_dir is None:
         raise CapsuleError(f"unknown capsule id {capsule_id!r} (known: none)")
-    rt.capsules.drop(capsule_id)
+    capsule_store(rt).drop(capsule_id)
 
 
 def move_capsule(rt, capsule_id: str, tier: str) -> None:

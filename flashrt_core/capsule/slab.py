@@ -277,7 +277,13 @@ class Copier:
         slab.ready = self._side_copy(*self._planned(slab, live, gen, to_slab=True))
 
     def slab_to_slab(self, dst: Slab, src: Slab) -> None:
-        dst.ready = self._side_pairs(list(zip(dst.words, src.words)))
+        """Fork or move: slabs of one plan share their layout, so the whole allocation is one flat copy (a
+        memcpy, padding included) rather than a multi-tensor launch over every buffer."""
+        dst.ready = self._side_pairs([(dst.flat, src.flat)])
+
+    def plan_restore(self, slab: Slab, live: Sequence[torch.Tensor], gen: int) -> None:
+        """Work out (and keep on the slab) the copy lists of a restore from it, without copying."""
+        self._planned(slab, live, gen, to_slab=False)
 
     def tensors_to_slab(self, slab: Slab, tensors: Mapping[str, torch.Tensor]) -> None:
         """From verified CPU tensors (a disk capsule) into a memory slab."""

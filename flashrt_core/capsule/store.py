@@ -3,8 +3,10 @@
 Every capsule of a store shares the store's fingerprint (and so its buffer layout). Restore validates
 everything it can before the first byte moves, so a refused restore leaves the live tensors untouched;
 copies land in place, so CUDA graphs captured over the live buffers stay valid. Budgets bound each tier;
-when one is full the store either refuses or evicts the oldest capsules one tier down (device -> host ->
-disk), and never drops a capsule on its own.
+when one is full the store refuses, evicts the oldest capsules one tier down (device -> host -> disk), or
+drops the tier's oldest, as `on_full` says (see capsule.room); it never drops a capsule unless told to.
+A disk_dir the user names outlives the store: capsules found there when a store opens it are listed again.
+`prepare` does at start-up what a first snapshot would otherwise do between two control ticks.
 """
 from __future__ import annotations
 
@@ -19,14 +21,15 @@ from typing import Callable, Mapping
 
 import torch
 
-from flashrt_core.capsule import diskfmt
+from flashrt_core.capsule import diskfmt, room
 from flashrt_core.capsule.fingerprint import Fingerprint, dtype_name, shape_text
 from flashrt_core.capsule.meta import clone_meta, copy_meta, decode_meta
 from flashrt_core.capsule.slab import Copier, Slab, SlabPlan, torch_dtype
+from flashrt_core.capsule.timefmt import iso_utc
 from flashrt_core.errors import CapsuleError
 
 TIERS = ("device", "host", "disk")
-_NEXT = {"device": "host", "host": "disk", "disk": None}
+MEMORY_TIERS = ("device", "host")
 
 
 @dataclasses.dataclass
@@ -57,9 +60,10 @@ class CapsuleStore:
     def __init__(self, fingerprint: Fingerprint, *, device="cpu", budgets: Mapping | None = None,
                  on_full: str = "refuse", disk_dir=None, ring: int = 0, owns_disk_dir: bool = False):
         """owns_disk_dir: the folder is the store's own (a temporary one): `close()`, or the store's garbage
-        collection or the process's exit, removes it with every disk capsule in it."""
-        if on_full not in ("refuse", "evict"):
-            raise CapsuleError(f"on_full must be 'refuse' or 'evict', got {on_full!r}")
+        collection or the process's exit, removes it with every disk capsule in it. A folder of the user's is
+        kept, and the capsules already in it (of this fingerprint) are listed again (see `relisted`)."""
+        if on_full not in room.ON_FULL:
+            raise CapsuleError(f"on_full must be one of {list(room.ON_FULL)}, got {on_full!r}")
         budgets = dict(budgets or {})
         unknown = set(budgets) - set(TIERS)
         if unknown:
@@ -95,6 +99,17 @@ class CapsuleStore:
         self.verified_config = None  # set by capsule.runtime_verbs: what the runtime's fingerprint was checked for
         self._remove_dir = (weakref.finalize(self, shutil.rmtree, str(self.disk_dir), True)
                             if owns_disk_dir and self.disk_dir is not None else None)
+        # Slabs this store allocated (a counter tests read), and one spare per memory tier once `prepare` ran:
+        # a snapshot takes the spare, a drop gives its slab back, so a control loop's snapshots need not
+        # allocate. A spare is not a capsule: budgets count capsules only.
+        self.slabs_allocated = 0
+        self._spare: dict[str, Slab | None] = dict.fromkeys(MEMORY_TIERS)
+        self._keep_spares = False
+        self.last_dropped: list[str] = []  # ids that the last snapshot / fork / import / move dropped for room
+        self.relisted: list[str] = []  # ids found in the disk_dir when the store opened it
+        self.relist_skipped: list[str] = []  # folders found there that are not capsules of this fingerprint
+        if self.disk_dir is not None and not owns_disk_dir and self.disk_dir.is_dir():
+            self._relist()
 
     # ---------------------------------------------------------------- public verbs
     def snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str:
@@ -108,7 +123,10 @@ class CapsuleStore:
                 staging = self._slab("host")
                 self._copier.live_to_slab(staging, live, self._live_gen)
                 staging.wait_host()
-                self._write_disk(cap, staging.views)
+                try:
+                    self._write_disk(cap, staging.views)
+                finally:
+                    self._release(staging, "host")
             else:
                 cap.slab = self._slab(tier)
                 self._copier.live_to_slab(cap.slab, live, self._live_gen)
@@ -173,17 +191,31 @@ class CapsuleStore:
     def list(self) -> list[dict]:
         with self._lock:
             return [{"id": c.id, "name": c.name, "tier": c.tier, "bytes": c.nbytes, "created": c.created,
-                     "decision_id": c.decision_id, "ring": c.ring}
+                     "created_utc": iso_utc(c.created), "decision_id": c.decision_id, "ring": c.ring}
                     for c in sorted(self._caps.values(), key=lambda c: c.seq)]
 
     def drop(self, capsule_id: str) -> None:
         with self._lock:
-            cap = self._get(capsule_id)
-            del self._caps[cap.id]
-            if cap.ring:
-                self._ring_ids[self._ring_ids.index(cap.id)] = None
-            if cap.path is not None:
-                shutil.rmtree(cap.path, ignore_errors=True)
+            self._forget(self._get(capsule_id))
+
+    def prepare(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Do now (at start-up) the work a first snapshot, restore or fork would do on the control path: check
+        the live buffers and build their copy views, allocate one spare slab per memory tier (the host one
+        pinned: the first pinned allocation is the slow one), and copy the live state into each once, which
+        creates the side stream, loads the copy kernels and plans both copy directions on that slab. A tier
+        whose budget cannot hold one capsule gets no spare. Leaves the live buffers untouched."""
+        with self._lock:
+            live = self._check_buffers(tensors, "capsule warm-up")
+            self._keep_spares = True
+            for tier in MEMORY_TIERS:
+                budget = self.budgets[tier]
+                if budget is not None and budget < self.capsule_bytes:
+                    continue
+                slab = self._slab(tier)
+                self._copier.live_to_slab(slab, live, self._live_gen)
+                self._copier.plan_restore(slab, live, self._live_gen)
+                slab.wait_host()
+                self._spare[tier] = slab
 
     def close(self) -> None:
         """Forget every capsule and free its memory. Disk capsules in a folder the user gave stay there (they
@@ -192,6 +224,8 @@ class CapsuleStore:
             self._caps.clear()
             self._ring_slots.clear()
             self._ring_ids.clear()
+            self._spare = dict.fromkeys(MEMORY_TIERS)
+            self._keep_spares = False
             if self._remove_dir is not None:
                 self._remove_dir()
 
@@ -269,7 +303,7 @@ class CapsuleStore:
             return cap.id
 
     def used(self, tier: str) -> int:
-        """Bytes a tier holds (the ring's reserved slots count as device bytes)."""
+        """Bytes the capsules of a tier hold (the ring's reserved slots count as device bytes; spares do not)."""
         with self._lock:
             held = sum(c.nbytes for c in self._caps.values() if c.tier == tier and not c.ring)
             return held + (len(self._ring_slots) * self.capsule_bytes if tier == "device" else 0)
@@ -320,23 +354,80 @@ class CapsuleStore:
                 raise CapsuleError(f"{what}: buffer {name} is {dtype_name(t.dtype)} {shape_text(t.shape)}, "
                                    f"the fingerprint says {dtype} {shape_text(shape)}")
 
+    def holders(self, tier: str) -> list[_Capsule]:
+        """The capsules of a tier that a budget may move or drop (the ring's are not), oldest first."""
+        return [c for c in sorted(self._caps.values(), key=lambda c: c.seq) if c.tier == tier and not c.ring]
+
     def _get(self, capsule_id: str) -> _Capsule:
         cap = self._caps.get(capsule_id)
-        if cap is None:
-            known = ", ".join(sorted(self._caps)) or "none"
+        if cap is None:  # (the newest few: a store of hundreds would make an unreadable reply)
+            known = room.ids_text([c.id for c in sorted(self._caps.values(), key=lambda c: c.seq)])
             raise CapsuleError(f"unknown capsule id {capsule_id!r} (known: {known})")
         return cap
 
     def _new(self, name: str, tier: str, meta: dict) -> _Capsule:
         self._seq += 1
-        return _Capsule(id=f"c{self._seq:04d}-{self._tag}", name=str(name), tier=tier, nbytes=self.capsule_bytes,
-                        created=time.time(), seq=self._seq, meta=meta,
-                        decision_id=meta.get("decision_id", meta.get("decisions")))
+        cid = f"c{self._seq:04d}-{self._tag}"
+        while cid in self._caps or (self.disk_dir is not None and (self.disk_dir / cid).exists()):
+            self._seq += 1  # (an id listed again from the disk_dir, or a folder someone left there)
+            cid = f"c{self._seq:04d}-{self._tag}"
+        return _Capsule(id=cid, name=str(name), tier=tier, nbytes=self.capsule_bytes, created=time.time(),
+                        seq=self._seq, meta=meta, decision_id=meta.get("decision_id", meta.get("decisions")))
 
     def _slab(self, tier: str) -> Slab:
+        """The tier's spare slab when there is one, else a new allocation."""
+        spare = self._spare.get(tier)
+        if spare is not None:
+            self._spare[tier] = None
+            return spare
+        self.slabs_allocated += 1
         if tier == "device":
             return Slab(self._plan, self.device)
         return Slab(self._plan, torch.device("cpu"), pinned=self._pinned)
+
+    def _release(self, slab: Slab | None, tier: str) -> None:
+        """A slab no capsule uses any more: kept as the tier's spare (after `prepare`), else freed."""
+        if slab is not None and self._keep_spares and tier in MEMORY_TIERS and self._spare[tier] is None:
+            self._spare[tier] = slab
+
+    def _forget(self, cap: _Capsule) -> None:
+        """Drop a capsule: its slab becomes a spare or is freed, its disk folder is removed."""
+        del self._caps[cap.id]
+        if cap.ring:
+            self._ring_ids[self._ring_ids.index(cap.id)] = None
+        elif cap.slab is not None:
+            self._release(cap.slab, cap.tier)
+        cap.slab = None
+        if cap.path is not None:
+            shutil.rmtree(cap.path, ignore_errors=True)
+
+    def _relist(self) -> None:
+        """List the capsules of this fingerprint already in the disk_dir again (a restart), oldest first. Only
+        manifests are read here; a capsule's checksums are verified when it is restored, forked or moved."""
+        found = []
+        for path in sorted(self.disk_dir.iterdir()):
+            if path.name.startswith(".") or not (path / diskfmt.MANIFEST).is_file():
+                continue  # (a half-written capsule is a dot folder until it is complete)
+            manifest, check = diskfmt.read_manifest(path)
+            try:
+                if not check.ok:
+                    raise CapsuleError(check.detail)
+                diffs = self.fingerprint.diff(Fingerprint.from_dict(manifest["fingerprint"]))
+                if diffs:
+                    raise CapsuleError("another fingerprint (this runtime != file): " + "; ".join(diffs))
+                meta = _own_meta(decode_meta(manifest["meta"]))
+                created = diskfmt.created_unix(manifest)
+            except CapsuleError as exc:
+                self.relist_skipped.append(f"{path.name}: {exc}")
+                continue
+            found.append((created if created is not None else path.stat().st_mtime, path, manifest, meta))
+        for created, path, manifest, meta in sorted(found, key=lambda f: f[0]):
+            self._seq += 1
+            self._caps[path.name] = _Capsule(
+                id=path.name, name=str(manifest.get("name", "")), tier="disk", nbytes=self.capsule_bytes,
+                created=created, seq=self._seq, meta=meta, path=path,
+                decision_id=meta.get("decision_id", meta.get("decisions")))
+            self.relisted.append(path.name)
 
     def _write_disk(self, cap: _Capsule, tensors: Mapping[str, torch.Tensor]) -> None:
         path = self.disk_dir / cap.id
@@ -351,61 +442,41 @@ class CapsuleStore:
         if diffs:
             raise CapsuleError(f"{what}: file {cap.path} has another fingerprint (runtime != file): "
                                + "; ".join(diffs))
+        self._full_check(tensors, what)  # (a folder found in the disk_dir may list other buffers)
         return tensors
 
     def _relocate(self, cap: _Capsule, tier: str) -> None:
         """Move a capsule's bytes to `tier`: the new copy is complete before the old one is freed."""
         if tier == "disk":
             cap.slab.wait_host()
+            old_tier = cap.tier
             self._write_disk(cap, cap.slab.views)
+            self._release(cap.slab, old_tier)
             cap.slab = None
             return
-        slab = self._slab(tier)
-        old_path = cap.path
+        old_path, old_slab, old_tier = cap.path, cap.slab, cap.tier
         if cap.tier == "disk":
-            self._copier.tensors_to_slab(slab, self._load_disk(cap, f"move of capsule {cap.id}"))
+            loaded = self._load_disk(cap, f"move of capsule {cap.id}")  # verified before a slab is taken
+            slab = self._slab(tier)
+            self._copier.tensors_to_slab(slab, loaded)
         else:
+            slab = self._slab(tier)
             self._copier.slab_to_slab(slab, cap.slab)
         cap.slab, cap.tier, cap.path = slab, tier, None
+        self._release(old_slab, old_tier)
         if old_path is not None:
             shutil.rmtree(old_path, ignore_errors=True)
 
     def _make_room(self, tier: str, need: int, protect: set, for_what: str) -> None:
-        """Plan every eviction first (so a refusal changes nothing), then run it deepest tier first."""
-        for cap, to in self._plan_room(tier, need, protect, for_what):
-            self._relocate(cap, to)
-
-    def _plan_room(self, tier: str, need: int, protect: set, for_what: str) -> list:
-        budget = self.budgets[tier]
-        if budget is None:
-            return []
-        used = self.used(tier)
-        free = budget - used
-        if need <= free:
-            return []
-        holders = [c for c in sorted(self._caps.values(), key=lambda c: c.seq) if c.tier == tier and not c.ring]
-        where = (f"{for_what}: {tier} tier budget is full: needs {need} bytes, {max(free, 0)} of {budget} free "
-                 f"(held by {[c.id for c in holders] or 'nothing'})")
-        if need > budget:
-            raise CapsuleError(f"{for_what}: needs {need} bytes, more than the whole {tier} budget of {budget}")
-        if self.on_full == "refuse":
-            raise CapsuleError(f"{where}; drop or move a capsule, raise budgets[{tier!r}], or use on_full='evict'")
-        nxt = _NEXT[tier]
-        if nxt is None or (nxt == "disk" and self.disk_dir is None):
-            raise CapsuleError(f"{where}; nothing to evict to below the {tier} tier"
-                               + (" (no disk_dir)" if nxt == "disk" else ""))
-        victims, freed = [], 0
-        for cap in holders:
-            if cap.id in protect:
-                continue
-            victims.append(cap)
-            freed += cap.nbytes
-            if free + freed >= need:
-                break
-        else:
-            raise CapsuleError(f"{where}; not enough evictable capsules")
-        deeper = self._plan_room(nxt, freed, protect | {c.id for c in victims}, for_what)
-        return deeper + [(c, nxt) for c in victims]
+        """Plan every step first (so a refusal changes nothing), then carry them out; `last_dropped` says which
+        capsules were dropped for it."""
+        self.last_dropped = []
+        for cap, to in room.plan(self, tier, need, protect, for_what):
+            if to is None:
+                self._forget(cap)
+                self.last_dropped.append(cap.id)
+            else:
+                self._relocate(cap, to)
 
 
 def _signature(live: list) -> list:

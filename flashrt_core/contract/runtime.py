@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from flashrt_core.contract import inputs
+from flashrt_core.contract import host_state, inputs
 from flashrt_core.contract.buffers import TORCH_DTYPES, BufferSet
 from flashrt_core.contract.graphs import GraphCache
 from flashrt_core.contract.schedule import Scheduler
@@ -78,7 +78,12 @@ class StageIO:
 
 class Runtime:
     def __init__(self, contract: Contract, binding_cls=None, device="cpu", seed: int = 0, tokenizer=None,
-                 debug_graphs: bool = False):
+                 debug_graphs: bool = False, capsule_budget_mb: Mapping | None = None, capsule_eviction: str = "none",
+                 capsule_dir=None):
+        from flashrt_core.capsule.options import capsule_options
+
+        # checked before anything is built; the store itself is made at warmup (or at the first capsule verb)
+        self.capsule_options = capsule_options(capsule_budget_mb, capsule_eviction, capsule_dir)
         if binding_cls is None:
             from flashrt_core.contract.bindings import resolve_binding
 
@@ -122,12 +127,16 @@ class Runtime:
                     rates: Mapping[str, float] | None = None, max_observation_age_ms: float | None = None,
                     num_cameras: int | None = None, limits: Mapping[str, Any] | None = None,
                     options: Mapping[str, Any] | None = None, deferred: Mapping[str, bool] | None = None,
-                    binding=None, debug_graphs: bool = False):
+                    binding=None, debug_graphs: bool = False, capsule_budget_mb: Mapping | None = None,
+                    capsule_eviction: str = "none", capsule_dir=None):
         """Load and validate a contract, apply overrides (e.g. ROS parameters), build the model and buffers.
 
         `rates` {stage: hz}, `max_observation_age_ms`, `limits` and `options` (model options; `num_cameras`
         is options["views"]) and `deferred` {stage: bool} override the file; the result is validated again
-        as a whole."""
+        as a whole. Capsules: `capsule_budget_mb` {tier: MB or None} bounds the device / host / disk tiers
+        (defaults in capsule.options: 1024 / 2048 / 10240 MB); `capsule_eviction` 'none' refuses a capsule
+        that does not fit, 'oldest' drops the tier's oldest capsules for it; `capsule_dir` keeps the disk
+        tier in a folder that outlives the runtime (the capsules found there are listed again)."""
         contract = load_contract(path, binding=binding)
         limits = dict(limits or {})
         if max_observation_age_ms is not None:
@@ -139,7 +148,8 @@ class Runtime:
             contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
                                                dtype=_dtype_name(dtype), rates=rates, limits=limits,
                                                options=options, deferred=deferred, binding=binding)
-        return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs)
+        return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs,
+                   capsule_budget_mb=capsule_budget_mb, capsule_eviction=capsule_eviction, capsule_dir=capsule_dir)
 
     # ---- inputs ------------------------------------------------------------------------------------------
     def _not_in_on_actions(self, what: str) -> None:
@@ -329,8 +339,10 @@ class Runtime:
         return out
 
     def warmup(self) -> None:
-        """Capture the graphs of the usual plans now (configure time) rather than at their first tick.
-        `warmup_s` says how long it took (Triton compiles and kernel tuning of a first start on a GPU)."""
+        """Capture the graphs of the usual plans now (configure time) rather than at their first tick, and
+        make the capsule store ready (weights digest, spare slabs, copy paths: capsule.runtime_verbs.prepare)
+        so that the first snapshot is as fast as the later ones. `warmup_s` says how long it took (Triton
+        compiles and kernel tuning of a first start on a GPU)."""
         started = time.perf_counter()
         stages = [s for s in self.contract.stages if self._device_parts[s] is not None]
         bufs = self.buffers.tensors
@@ -361,6 +373,9 @@ class Runtime:
                         fused(bufs)
                 self.buffers.load_all(saved)
                 self._warmed = True
+            from flashrt_core.capsule import runtime_verbs
+
+            runtime_verbs.prepare(self)
         self.warmup_s = time.perf_counter() - started
 
     # ---- state for capsules ----------------------------------------------------------------------------
@@ -369,119 +384,19 @@ class Runtime:
         return self.buffers.persistent()
 
     def runtime_meta(self) -> dict:
-        """Host-side state that goes with the persistent buffers at a decision boundary."""
-        with self._lock:
-            ledger = self.buffers.ledger
-            meta = {
-                "decisions": ledger.decisions,
-                "step": ledger.step,
-                "ledger": ledger.to_dict(),
-                "clocks": {n: [c.t0, c.n] for n, c in self.scheduler.clocks.items()},
-                "pending": sorted(self.scheduler.pending),
-                "rng_state": self.generator.get_state().clone(),
-                "prompt": self._prompt,
-                "last_stamp_ns": self._last_stamp,
-                "seed": self.seed,
-            }
-            if "prompt" in self.buffers.tensors:
-                meta["prompt_bytes"] = self.buffers.host_view("prompt").clone()
-            return meta
+        """Host-side state that goes with the persistent buffers at a decision boundary (contract.host_state)."""
+        return host_state.runtime_meta(self)
 
     def check_meta(self, meta: Mapping) -> None:
         """Raise CapsuleError naming the field if `apply_meta(meta)` could fail or mix another contract's
-        state into this one. Capsule restores call it before the first byte moves, so a refusal leaves
-        buffers and host state untouched (e.g. a meta from another contract: other stages, clocks, buffers).
-        Runs on every restore: messages are formatted only on failure, and dicts are plain `dict`s (what
-        runtime_meta() and capsules hold; the typing.Mapping check alone would double its cost)."""
-        from flashrt_core.errors import CapsuleError
+        state into this one; capsule restores call it before the first byte moves (contract.host_state)."""
+        host_state.check_meta(self, meta)
 
-        def fail(field, why):
-            raise CapsuleError(f"meta field {field}: {why} (is the capsule from another runtime or contract?)")
-
-        def names(got, want, field):
-            if not isinstance(got, dict):
-                fail(field, f"expected a dict, got {type(got).__name__}")
-            if got.keys() != want:
-                fail(field, f"names differ from this runtime's: missing {sorted(want - got.keys())}, "
-                            f"unexpected {sorted(map(str, got.keys() - want))}")
-
-        def ints(d, field):
-            for k, v in d.items():
-                if type(v) is not int:
-                    fail(f"{field}.{k}", f"expected an int, got {v!r}")
-
-        def tensor_like(got, want, field):
-            if not (isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape):
-                fail(field, f"expected a {want.dtype} tensor of shape {tuple(want.shape)}, got "
-                     + (f"{got.dtype} {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__))
-
-        if not isinstance(meta, dict):
-            fail("meta", f"expected a dict, got {type(meta).__name__}")
-        for key in ("ledger", "clocks", "pending", "rng_state", "prompt"):
-            if key not in meta:
-                fail(key, "missing")
-        stages, led = self.contract.stages, meta["ledger"]
-        if not isinstance(led, dict):
-            fail("ledger", f"expected a dict, got {type(led).__name__}")
-        for key in ("buffers", "seen", "runs", "misses", "lates", "step", "decisions"):
-            if key not in led:
-                fail(f"ledger.{key}", "missing")
-        names(led["buffers"], self.contract.buffers.keys(), "ledger.buffers")
-        for name, e in led["buffers"].items():
-            if not (isinstance(e, (list, tuple)) and len(e) == 3 and type(e[0]) is int and type(e[1]) is int
-                    and (e[2] is None or type(e[2]) is int)):
-                fail(f"ledger.buffers.{name}", f"expected [version, step, stamp_ns or None], got {e!r}")
-        names(led["seen"], stages.keys(), "ledger.seen")
-        for stage, seen in led["seen"].items():
-            names(seen, set(stages[stage].reads), f"ledger.seen.{stage}")
-            ints(seen, f"ledger.seen.{stage}")
-        for key in ("runs", "misses", "lates"):
-            names(led[key], stages.keys(), f"ledger.{key}")
-            ints(led[key], f"ledger.{key}")
-        ints({"step": led["step"], "decisions": led["decisions"]}, "ledger")
-        names(meta["clocks"], self.scheduler.clocks.keys(), "clocks")
-        for name, c in meta["clocks"].items():
-            if not (isinstance(c, (list, tuple)) and len(c) == 2 and (c[0] is None or type(c[0]) is int)
-                    and type(c[1]) is int):
-                fail(f"clocks.{name}", f"expected [t0 or None, n], got {c!r}")
-        pending = meta["pending"]
-        if not (isinstance(pending, (list, tuple, set)) and all(p in stages for p in pending)):
-            fail("pending", f"expected stage names of this contract, got {pending!r}")
-        tensor_like(meta["rng_state"], self.generator.get_state(), "rng_state")
-        if not (meta["prompt"] is None or isinstance(meta["prompt"], str)):
-            fail("prompt", f"expected a string or None, got {type(meta['prompt']).__name__}")
-        if "prompt_bytes" in meta and "prompt" in self.buffers.tensors:
-            tensor_like(meta["prompt_bytes"], self.buffers.host_view("prompt"), "prompt_bytes")
-
-    def apply_meta(self, meta: Mapping) -> None:
-        """Restore host-side state from `runtime_meta()` output (the capsule restores the buffers).
-
-        Observation inputs stay live (the robot's newest frames are not rewound); the prompt is restored.
-        `check_meta(meta)` first tells whether this can fail; capsule restores run it before any copy.
-        """
-        with self._lock:
-            # In place, without new objects: a restore runs between two control ticks. check_meta has
-            # vetted that every name matches this contract, so updating is the same as replacing.
-            live, src = self.buffers.ledger, meta["ledger"]
-            keep = self._live_inputs
-            for name, (version, step, stamp) in src["buffers"].items():
-                if name not in keep:
-                    m = live.buffers[name]
-                    m.version, m.step, m.stamp_ns = version, step, stamp
-            for stage, seen in src["seen"].items():
-                live.seen[stage].update(seen)
-            live.runs.update(src["runs"])
-            live.misses.update(src["misses"])
-            live.lates.update(src["lates"])
-            live.step, live.decisions = src["step"], src["decisions"]
-            self.buffers.device_version.update(self._restage)  # re-stage device copies of inputs on next use
-            for name, (t0, n) in meta["clocks"].items():
-                self.scheduler.clocks[name].t0, self.scheduler.clocks[name].n = t0, n
-            self.scheduler.pending = set(meta["pending"])
-            self.generator.set_state(meta["rng_state"])  # copies the bytes: no reference kept
-            self._prompt = meta["prompt"]
-            if "prompt_bytes" in meta and "prompt" in self.buffers.tensors:
-                self.buffers.host_view("prompt").copy_(meta["prompt_bytes"])
+    def apply_meta(self, meta: Mapping, rewind_time: bool = True) -> None:
+        """Restore host-side state from `runtime_meta()` output (the capsule restores the buffers). Observation
+        inputs stay live; rewind_time=False also keeps the rate clocks and the input watermark as they are
+        now (a live restore; see contract.host_state)."""
+        host_state.apply_meta(self, meta, rewind_time)
 
     def fingerprint_fields(self) -> dict:
         """model identity, weights digest, precision and persistent-buffer layout (see capsule.fingerprint)."""
@@ -548,18 +463,29 @@ class Runtime:
         with self._lock:
             return runtime_verbs.snapshot(self, name, tier)
 
-    def restore(self, capsule_id: str) -> dict:
+    def restore(self, capsule_id: str, rewind_time: bool = False) -> dict:
+        """Live (default): the model state rewinds, the rate grid and input watermark go on from now.
+        rewind_time=True: they return to the snapshot's too (re-fed observations replay it exactly)."""
         self._not_in_on_actions("restore")
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:
-            return runtime_verbs.restore(self, capsule_id)
+            return runtime_verbs.restore(self, capsule_id, rewind_time=rewind_time)
 
     def fork(self, capsule_id: str, name: str) -> str:
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:
             return runtime_verbs.fork(self, capsule_id, name)
+
+    def configure_capsules(self, capsule_budget_mb: Mapping | None = None, capsule_eviction: str = "none",
+                           capsule_dir=None) -> None:
+        """Replace the capsule options (see from_config) while no capsule is held, and make the store ready."""
+        from flashrt_core.capsule import runtime_verbs
+        from flashrt_core.capsule.options import capsule_options
+
+        with self._lock:
+            runtime_verbs.reconfigure(self, capsule_options(capsule_budget_mb, capsule_eviction, capsule_dir))
 
     def list_capsules(self) -> list[dict]:
         from flashrt_core.capsule import runtime_verbs
@@ -600,7 +526,7 @@ def weights_digest(named_tensors) -> str:
         shape = tuple(t.shape)
         t = t.detach().contiguous().reshape(-1)
         h.update(f"{name}|{str(t.dtype).removeprefix('torch.')}|{shape}\n".encode())
-        h.update(t.view(torch.uint8).cpu().numpy().tobytes())
+        h.update(t.view(torch.uint8).cpu().numpy())  # (the array itself: a bytes copy halved the rate)
     return h.hexdigest()
 
 
