@@ -1,51 +1,111 @@
-"""Launch the FlashRT policy node (lifecycle) with a contract, a checkpoint and camera topics.
+"""Launch the FlashRT policy node (lifecycle) with a parameters file, a contract, a checkpoint and camera topics.
 
-    ros2 launch flashrt_ros policy.launch.py checkpoint:=/models/pi05 \
+    ros2 launch flashrt_ros policy.launch.py params_file:=/robot/policy.yaml
+    ros2 launch flashrt_ros policy.launch.py checkpoint:=/models/pi05 engine:=fused \
         camera_topics:="['/cam_high/image_raw', '/cam_wrist/image_raw/compressed']" namespace:=arm
+
+The node's parameters come from `params_file` (default: the packaged config/policy_node.yaml). An argument below
+that is left empty sets nothing, so the file's value stays; an argument given on the command line overrides the
+parameter of the same name (`config` sets `contract`). Only `autostart` always comes from the launch file
+(default true); give autostart:=false to leave the lifecycle to a manager.
 """
 import os
 
-from ament_index_python.packages import get_package_share_directory
-from launch import LaunchDescription
-from launch.actions import DeclareLaunchArgument
-from launch.substitutions import LaunchConfiguration
-from launch_ros.actions import LifecycleNode
-from launch_ros.parameter_descriptions import ParameterValue
+import yaml
+
+# launch and launch_ros are imported where they are used: the argument table and node_parameters() below are
+# plain Python, so they can be checked on machines without ROS launch (the pip set-up has none).
+
+ENGINES = ("auto", "fused", "reference")
+# launch argument -> (node parameter, type, description); '' (the default of each) = the params_file's value.
+OVERRIDES = {
+    "config": ("contract", str, "execution contract YAML (stages, rates, buffers, model)"),
+    "checkpoint": ("checkpoint", str, "LeRobot pi0.5 checkpoint directory"),
+    "camera_topics": ("camera_topics", list,
+                      "camera topics in model slot order, a YAML list (a /compressed suffix = CompressedImage)"),
+    "joint_state_topic": ("joint_state_topic", str, "sensor_msgs/JointState topic"),
+    "device": ("device", str, "cpu | cuda | cuda:N | auto"),
+    "image_height": ("image_height", int, "camera image height; 0 = the contract's (other sizes are rejected)"),
+    "image_width": ("image_width", int, "camera image width; 0 = the contract's (other sizes are rejected)"),
+    "engine": ("engine", str, "auto | fused | reference (auto: fused on CUDA)"),
+    "tokenizer": ("tokenizer", str, "tokenizer file or folder; the checkpoint's named tokenizer otherwise"),
+}
+
+
+def _value(argument: str, text: str, kind):
+    if kind is str:
+        if argument == "engine" and text not in ENGINES:
+            raise ValueError(f"launch argument 'engine' must be one of {', '.join(ENGINES)}, not {text!r}")
+        return text
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"launch argument {argument!r} must be an integer, not {text!r}") from None
+    if kind is bool:
+        value = yaml.safe_load(text)
+        if not isinstance(value, bool):
+            raise ValueError(f"launch argument {argument!r} must be true or false, not {text!r}")
+        return value
+    # a list of strings: a YAML list, or one name / comma-separated names
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = None
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",")]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"launch argument {argument!r} must be a list of names, e.g. \"['a', 'b']\", not {text!r}")
+    return value
+
+
+def node_parameters(arguments: dict) -> dict:
+    """The node parameters that the given launch argument values set: only those given (not '')."""
+    return {parameter: _value(name, arguments[name], kind)
+            for name, (parameter, kind, _) in OVERRIDES.items() if arguments.get(name, "") != ""}
+
+
+def parameter_sources(params_file: str, arguments: dict, autostart: str) -> list:
+    """The node's `parameters`, in order: the params_file, then what the launch arguments set (later wins)."""
+    sources = []
+    if params_file:
+        if not os.path.isfile(params_file):
+            raise FileNotFoundError(f"launch argument 'params_file': no such file {params_file!r}")
+        sources.append(params_file)
+    overrides = node_parameters(arguments)
+    overrides["autostart"] = _value("autostart", autostart, bool)
+    sources.append(overrides)
+    return sources
+
+
+def _launch_node(context):
+    from launch_ros.actions import LifecycleNode
+
+    values = context.launch_configurations
+    parameters = parameter_sources(values["params_file"], {name: values[name] for name in OVERRIDES},
+                                   values["autostart"])
+    return [LifecycleNode(package="flashrt_ros", executable="policy_node", name="policy_node",
+                          namespace=values["namespace"], output="screen", parameters=parameters)]
 
 
 def generate_launch_description():
+    from ament_index_python.packages import get_package_share_directory
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument, OpaqueFunction
+
     share = get_package_share_directory("flashrt_ros")
     args = [
         DeclareLaunchArgument("params_file", default_value=os.path.join(share, "config", "policy_node.yaml"),
-                              description="YAML with the node parameters (documented defaults)"),
-        DeclareLaunchArgument("config", default_value=os.path.join(share, "config", "pi05_tiny.yaml"),
-                              description="execution contract YAML (stages, rates, buffers, model)"),
-        DeclareLaunchArgument("checkpoint", default_value="",
-                              description="LeRobot pi0.5 checkpoint directory; empty = built-in tiny model"),
-        DeclareLaunchArgument("camera_topics", default_value="['camera0/image_raw', 'camera1/image_raw']",
-                              description="camera topics in model slot order (a /compressed suffix = CompressedImage)"),
-        DeclareLaunchArgument("joint_state_topic", default_value="joint_states", description="JointState topic"),
+                              description="YAML with the node parameters (the packaged one documents them); "
+                                          "'' = none"),
         DeclareLaunchArgument("namespace", default_value="", description="namespace of the node and its topics"),
-        DeclareLaunchArgument("device", default_value="auto", description="cpu | cuda | cuda:N | auto"),
-        DeclareLaunchArgument("image_height", default_value="0",
-                              description="camera image height; 0 = the contract's (other sizes are rejected)"),
-        DeclareLaunchArgument("image_width", default_value="0",
-                              description="camera image width; 0 = the contract's (other sizes are rejected)"),
         DeclareLaunchArgument("autostart", default_value="true",
-                              description="configure and activate at start-up (false: use a lifecycle manager)"),
+                              description="configure and activate at start-up (false: use a lifecycle manager); "
+                                          "the params_file's autostart is not used"),
     ]
-    node = LifecycleNode(
-        package="flashrt_ros", executable="policy_node", name="policy_node",
-        namespace=LaunchConfiguration("namespace"), output="screen",
-        parameters=[LaunchConfiguration("params_file"), {
-            "contract": LaunchConfiguration("config"),
-            "checkpoint": LaunchConfiguration("checkpoint"),
-            "camera_topics": ParameterValue(LaunchConfiguration("camera_topics"), value_type=list[str]),
-            "joint_state_topic": LaunchConfiguration("joint_state_topic"),
-            "device": LaunchConfiguration("device"),
-            "image_height": ParameterValue(LaunchConfiguration("image_height"), value_type=int),
-            "image_width": ParameterValue(LaunchConfiguration("image_width"), value_type=int),
-            "autostart": ParameterValue(LaunchConfiguration("autostart"), value_type=bool),
-        }],
-    )
-    return LaunchDescription(args + [node])
+    for name, (parameter, _, description) in OVERRIDES.items():
+        sets = "" if parameter == name else f" (sets the node parameter '{parameter}')"
+        args.append(DeclareLaunchArgument(
+            name, default_value="", choices=["", *ENGINES] if name == "engine" else None,
+            description=f"{description}{sets}; '' = the params_file's value"))
+    return LaunchDescription(args + [OpaqueFunction(function=_launch_node)])
