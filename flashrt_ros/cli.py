@@ -1,4 +1,4 @@
-"""The `flashrt` console script: demo, doctor, bench, replay, make-bag, contract, capsule."""
+"""The `flashrt` console script: run, demo, doctor, bench, replay, make-bag, contract, capsule."""
 from __future__ import annotations
 
 import argparse
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     sub.add_parser("doctor", help="what hardware, kernels and ROS pieces are available")
     for module in ("flashrt_core.contract.cli", "flashrt_core.capsule.cli", "flashrt_core.bench",
-                   "flashrt_ros.replay.cli"):
+                   "flashrt_ros.replay.cli", "flashrt_ros.run_cli"):
         try:
             mod = __import__(module, fromlist=["add_subparsers"])
         except ModuleNotFoundError as exc:

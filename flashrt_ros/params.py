@@ -8,18 +8,32 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 # name: (default, type, description, range)
 PARAMETERS = {
     "contract": ("", ParameterType.PARAMETER_STRING,
-                 "execution contract YAML; empty = the packaged config/pi05_tiny.yaml", None),
+                 "execution contract YAML; empty = the packaged config/pi05.yaml with a checkpoint, "
+                 "config/pi05_tiny.yaml without", None),
     "checkpoint": ("", ParameterType.PARAMETER_STRING,
-                   "LeRobot pi0.5 checkpoint directory; empty = the contract's model (built-in tiny)", None),
-    "device": ("auto", ParameterType.PARAMETER_STRING, "cpu | cuda | cuda:N | auto", None),
-    "dtype": ("", ParameterType.PARAMETER_STRING, "float32 | bfloat16 | float16; empty = contract default", None),
+                   "LeRobot pi0.5 checkpoint folder as save_pretrained writes it (config.json, model.safetensors, "
+                   "processor files); empty = the contract's model (built-in tiny)", None),
+    "device": ("auto", ParameterType.PARAMETER_STRING, "cpu | cuda | cuda:N | auto (cuda when available)", None),
+    "dtype": ("", ParameterType.PARAMETER_STRING,
+              "float32 | bfloat16 | float16; empty = the contract's (config/pi05.yaml: bfloat16)", None),
+    "engine": ("auto", ParameterType.PARAMETER_STRING,
+               "auto | fused | reference; auto = the contract's choice (default: fused on CUDA, reference on CPU)",
+               None),
+    "tokenizer": ("", ParameterType.PARAMETER_STRING,
+                  "tokenizer.json / tokenizer.model file or folder; empty = the tokenizer the checkpoint names, "
+                  "from the Hugging Face hub cache (offline)", None),
     "seed": (0, ParameterType.PARAMETER_INTEGER, "seed of the flow-matching noise generator", None),
     "camera_topics": (["camera0/image_raw"], ParameterType.PARAMETER_STRING_ARRAY,
-                      "one topic per camera, in the model's slot order; a topic ending in /compressed "
-                      "subscribes to sensor_msgs/CompressedImage", None),
+                      "one topic per camera feature of the checkpoint, in the order of its config.json "
+                      "input_features (observation.images.*; fewer topics = the last features missing); a topic "
+                      "ending in /compressed subscribes to sensor_msgs/CompressedImage", None),
     "joint_state_topic": ("joint_states", ParameterType.PARAMETER_STRING, "sensor_msgs/JointState topic", None),
     "joint_names": ([""], ParameterType.PARAMETER_STRING_ARRAY,
                     "joints in the model's state order; [''] = take JointState order as is", None),
+    "state_topic": ("", ParameterType.PARAMETER_STRING,
+                    "std_msgs/Float64MultiArray topic carrying the robot state (e.g. an end-effector pose) in "
+                    "the checkpoint's observation.state order; empty = the state comes from joint_state_topic",
+                    None),
     "prompt": ("", ParameterType.PARAMETER_STRING, "initial task prompt (also settable on ~/prompt)", None),
     "observe_rate_hz": (0.0, ParameterType.PARAMETER_DOUBLE,
                         "rate of the observe stage; 0 = the contract's", FloatingPointRange(from_value=0.0, to_value=1000.0)),
@@ -56,10 +70,13 @@ class NodeParams:
     checkpoint: str
     device: str
     dtype: str
+    engine: str
+    tokenizer: str
     seed: int
     camera_topics: list
     joint_state_topic: str
     joint_names: list
+    state_topic: str
     prompt: str
     observe_rate_hz: float
     act_rate_hz: float
@@ -98,6 +115,8 @@ def read(node) -> NodeParams:
         raise ValueError(f"parameter 'joint_names' lists a joint twice: {values['joint_names']}")
     if values["device"] != "auto" and not (values["device"] == "cpu" or values["device"].startswith("cuda")):
         raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{values['device']}'")
+    if values["engine"] not in ("auto", "fused", "reference"):
+        raise ValueError(f"parameter 'engine' must be auto, fused or reference, not '{values['engine']}'")
     if values["dtype"] not in ("", "float32", "bfloat16", "float16"):
         raise ValueError(f"parameter 'dtype' must be float32, bfloat16 or float16, not '{values['dtype']}'")
     return NodeParams(**values)

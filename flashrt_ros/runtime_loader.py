@@ -5,7 +5,8 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_CONTRACT = "pi05_tiny.yaml"
+DEFAULT_CONTRACT = "pi05_tiny.yaml"  # without a checkpoint: the built-in tiny model (demo, tests)
+CHECKPOINT_CONTRACT = "pi05.yaml"  # with one: the full-size GPU contract (fused engine, bf16 on CUDA)
 
 
 def packaged_config(name: str) -> Path:
@@ -19,16 +20,27 @@ def packaged_config(name: str) -> Path:
     raise FileNotFoundError(f"packaged config '{name}' not found in: {', '.join(map(str, candidates))}")
 
 
+def runtime_arguments(p, n_cameras: int) -> dict:
+    """`Runtime.from_config` arguments (all but device and seed) for the node parameters `p`."""
+    contract = p.contract or str(packaged_config(CHECKPOINT_CONTRACT if p.checkpoint else DEFAULT_CONTRACT))
+    rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
+    # The robot's joints decide the state width (a checkpoint's config.json must agree), and the action width
+    # where no checkpoint gives it; a Float64MultiArray state takes the checkpoint's width.
+    state_dim = len(p.joint_names) if not p.state_topic else 0
+    action_dim = p.action_dim or (0 if p.checkpoint else len(p.joint_names))
+    options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width),
+                                 ("state_dim", state_dim), ("action_dim", action_dim)) if v > 0}
+    if p.engine != "auto":
+        options["engine"] = p.engine
+    return dict(path=contract, checkpoint=p.checkpoint or None, dtype=p.dtype or None, tokenizer=p.tokenizer or None,
+                rates=rates or None, max_observation_age_ms=p.max_observation_age_ms or None, num_cameras=n_cameras,
+                options=options or None)
+
+
 def load_runtime(p, n_cameras: int):
     """A configured Runtime for the node parameters `p` (flashrt_ros.params.NodeParams)."""
     from flashrt_core import Runtime
 
-    contract = p.contract or str(packaged_config(DEFAULT_CONTRACT))
-    rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
-    # The robot's joints decide the state and action widths unless the parameters say otherwise.
-    options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width),
-                                 ("state_dim", len(p.joint_names)),
-                                 ("action_dim", p.action_dim or len(p.joint_names))) if v > 0}
     import torch
 
     device = p.device
@@ -36,10 +48,7 @@ def load_runtime(p, n_cameras: int):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if p.cpu_threads > 0:
         torch.set_num_threads(p.cpu_threads)  # the node owns its process: a process-wide choice is fine here
-    runtime = Runtime.from_config(
-        contract, device=device, seed=p.seed, checkpoint=p.checkpoint or None, dtype=p.dtype or None,
-        rates=rates or None, max_observation_age_ms=p.max_observation_age_ms or None, num_cameras=n_cameras,
-        options=options or None)
+    runtime = Runtime.from_config(device=device, seed=p.seed, **runtime_arguments(p, n_cameras))
     # Stage timers fire with jitter around a phase of their own: a tenth of the fastest period is on time.
     runtime.set_timer_slack(0.1 * 1e3 / max(runtime.stage_rates().values()))
     runtime.warmup()  # capture graphs now, at configure time, not at the first tick

@@ -22,7 +22,7 @@ from flashrt_core.contract import host_state, inputs
 from flashrt_core.contract.buffers import TORCH_DTYPES, BufferSet
 from flashrt_core.contract.graphs import GraphCache
 from flashrt_core.contract.schedule import Scheduler
-from flashrt_core.contract.spec import Contract, load_contract
+from flashrt_core.contract.spec import Contract, configured_contract
 from flashrt_core.errors import InputError
 
 
@@ -137,17 +137,9 @@ class Runtime:
         (defaults in capsule.options: 1024 / 2048 / 10240 MB); `capsule_eviction` 'none' refuses a capsule
         that does not fit, 'oldest' drops the tier's oldest capsules for it; `capsule_dir` keeps the disk
         tier in a folder that outlives the runtime (the capsules found there are listed again)."""
-        contract = load_contract(path, binding=binding)
-        limits = dict(limits or {})
-        if max_observation_age_ms is not None:
-            limits["max_observation_age_ms"] = max_observation_age_ms
-        options = dict(options or {})
-        if num_cameras is not None:
-            options["views"] = num_cameras
-        if checkpoint is not None or dtype is not None or rates or limits or options or deferred:
-            contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
-                                               dtype=_dtype_name(dtype), rates=rates, limits=limits,
-                                               options=options, deferred=deferred, binding=binding)
+        contract = configured_contract(path, checkpoint, dtype, rates=rates,
+                                       max_observation_age_ms=max_observation_age_ms, num_cameras=num_cameras,
+                                       limits=limits, options=options, deferred=deferred, binding=binding)
         return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs,
                    capsule_budget_mb=capsule_budget_mb, capsule_eviction=capsule_eviction, capsule_dir=capsule_dir)
 
@@ -529,10 +521,3 @@ def weights_digest(named_tensors) -> str:
         h.update(t.view(torch.uint8).cpu().numpy())  # (the array itself: a bytes copy halved the rate)
     return h.hexdigest()
 
-
-def _dtype_name(dtype) -> str | None:
-    if dtype is None:
-        return None
-    name = str(dtype).removeprefix("torch.")
-    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16",
-            "float": "float32"}.get(name, name)

@@ -184,6 +184,36 @@ class Contract:
 
 
 # ---- loading -------------------------------------------------------------------------------------------
+def configured_contract(path, checkpoint=None, dtype=None, *, rates: Mapping[str, float] | None = None,
+                        max_observation_age_ms: float | None = None, num_cameras: int | None = None,
+                        limits: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+                        deferred: Mapping[str, bool] | None = None, binding=None) -> Contract:
+    """A contract file with overrides applied (e.g. ROS parameters), validated as a whole: `rates` {stage: hz},
+    `max_observation_age_ms`, `limits`, `options` (model options; `num_cameras` is options["views"]) and
+    `deferred` {stage: bool}."""
+    contract = load_contract(path, binding=binding)
+    limits = dict(limits or {})
+    if max_observation_age_ms is not None:
+        limits["max_observation_age_ms"] = max_observation_age_ms
+    options = dict(options or {})
+    if num_cameras is not None:
+        options["views"] = num_cameras
+    if checkpoint is not None or dtype is not None or rates or limits or options or deferred:
+        contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
+                                           dtype=dtype_name(dtype), rates=rates, limits=limits,
+                                           options=options, deferred=deferred, binding=binding)
+    return contract
+
+
+def dtype_name(dtype) -> str | None:
+    """A contract dtype name for a torch dtype or an alias (bf16, fp32, ...)."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "half": "float16",
+            "float": "float32"}.get(name, name)
+
+
 def load_contract(path, binding=None) -> Contract:
     path = Path(path)
     try:

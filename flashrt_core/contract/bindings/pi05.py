@@ -160,6 +160,37 @@ class Pi05Binding(ModelBinding):
                                                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
 
+    @classmethod
+    def plan(cls, model, dims, device, tokenizer=None) -> dict:
+        """What `__init__` would build, without reading weights (flashrt run --dry-run)."""
+        config = model_config(model)
+        procs = checkpoint_processors(model)
+        try:
+            engine = resolve_engine(model.options.get("engine", "auto"), device)
+        except ValueError as e:
+            raise ContractError(f"model.options.{e}") from None
+        folder = None
+        if model.checkpoint:
+            folder = pathlib.Path(model.checkpoint)
+            folder = folder if folder.is_dir() else folder.parent
+        tok = choose_tokenizer(config, folder, tokenizer if tokenizer is not None else model.options.get("tokenizer"),
+                               procs)
+        vision = model.options.get("vision_dtype", "model" if engine == "fused" else "float32")
+        out = {"engine": engine, "vision dtype": model.dtype if vision == "model" else "float32",
+               "sizes": f"prefix width {config.vlm.width} x {config.vlm.depth} layers, expert width "
+                        f"{config.expert.width}, vocab {config.vocab_size}, chunk {config.chunk_size}, "
+                        f"{config.num_steps} flow steps, prompt {dims['prompt_len']} tokens",
+               "cameras": list(procs.camera_names) if procs and procs.camera_names
+               else [f"slot {i}" for i in range(dims["views"])],
+               "image slots": dims["slots"], "state": f"{dims['state_dim']} values",
+               "actions": f"{dims['action_dim']} columns" + (f" ({', '.join(procs.action_names)})"
+                                                             if procs and procs.action_names else "")}
+        n = procs.normalizer if procs is not None else Normalizer.identity()
+        out["normalization"] = f"state {n.state.mode}, action {n.action.mode} ({n.source})"
+        out["relative actions"] = procs.describe_relative() if procs is not None else "off"
+        out["tokenizer"] = f"{type(tok).__name__} {getattr(tok, 'path', '')}".strip()
+        return out
+
     def __init__(self, model, dims, device, dtype, seed, tokenizer=None):
         super().__init__(model, dims, device, dtype, seed, tokenizer)
         self.config = model_config(model)

@@ -53,12 +53,16 @@ class Processors:
     def relative(self) -> bool:
         return self.relative_mask is not None and any(self.relative_mask)
 
+    def describe_relative(self) -> str:
+        if not self.relative:
+            return "off"
+        absolute = [self._col(i) for i, m in enumerate(self.relative_mask) if not m]
+        return ("on, columns " + ", ".join(self._col(i) for i, m in enumerate(self.relative_mask) if m)
+                + " (absolute: " + (", ".join(absolute) or "none") + ")")
+
     def describe(self) -> str:
         n = self.normalizer
-        rel = ("off" if not self.relative else
-               "on, columns " + ", ".join(self._col(i) for i, m in enumerate(self.relative_mask) if m)
-               + " (absolute: " + (", ".join(self._col(i) for i, m in enumerate(self.relative_mask) if not m)
-                                   or "none") + ")")
+        rel = self.describe_relative()
         return (f"cameras (slot order): {', '.join(self.camera_names) or '-'}; state {self.state_dim}, "
                 f"actions {self.action_dim}" + (f" ({', '.join(self.action_names)})" if self.action_names else "")
                 + f"; normalization state {n.state.mode}, action {n.action.mode}; relative actions {rel}; "

@@ -78,6 +78,7 @@ class SentencePieceTokenizer:
         # Gemma's pad is id 0; fall back to it for models that define no pad piece.
         self.pad_id = int(self._sp.pad_id()) if self._sp.pad_id() >= 0 else 0
         self.vocab_size = int(self._sp.get_piece_size())
+        self.path = str(path)
 
     def encode(self, text: str) -> list[int]:
         return list(self._sp.encode(text, out_type=int))

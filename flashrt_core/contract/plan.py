@@ -1,0 +1,58 @@
+"""What a contract will run on a device, without loading weights: `flashrt run --dry-run`, `flashrt doctor`.
+
+`describe_run(path, device=..., **overrides)` validates the contract with the same overrides the runtime
+takes (checkpoint shapes included), then asks the model binding what it would build: the engine, dtypes,
+the checkpoint's cameras by feature name, normalization, relative actions and the tokenizer file. Any
+problem raises the same error the runtime would raise at configure.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flashrt_core.contract.spec import configured_contract
+
+
+def resolve_device(device: str | None) -> str:
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return str(device)
+
+
+def describe_run(path, device: str | None = "auto", tokenizer=None, **overrides) -> dict[str, Any]:
+    """-> {contract, model, checkpoint, device, dtype, stages, dims, ...what the binding adds}."""
+    from flashrt_core.contract.bindings import resolve_binding
+
+    device = resolve_device(device)
+    contract = configured_contract(path, **overrides)
+    binding = resolve_binding(contract.model.name)
+    info: dict[str, Any] = {
+        "contract": str(path), "model": contract.model.name,
+        "checkpoint": contract.model.checkpoint or "none (built-in random weights)", "device": device,
+        "dtype": contract.model.dtype,
+        "stages": {s.name: s.describe_trigger() for s in contract.stages.values()},
+    }
+    plan = getattr(binding, "plan", None)
+    if plan is not None:
+        info.update(plan(contract.model, contract.dims, torch.device(device), tokenizer))
+    return info
+
+
+def format_run(info: dict[str, Any], camera_topics=None) -> str:
+    """The plan as aligned `key: value` lines; camera_topics (node order) are shown beside the features."""
+    lines = []
+    for key, value in info.items():
+        if key == "cameras" and isinstance(value, list):
+            topics = list(camera_topics or [])
+            shown = []
+            for i, name in enumerate(value):
+                src = topics[i] if i < len(topics) else ("(missing: no topic)" if topics else "")
+                shown.append(f"{name} <- {src}" if src else name)
+            value = "; ".join(shown)
+        elif isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            value = ", ".join(map(str, value))
+        lines.append(f"{key + ':':<22}{value}")
+    return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""The LeRobot 0.6.1 checkpoint fixture (test/fixtures/lerobot_pi05_ckpt): a folder exactly as LeRobot saves
+it, the tokenizer files a hub cache would hold, and LeRobot's own pipeline outputs for three cases."""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+from safetensors.torch import load_file
+
+FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "lerobot_pi05_ckpt"
+TINY_DIMS = FIXTURE.parent / "lerobot_pi05_tiny" / "dims.json"
+TOKENIZER = "google/paligemma-3b-pt-224"
+
+
+def checkpoint_copy(dest: pathlib.Path) -> pathlib.Path:
+    """The saved folder, plus dims.json: LeRobot's config.json names the full-size variants, and SigLIP's head
+    count of the tiny sizes cannot be read off the tensor shapes (a real checkpoint needs no dims.json)."""
+    folder = dest / "checkpoint"
+    shutil.copytree(FIXTURE / "checkpoint", folder)
+    shutil.copy(TINY_DIMS, folder / "dims.json")
+    return folder
+
+
+def hub_cache(dest: pathlib.Path, name: str = TOKENIZER, revision: str = "0123456789abcdef") -> pathlib.Path:
+    """A Hugging Face hub cache folder holding the fixture tokenizer under `name`, laid out as the hub does."""
+    repo = dest / ("models--" + name.replace("/", "--"))
+    snap = repo / "snapshots" / revision
+    snap.mkdir(parents=True)
+    for f in (FIXTURE / "hf_tokenizer").iterdir():
+        shutil.copy(f, snap / f.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return dest
+
+
+def cases() -> list[dict]:
+    """[{name, task, frames (uint8 HWC or None, in camera order), state [6], noise [1,50,32], and LeRobot's
+    lang_tokens, lang_mask, state_normalized, actions_model, actions}]"""
+    meta = json.loads((FIXTURE / "cases.json").read_text())
+    tensors = load_file(str(FIXTURE / "cases.safetensors"))
+    out = []
+    for c in meta["cases"]:
+        n = c["name"]
+        frames = [tensors.get(f"{n}.frame.{cam.split('.')[-1]}") for cam in meta["camera_order"]]
+        out.append({"name": n, "task": c["task"], "frames": [None if f is None else f.numpy() for f in frames],
+                    **{k: tensors[f"{n}.{k}"] for k in ("state", "noise", "lang_tokens", "lang_mask",
+                                                       "state_normalized", "actions_model", "actions")}})
+    return out
