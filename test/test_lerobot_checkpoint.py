@@ -111,8 +111,8 @@ def test_explicit_tokenizer_path(env, tmp_path, monkeypatch):
     np.testing.assert_allclose(out, c["actions"][0].numpy(), atol=TOL, rtol=0)
 
 
-def _runtime_with_noise(checkpoint, noise, contract="config/pi05.yaml"):
-    rt = Runtime.from_config(REPO / contract, device="cpu", checkpoint=str(checkpoint), dtype="float32")
+def _runtime_with_noise(checkpoint, noise, device="cpu", dtype="float32"):
+    rt = Runtime.from_config(REPO / "config/pi05.yaml", device=device, checkpoint=str(checkpoint), dtype=dtype)
     host = rt.binding.host
 
     def host_with_noise(stage, io):  # LeRobot's noise instead of the runtime's own draw
@@ -144,3 +144,28 @@ def test_contract_widths_must_agree_with_the_checkpoint(env):
                             options={"state_dim": 7})
     with pytest.raises(ContractError, match="2 camera features"):
         Runtime.from_config(REPO / "config/pi05.yaml", checkpoint=str(env[0]), dtype="float32", num_cameras=3)
+
+
+def _cosine_rel(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))), float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+@pytest.mark.gpu
+def test_gpu_defaults_fused_bf16_match_lerobot(env):
+    """On CUDA with no engine or dtype given: the fused engine in bf16, for predict_chunk and for the runtime
+    with the shipped contract, against LeRobot's fp32 pipeline (bf16 targets: cosine >= 0.999)."""
+    policy = pi05.load(env[0], device="cuda")
+    assert policy.dtype == torch.bfloat16 and type(policy.engine).__module__.endswith("pi05.engine")
+    for c in CASES:
+        out = policy.predict_chunk(c["frames"], c["state"][0], c["task"], noise=c["noise"].cuda())
+        cos, rel = _cosine_rel(out, c["actions"][0].numpy())
+        assert cos >= 0.999 and rel <= 2e-2, (c["name"], cos, rel)
+    c = CASES[0]
+    rt = _runtime_with_noise(env[0], c["noise"], device="cuda", dtype=None)
+    assert rt.binding.engine_name == "fused"
+    rt.set_prompt(c["task"])
+    rt.set_observation(images=c["frames"], state=c["state"][0].numpy(), stamp_ns=1)
+    cos, rel = _cosine_rel(rt.step(1).actions, c["actions"][0].numpy())
+    assert cos >= 0.999 and rel <= 2e-2, (cos, rel)
+
