@@ -172,8 +172,8 @@ def test_tiny_policy_bf16_close_to_fp32():
 def test_cuda_reference_matches_lerobot(fixture_model, cases, name):
     folder, _ = fixture_model
     c = {k: v.cuda() for k, v in cases[name].items()}
-    policy = pi05.load(folder, device="cuda")
-    bf16 = pi05.load(folder, device="cuda", dtype="bfloat16")
+    policy = pi05.load(folder, device="cuda", dtype="float32", engine="reference")  # (auto: fused bf16 on CUDA)
+    bf16 = pi05.load(folder, device="cuda", dtype="bfloat16", engine="reference")
     # cuDNN would run the patch convolution in TF32 by default; parity is judged in true fp32.
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         prefix = policy.encode_prefix(*_inputs(c))

@@ -197,8 +197,8 @@ def test_cuda_graphs_match_eager_and_never_move(graphs):
 
     base = load_contract(CONFIG)
     runs = {}
-    for mode in (graphs, "off"):
-        contract = base.with_overrides(dtype="float32")
+    for mode in (graphs, "off"):  # the contract's own graphs: the reference engine (auto picks fused on CUDA)
+        contract = base.with_overrides(dtype="float32", options={"engine": "reference"})
         contract = type(contract)(**{**vars(contract), "graphs": mode})
         rt = Runtime(contract, device="cuda", seed=0, debug_graphs=True)
         out = [(r.ran, r.actions) for r in drive(rt, seed=5, ticks=12)]
