@@ -162,6 +162,8 @@ def test_ament_layout_is_installed(prefix, source):
 def test_installed_flashrt_command_runs(prefix):
     command = prefix / "bin" / "flashrt"
     assert command.is_file() and os.access(command, os.X_OK)
+    # what a symlink install (colcon build --symlink-install) links bin/flashrt to is executable too
+    assert os.access(prefix.parent / "build" / "bin" / "flashrt", os.X_OK)
     env = _workspace_env(prefix)
     result = _run([str(command), "--help"], prefix, env, "flashrt --help", timeout=120)
     assert result.stdout.startswith("usage: flashrt")
