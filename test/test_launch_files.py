@@ -111,7 +111,7 @@ def test_a_missing_params_file_is_an_error(policy, tmp_path):
         policy.parameter_sources("", {}, "maybe")
 
 
-def _replay_values(replay_launch, **given):
+def _replay_values(**given):
     values = {name: "" for name in _load(POLICY).OVERRIDES}
     values.update(bag="/data/ep1", config="/c/tiny.yaml", report="/tmp/r", node_timeout="300", params_file="")
     values.update(given)
@@ -136,17 +136,15 @@ def _topic_map_of(command):
 def test_replay_maps_bag_topics_from_the_node_parameters(replay_launch, tmp_path):
     params = _user_params(tmp_path / "user.yaml", **USER)
     # from the params file alone: the node's camera and joint topics
-    args, topics = _topic_map_of(replay_launch.replay_command(_replay_values(replay_launch,
-                                                                            params_file=str(params))))
+    args, topics = _topic_map_of(replay_launch.replay_command(_replay_values(params_file=str(params))))
     assert (args.bag, args.config, args.report, args.timeout) == ("/data/ep1", "/c/tiny.yaml", "/tmp/r", 300.0)
     assert topics.cameras == tuple(USER["camera_topics"]) and topics.joint_states == "/user/joints"
     # the arguments over the file, exactly as the node gets them
     given = {"camera_topics": "['/cli/cam0/image_raw', 'cli/cam1/image_raw']", "joint_state_topic": "/cli/js"}
-    _, topics = _topic_map_of(replay_launch.replay_command(_replay_values(replay_launch, params_file=str(params),
-                                                                         **given)))
+    _, topics = _topic_map_of(replay_launch.replay_command(_replay_values(params_file=str(params), **given)))
     assert topics.cameras == ("/cli/cam0/image_raw", "/cli/cam1/image_raw") and topics.joint_states == "/cli/js"
     # no params file and no argument: the replay's defaults, which are the packaged node parameters' topics
-    _, topics = _topic_map_of(replay_launch.replay_command(_replay_values(replay_launch)))
+    _, topics = _topic_map_of(replay_launch.replay_command(_replay_values()))
     packaged = yaml.safe_load((REPO / "config" / "policy_node.yaml").read_text())["/**"]["ros__parameters"]
     assert topics.cameras == tuple("/" + t for t in packaged["camera_topics"])
     assert topics.joint_states == "/" + packaged["joint_state_topic"]
