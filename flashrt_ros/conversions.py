@@ -123,7 +123,8 @@ def compressed_size(data: bytes, fmt: str = "") -> tuple[int, int]:
                 break
             length = int.from_bytes(data[pos + 2:pos + 4], "big")
             if marker in _JPEG_SOF and length >= 7 and pos + 9 <= len(data):
-                height, width = int.from_bytes(data[pos + 5:pos + 7], "big"), int.from_bytes(data[pos + 7:pos + 9], "big")
+                height = int.from_bytes(data[pos + 5:pos + 7], "big")
+                width = int.from_bytes(data[pos + 7:pos + 9], "big")
                 if height == 0:  # the height comes later, in a DNL marker: not supported
                     raise ConversionError(f"compressed image (format '{fmt}') states no height in its frame header")
                 return width, height
@@ -147,8 +148,8 @@ def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.n
         raise ImageSizeError(f"size {width}x{height} (from its header, not decoded), expected "
                              f"{expected_size[0]}x{expected_size[1]}")
     if width * height == 0 or width * height > MAX_COMPRESSED_PIXELS:
-        raise ImageSizeError(f"size {width}x{height} (from its header, not decoded) is outside 1..{MAX_COMPRESSED_PIXELS} "
-                             "pixels")
+        raise ImageSizeError(f"size {width}x{height} (from its header, not decoded) is outside "
+                             f"1..{MAX_COMPRESSED_PIXELS} pixels")
     try:
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     except Exception as exc:  # cv2.error: a stream OpenCV refuses part-way

@@ -129,7 +129,7 @@ def run_listener(argv=None) -> None:
 
     def on_diagnostics(msg):
         for status in msg.status:
-            if status.name.startswith("policy_node"):
+            if status.name == "/policy_node: policy":  # (named by the node's fully qualified name)
                 diagnostics.update({kv.key: kv.value for kv in status.values}, level=int(status.level[0]),
                                    message=status.message)
 

@@ -1,7 +1,12 @@
-"""Per-stage rate and latency statistics, rejected-input counters and staleness, as DiagnosticStatus."""
+"""Per-stage rate and latency statistics, rejected-input counters and staleness, as DiagnosticStatus.
+
+(ROS's diagnostic_updater would assemble the status and the rate windows, but it has no wheel for the pinned
+ROS 2 Kilted set: `pip index versions ros-diagnostic-updater` finds none, nor a ros-kilted-/ros-jazzy- one.)
+"""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 
 import numpy as np
@@ -29,10 +34,26 @@ class StageStats:
         return float(np.percentile(np.asarray(self.latencies_ms), q)) if self.latencies_ms else 0.0
 
 
-class NodeHealth:
-    """Everything the policy node reports on /diagnostics; plain data, updated by the node."""
+RECOVERY_S = 2.0  # the level is back to OK once no input was refused for this long
 
-    def __init__(self):
+
+@dataclasses.dataclass
+class Refusal:
+    """The last refused message of one source (a topic, or the runtime's observation check)."""
+
+    kind: str  # the counter it went to: image, joint_state, stamp_unset, ...
+    why: str
+    at: float  # time.monotonic() when it was refused
+    count: int  # refusals of this source so far
+
+
+class NodeHealth:
+    """Everything the policy node reports on /diagnostics; plain data, updated by the node. `clock` (seconds,
+    monotonic) times the refusals: tests pass their own."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.refusals: dict[str, Refusal] = {}  # by source: the last refusal of each
         self.stages: dict[str, StageStats] = collections.defaultdict(StageStats)
         self.rejected: collections.Counter = collections.Counter()
         self.last_rejection = ""
@@ -43,18 +64,32 @@ class NodeHealth:
         self.deadline_misses = 0  # act periods without a chunk (the action_chunk publisher's deadline QoS)
         self.clock_resets = 0  # times the node's clock jumped back (simulation resets)
 
-    def reject(self, kind: str, why: str) -> None:
+    def reject(self, kind: str, why: str, source: str = "") -> None:
+        """Count a refused input of `source` (a topic name; default: the kind) and keep it as its last refusal."""
+        source = source or kind
         self.rejected[kind] += 1
-        self.last_rejection = f"{kind}: {why}"
+        before = self.refusals.get(source)
+        self.refusals[source] = Refusal(kind, why, self.clock(), (before.count if before else 0) + 1)
+        self.last_rejection = f"{source}: {kind}: {why}"
+
+    def recent_refusals(self) -> list[tuple[str, Refusal]]:
+        """The sources refused within the last RECOVERY_S seconds, the latest first."""
+        now = self.clock()
+        recent = [(source, r) for source, r in list(self.refusals.items()) if now - r.at < RECOVERY_S]
+        return sorted(recent, key=lambda item: -item[1].at)
+
+    def _describe(self, refusal: Refusal) -> str:
+        return f"{refusal.kind}: {refusal.why} ({self.clock() - refusal.at:.1f} s ago)"
 
     def level_and_message(self):
-        """(level, message): ERROR while stale or failing, WARN after rejected inputs, else OK."""
-        if self.stale_reason:
-            return 2, f"not publishing actions: {self.stale_reason}"
-        if self.last_error:
-            return 2, self.last_error
-        if self.rejected:
-            return 1, f"rejected inputs: {dict(self.rejected)}; last: {self.last_rejection}"
+        """(level, message): ERROR while stale or failing; WARN while an input was refused within RECOVERY_S
+        seconds; else OK. The message names each recently refused source, its reason and how long ago."""
+        refusing = "; ".join(f"{source}: {self._describe(r)}" for source, r in self.recent_refusals())
+        if self.stale_reason or self.last_error:
+            message = f"not publishing actions: {self.stale_reason}" if self.stale_reason else self.last_error
+            return 2, message + (f"; refusing {refusing}" if refusing else "")
+        if refusing:
+            return 1, f"refusing {refusing}"
         return 0, "ok"
 
     def key_values(self) -> list[tuple[str, str]]:
@@ -70,5 +105,7 @@ class NodeHealth:
             ]
         for kind, n in sorted(self.rejected.items()):
             values.append((f"rejected.{kind}", str(n)))
+        for source, refusal in sorted(self.refusals.items()):
+            values.append((f"last_refusal.{source}", f"{self._describe(refusal)} [{refusal.count} refused]"))
         values.append(("staleness", self.stale_reason or "fresh"))
         return values

@@ -9,6 +9,7 @@ services take the runtime lock, so they are applied between two ticks.
 """
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -21,6 +22,7 @@ from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import Node as LifecycleNode
 from rclpy.lifecycle import TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
+from rclpy.signals import SignalHandlerOptions
 from rclpy.duration import Duration
 from rclpy.event_handler import PublisherEventCallbacks
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -55,6 +57,8 @@ class PolicyNode(LifecycleNode):
         self._wake_pending = False
         self._ticking = False  # the inference thread is in a tick (a wake now is an overrun)
         self._future_limit_ns = int(FUTURE_STAMP_MS * 1e6)  # set from the contract's age limit at configure
+        self._age_limit_ns = None  # the contract's max observation age (None: no limit), set at configure
+        self._started_ns = None  # the node's clock at activate (None while a simulated clock reads 0)
         self._last_tick_ns = None  # the node's clock at the last tick (a jump back is a clock reset)
         self._fresh_since_reset = True  # an observation stamped on the current clock was fed
         self._worker = None
@@ -107,6 +111,7 @@ class PolicyNode(LifecycleNode):
             self._frame_shape = tuple(runtime.contract.buffers["images"].shape[1:])
             limit = runtime.contract.limits.max_observation_age_ms
             self._future_limit_ns = int((limit if limit is not None else FUTURE_STAMP_MS) * 1e6)
+            self._age_limit_ns = int(limit * 1e6) if limit is not None else None
         self.health.last_error = ""
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
         # Reliable, with a deadline of 1.5 act periods: a period and a half without a chunk (not ordinary
@@ -130,6 +135,7 @@ class PolicyNode(LifecycleNode):
         for stage, rate in self.runtime.stage_rates().items():
             self._stage_timers.append(self.create_timer(1.0 / rate, self._wake_worker))
         self._worker_stop = False
+        self._started_ns = self.get_clock().now().nanoseconds or None
         self._worker = threading.Thread(target=self._inference_loop, name="flashrt_inference", daemon=True)
         self._worker.start()
         self.get_logger().info(f"active: stage rates {self.runtime.stage_rates()}")
@@ -188,14 +194,29 @@ class PolicyNode(LifecycleNode):
         self._subs.append(self.create_subscription(
             JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data))
 
+    def _refuse(self, source: str, kind: str, why: str) -> None:
+        self.health.reject(kind, why, source=source)
+        self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+
     def _check_stamp(self, source: str, stamp_ns: int) -> bool:
         now = self.get_clock().now().nanoseconds
+        if stamp_ns <= 0:  # (the age of such a stamp is the time since 1970: say what is wrong instead)
+            self._refuse(source, "stamp_unset", "header.stamp is zero (not set by the sender)" if stamp_ns == 0 else
+                         f"header.stamp is before 1970 ({stamp_ns / 1e9:.3f} s)")
+            return False
         ahead = stamp_ns - now
         if ahead > self._future_limit_ns:  # a stamp from a clock ahead of ours: kept, it would lock out the
             # correctly stamped messages after it (stamps may not go back) and pass any age limit
-            self.health.reject("stamp_future", f"{source} stamp is {ahead / 1e6:.1f} ms ahead of the node's clock "
-                                               f"(limit {self._future_limit_ns / 1e6:g} ms): clocks disagree")
-            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            self._refuse(source, "stamp_future", f"stamp is {ahead / 1e6:.1f} ms ahead of the node's clock "
+                                                 f"(limit {self._future_limit_ns / 1e6:g} ms): clocks disagree")
+            return False
+        if self._age_limit_ns is not None and -ahead > self._age_limit_ns:  # older than the age limit already:
+            # an observation with it would be refused as stale anyway; refused here, where the topic is known
+            started = self._started_ns
+            when = "stamped before the node started" if started is not None and stamp_ns < started else \
+                "late, or the sender's clock is behind"
+            self._refuse(source, "stamp_old", f"stamp is {-ahead / 1e6:.1f} ms behind the node's clock, more than "
+                                              f"max_observation_age_ms = {self._age_limit_ns / 1e6:g} ({when})")
             return False
         last = self._last_stamp.get(source)
         tick = self._last_tick_ns
@@ -204,23 +225,19 @@ class PolicyNode(LifecycleNode):
             # the runtime's clocks), not a message out of order. (A message stamped on the new clock that
             # arrives before the node's /clock moves back is still refused: the node cannot tell it apart.)
         if last is not None and stamp_ns < last:
-            self.health.reject("stamp_backwards", f"{source} stamp went back by {(last - stamp_ns) / 1e6:.1f} ms")
-            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            self._refuse(source, "stamp_backwards", f"stamp went back by {(last - stamp_ns) / 1e6:.1f} ms")
             return False
         self._last_stamp[source] = stamp_ns
         return True
 
     def _on_image(self, index: int, topic: str, msg):
+        size = (self._frame_shape[1], self._frame_shape[0])  # checked before decoding (from a compressed header)
         try:
-            rgb = conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else conversions.image_to_rgb(msg)
+            rgb = (conversions.compressed_to_rgb(msg, size) if isinstance(msg, CompressedImage) else
+                   conversions.image_to_rgb(msg, size))
         except conversions.ConversionError as exc:
-            self.health.reject("image", f"{topic}: {exc}")
-            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
-            return
-        if rgb.shape != self._frame_shape:
-            self.health.reject("image", f"{topic}: size {rgb.shape[1]}x{rgb.shape[0]}, expected "
-                                        f"{self._frame_shape[1]}x{self._frame_shape[0]} (parameters image_width/height)")
-            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            hint = " (parameters image_width/height)" if isinstance(exc, conversions.ImageSizeError) else ""
+            self._refuse(topic, "image", f"{exc}{hint}")
             return
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
@@ -232,12 +249,11 @@ class PolicyNode(LifecycleNode):
         try:
             positions = conversions.joint_positions(msg, self.p.joint_names)
         except conversions.ConversionError as exc:
-            self.health.reject("joint_state", str(exc))
-            self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+            self._refuse(self.p.joint_state_topic, "joint_state", str(exc))
             return
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
-            if self._check_stamp("joint_states", stamp):
+            if self._check_stamp(self.p.joint_state_topic, stamp):
                 self._joints = (positions, stamp)
                 self._dirty = True
 
@@ -268,7 +284,7 @@ class PolicyNode(LifecycleNode):
         with self.runtime_lock:
             if self.runtime is None:  # kept for the next configure, which checks it against the model
                 if not msg.data.strip():
-                    self.health.reject("prompt", "prompt: empty")
+                    self.health.reject("prompt", "prompt: empty", source=self.resolve_topic_name("~/prompt"))
                     self.get_logger().warning(self.health.last_rejection)
                     return
                 self.set_parameters([rclpy.parameter.Parameter("prompt", value=msg.data)])
@@ -276,7 +292,7 @@ class PolicyNode(LifecycleNode):
             try:
                 self.runtime.set_prompt(msg.data)
             except Exception as exc:
-                self.health.reject("prompt", str(exc))
+                self.health.reject("prompt", str(exc), source=self.resolve_topic_name("~/prompt"))
                 self.get_logger().warning(self.health.last_rejection)
                 return
         # the parameter follows, so that a cleanup and configure keep the prompt the robot was last given
@@ -291,6 +307,17 @@ class PolicyNode(LifecycleNode):
         with self._sensor_lock:
             missing = [t for i, t in enumerate(self.p.camera_topics) if i not in self._images]
             return missing + ([self.p.joint_state_topic] if self._joints is None else [])
+
+    def _oldest_input(self, now_ns: int) -> str:
+        """' (oldest input: TOPIC, stamped N ms ago)' of the stored sensor messages, for a stale message."""
+        with self._sensor_lock:
+            parts = [(stamp, self.p.camera_topics[i]) for i, (_, stamp) in self._images.items()]
+            if self._joints is not None:
+                parts.append((self._joints[1], self.p.joint_state_topic))
+        if not parts:
+            return ""
+        stamp, topic = min(parts)
+        return f" (oldest input: {topic}, stamped {(now_ns - stamp) / 1e6:.0f} ms ago)"
 
     def _latest_observation(self):
         """The newest complete observation not yet fed to the runtime, or None."""
@@ -318,7 +345,7 @@ class PolicyNode(LifecycleNode):
             with self._wake:
                 while not self._wake_pending and not self._worker_stop:
                     self._wake.wait()
-                if self._worker_stop:
+                if self._worker_stop or not self.context.ok():  # (the context shut down: SIGTERM)
                     return
                 self._wake_pending = False
                 self._ticking = True
@@ -344,11 +371,10 @@ class PolicyNode(LifecycleNode):
                     self._fed_stamp = stamp
                     self._fresh_since_reset = True
                 except Exception as exc:  # InputError and friends: reject, keep the last good one
-                    self.health.reject("observation", str(exc))
-                    self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+                    self._refuse("observation", "observation", str(exc))
             if not self.runtime.has_observation():
                 missing = self._missing_inputs()
-                self.health.stale_reason = ("waiting for a first complete observation: nothing yet on "
+                self.health.stale_reason = ("waiting for a first complete observation: nothing accepted yet on "
                                             + ", ".join(missing) if missing else
                                             "waiting for a first observation the runtime accepts")
                 return
@@ -361,6 +387,8 @@ class PolicyNode(LifecycleNode):
                 self.health.last_error = f"step failed: {exc}"
                 self.get_logger().error(self.health.last_error, throttle_duration_sec=2.0)
                 return
+        if self._worker_stop:  # stopping: nothing more to report
+            return
         failed = [f"{stage} {why}" for stage, why in result.skipped.items() if why.startswith("failed")]
         if self._publish_error:
             failed.append(self._publish_error)
@@ -372,8 +400,8 @@ class PolicyNode(LifecycleNode):
             self.health.stages[stage].add(latency)
         if result.actions is None:
             if self.runtime.scheduler.output_stage in result.skipped:  # due, but refused (stale input)
-                self.health.stale_reason = result.reason
-                self.get_logger().warning(f"no actions: {result.reason}", throttle_duration_sec=2.0)
+                self.health.stale_reason = result.reason + self._oldest_input(now_ns)
+                self.get_logger().warning(f"no actions: {self.health.stale_reason}", throttle_duration_sec=2.0)
 
     def _clock_jumped_back(self, now_ns: int) -> None:
         """The node's clock went back (a simulation reset under use_sim_time): the runtime's rate clocks and
@@ -389,6 +417,7 @@ class PolicyNode(LifecycleNode):
             self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= horizon}
         self._fed_stamp = -1
         self._fresh_since_reset = False
+        self._started_ns = None  # (a stamp before the reset is not one from before the node started)
         self.health.clock_resets += 1
         self.get_logger().warning(f"the clock jumped back by {back_ms:.1f} ms (a simulation reset?): rate clocks "
                                   "and stamps start again; waiting for observations on the new clock")
@@ -398,6 +427,9 @@ class PolicyNode(LifecycleNode):
         try:
             self._publish(result)
         except Exception as exc:  # noqa: BLE001 (reported in diagnostics and the log by _tick)
+            if not self.context.ok():  # the process is stopping (SIGTERM shut the context down): the end,
+                self._worker_stop = True  # quietly (a log line now would fail to reach rosout too)
+                return
             self._publish_error = f"publishing the chunk failed: {type(exc).__name__}: {exc}"
 
     def _publish(self, result):
@@ -432,7 +464,9 @@ class PolicyNode(LifecycleNode):
     # ----------------------------------------------------------------- diagnostics
     def _publish_diagnostics(self):
         level, message = self.health.level_and_message()
-        status = DiagnosticStatus(level=bytes([level]), name=f"{self.get_name()}: policy", message=message,
+        # named by the node's fully qualified name: nodes of one name in two namespaces stay apart
+        status = DiagnosticStatus(level=bytes([level]), name=f"{self.get_fully_qualified_name()}: policy",
+                                  message=message,
                                   hardware_id=self.runtime.describe() if self.runtime is not None else "unconfigured")
         status.values = [KeyValue(key=k, value=v) for k, v in self.health.key_values()]
         array = DiagnosticArray(status=[status])
@@ -441,7 +475,10 @@ class PolicyNode(LifecycleNode):
 
 
 def main(args=None):
-    rclpy.init(args=args)
+    # Ctrl-C stays Python's KeyboardInterrupt, so that the inference thread is stopped while the context is
+    # still valid (rclpy's SIGINT handler shuts the context down at once, under a chunk being published).
+    # rclpy handles SIGTERM: a publish on the context it shut down ends the inference thread quietly.
+    rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.SIGTERM)
     node = PolicyNode()
     executor = SingleThreadedExecutor()
     executor.add_node(node)
@@ -450,6 +487,7 @@ def main(args=None):
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         node._stop_timers()  # the inference thread must not publish through a node being destroyed
         executor.shutdown()
         node.destroy_node()

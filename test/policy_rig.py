@@ -15,7 +15,7 @@ from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import CompressedImage, Image, JointState
 from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_ros.conversions import rgb_to_image
@@ -25,9 +25,13 @@ from flashrt_ros.synthetic import camera_frame, joint_names, joint_positions
 H, W, JOINTS = 48, 64, 5
 
 
+def camera_topics(name: str, compressed: bool = False) -> list[str]:
+    return [f"/{name}_cam{i}" + ("/compressed" if compressed else "") for i in range(2)]
+
+
 def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, contract=None, max_age_ms=400.0,
-                 sim_time=False):
-    topics = ",".join(f'"/{name}_cam{i}"' for i in range(2))
+                 sim_time=False, namespace="", compressed=False):
+    topics = ",".join(f'"{t}"' for t in camera_topics(name, compressed))
     joints = ",".join(f'"{n}"' for n in joint_names(JOINTS))
     cmd = [sys.executable, "-m", "flashrt_ros.policy_node", "--ros-args", "-r", f"__node:={name}",
            "-p", f"camera_topics:=[{topics}]", "-p", f"joint_state_topic:=/{name}_joints",
@@ -40,12 +44,18 @@ def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, co
         cmd += ["-p", f"contract:={contract}"]
     if sim_time:
         cmd += ["-p", "use_sim_time:=true"]
+    if namespace:
+        cmd += ["-r", f"__ns:={namespace}"]
     return cmd
 
 
 class Rig:
     def __init__(self, context, name: str, log_path: str, **node_kwargs):
         self.name = name
+        self.fqn = f"{node_kwargs.get('namespace', '')}/{name}"  # the node's fully qualified name
+        # compressed: the cameras send CompressedImage (PNG); huge_png: what mode "huge_png" sends on camera 1
+        self.compressed = bool(node_kwargs.get("compressed"))
+        self.huge_png = b""
         # sim_time: the rig publishes /clock (from 1000 s on, at wall speed) and stamps its sensors with it;
         # jump_clock() sends it back, as a simulation reset does
         self.sim_time = bool(node_kwargs.get("sim_time"))
@@ -54,13 +64,16 @@ class Rig:
                                      stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
         self.log_path = log_path
         self.node = rclpy.create_node(f"rig_{name}", context=context)
-        self.cams = [self.node.create_publisher(Image, f"/{name}_cam{i}", qos_profile_sensor_data) for i in range(2)]
+        self.cams = [self.node.create_publisher(CompressedImage if self.compressed else Image, topic,
+                                                qos_profile_sensor_data)
+                     for topic in camera_topics(name, self.compressed)]
         self.joints = self.node.create_publisher(JointState, f"/{name}_joints", qos_profile_sensor_data)
         self.chunks: list[tuple[float, ActionChunk]] = []
         self.diagnostics: list[DiagnosticArray] = []
+        self.status_times: list[float] = []  # when each of self.diagnostics arrived (time.monotonic())
         self.trajectories: list[JointTrajectory] = []
-        self.node.create_subscription(JointTrajectory, f"/{name}/joint_trajectory", self.trajectories.append, 10)
-        self.node.create_subscription(ActionChunk, f"/{name}/action_chunk",
+        self.node.create_subscription(JointTrajectory, f"{self.fqn}/joint_trajectory", self.trajectories.append, 10)
+        self.node.create_subscription(ActionChunk, f"{self.fqn}/action_chunk",
                                       lambda m: self.chunks.append((time.monotonic(), m)),
                                       QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         self.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
@@ -89,7 +102,8 @@ class Rig:
         self._spin.start()
 
     def _on_diag(self, msg):
-        if any(s.name.startswith(f"{self.name}:") for s in msg.status):
+        if any(s.name == f"{self.fqn}: policy" for s in msg.status):
+            self.status_times.append(time.monotonic())
             self.diagnostics.append(msg)
 
     def sim_now_ns(self) -> int:
@@ -108,12 +122,23 @@ class Rig:
         t = time.time() - self.t0
         for i, pub in enumerate(self.cams):
             h, w = (H + 8, W) if self.mode == "wrong_size" else (H, W)
-            msg = rgb_to_image(camera_frame(i, t, h, w), Image, self._stamp(), f"cam{i}")
+            if self.compressed:
+                msg = self._compressed_frame(i, camera_frame(i, t, h, w))
+            else:
+                msg = rgb_to_image(camera_frame(i, t, h, w), Image, self._stamp(), f"cam{i}")
             if self.mode == "bad_encoding":
                 msg.encoding = "yuv422"
             if self.mode == "backwards":
-                msg.header.stamp = self._stamp(back_s=5.0)
+                msg.header.stamp = self._stamp(back_s=0.2)
             pub.publish(msg)
+
+    def _compressed_frame(self, i: int, rgb) -> CompressedImage:
+        import cv2
+
+        data = self.huge_png if self.mode == "huge_png" and i == 1 else cv2.imencode(".png", rgb[..., ::-1])[1].tobytes()
+        msg = CompressedImage(format="png", data=data)
+        msg.header.stamp, msg.header.frame_id = self._stamp(), f"cam{i}"
+        return msg
 
     def _publish_joints(self):
         if self.mode == "silent":
@@ -124,9 +149,15 @@ class Rig:
             pos[1] = float("nan")
         if self.mode == "missing_joint":
             names, pos = names[:-1], pos[:-1]
+        if self.mode == "duplicate_joint":  # the first joint named again, with another value
+            names, pos = names + names[:1], pos + [pos[0] + 0.5]
         msg = JointState(name=names, position=pos)
-        back = {"backwards": 5.0, "future": -60.0}.get(self.mode, 0.0)  # future: a clock a minute ahead
+        # backwards: behind the last stamp, within the age limit; old: 5 s behind (before the node started);
+        # future: a clock a minute ahead
+        back = {"backwards": 0.2, "old": 5.0, "future": -60.0}.get(self.mode, 0.0)
         msg.header.stamp = self._stamp(back_s=back)
+        if self.mode == "zero_stamp":
+            msg.header.stamp.sec, msg.header.stamp.nanosec = 0, 0
         self.joints.publish(msg)
 
     # ---- helpers the tests use ----
@@ -144,14 +175,14 @@ class Rig:
         """One client per service, kept: a client used right after discovery can lose its first response."""
         key = (srv_type, name)
         if key not in self._clients:
-            self._clients[key] = self.node.create_client(srv_type, f"/{self.name}/{name}")
+            self._clients[key] = self.node.create_client(srv_type, f"{self.fqn}/{name}")
         return self._clients[key]
 
     def call(self, srv_type, name: str, request, timeout: float = 30.0):
         client = self.client(srv_type, name)
-        assert client.wait_for_service(timeout_sec=timeout), f"/{self.name}/{name} not available\n{self.log()}"
+        assert client.wait_for_service(timeout_sec=timeout), f"{self.fqn}/{name} not available\n{self.log()}"
         future = client.call_async(request)
-        assert self.wait(future.done, timeout), f"/{self.name}/{name} did not answer"
+        assert self.wait(future.done, timeout), f"{self.fqn}/{name} did not answer"
         return future.result()
 
     def transition(self, transition_id: int) -> bool:

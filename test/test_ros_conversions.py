@@ -5,6 +5,7 @@ import pytest
 pytestmark = pytest.mark.ros
 
 from flashrt_ros import conversions as cv  # noqa: E402
+from png_testing import valid_png  # noqa: E402
 
 
 @pytest.fixture
@@ -88,27 +89,10 @@ def _png_claiming(width: int, height: int) -> bytes:
     return bytes(png)
 
 
-def _valid_png(width: int, height: int, rng, channels: int = 3) -> bytes:
-    """A valid PNG (8-bit RGB or grey) of any size in few bytes: a random first row, and every later row
-    filtered 'Up' to zeros (it repeats the first), so that the deflate stream stays about 1/1000 of the pixels."""
-    import struct
-    import zlib
-
-    first = b"\x00" + rng.integers(1, 255, size=width * channels, dtype=np.uint8).tobytes()
-    up = b"\x02" + bytes(width * channels)
-    z = zlib.compressobj(9)
-    idat = b"".join([z.compress(first)] + [z.compress(up) for _ in range(height - 1)] + [z.flush()])
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2 if channels == 3 else 0, 0, 0, 0)
-    return cv.PNG_SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
-
-
 @pytest.fixture(scope="module")
 def huge_png():
     """The issue's frame: a valid 8000x8000 RGB PNG of about 200 KB (192 MB once decoded)."""
-    return _valid_png(8000, 8000, np.random.default_rng(11))
+    return valid_png(8000, 8000, np.random.default_rng(11))
 
 
 @pytest.fixture
@@ -124,7 +108,7 @@ def decoder_calls(monkeypatch):
 def test_the_png_builder_makes_real_pngs():
     import cv2
 
-    data = _valid_png(17, 13, np.random.default_rng(4))
+    data = valid_png(17, 13, np.random.default_rng(4))
     decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     assert decoded.shape == (13, 17, 3) and (decoded == decoded[0]).all() and decoded.any()
 
@@ -147,7 +131,7 @@ def test_a_huge_compressed_frame_is_refused_from_its_header_and_never_decoded(hu
         cv.compressed_to_rgb(CompressedImage(format="png", data=_png_claiming(100000, 100000)), expected_size=(64, 48))
     assert decoder_calls == []
     # a frame of the expected size is decoded (once), pixel for pixel
-    small = _valid_png(64, 48, np.random.default_rng(5), channels=1)
+    small = valid_png(64, 48, np.random.default_rng(5), channels=1)
     out = cv.compressed_to_rgb(CompressedImage(format="png", data=small), expected_size=(64, 48))
     assert out.shape == (48, 64, 3) and decoder_calls == [len(small)]
     row = np.random.default_rng(5).integers(1, 255, size=64, dtype=np.uint8)  # the builder's first (and every) row
