@@ -29,7 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != module:
                 raise  # a real import failure inside the module must not hide silently
             continue  # that part is not written yet: it simply has no subcommand
-        mod.add_subparsers(sub)
+        added = mod.add_subparsers(sub)
+        if module == "flashrt_core.capsule.cli":  # the verbs on a running node join `capsule inspect`
+            from flashrt_ros.capsule_cli import add_node_verbs
+
+            add_node_verbs(added)
     return parser
 
 

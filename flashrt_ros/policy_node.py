@@ -94,6 +94,7 @@ class PolicyNode(LifecycleNode):
         try:
             self.p = params.read(self)
             runtime = load_runtime(self.p, n_cameras=len(self.p.camera_topics))
+            self.capsules.configure(runtime)  # capsule_* parameters (closes the runtime if they are bad)
         except Exception as exc:  # any failure: report it and stay unconfigured
             self.health.last_error = f"configure failed: {exc}"
             self.get_logger().error(self.health.last_error)

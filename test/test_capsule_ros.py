@@ -1,0 +1,110 @@
+"""Capsules of a running policy_node (a separate process, loopback ROS): the capsule parameters (budget,
+eviction, capsule_dir kept across a cleanup and configure), ~/export_capsule and ~/import_capsule, the
+rewind_time field of ~/restore, and `flashrt capsule list|export|import --node` against the node."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+pytest.importorskip("rclpy")
+
+import policy_rig  # noqa: E402
+from policy_rig import ACTIVATE, CLEANUP, CONFIGURE, DEACTIVATE, Rig  # noqa: E402
+
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+@pytest.fixture
+def capsule_rig(ros_context, tmp_path, monkeypatch):
+    """A node with a 1 MB device budget (6 tiny-model capsules), eviction of the oldest and a capsule_dir."""
+    folder = tmp_path / "caps"
+    extra = ["-p", "capsule_budget_mb.device:=1", "-p", "capsule_eviction:=oldest", "-p", f"capsule_dir:={folder}"]
+    base = policy_rig.node_command
+    monkeypatch.setattr(policy_rig, "node_command", lambda name, **kw: base(name, **kw) + extra)
+    rig = Rig(ros_context, "caps_node", str(tmp_path / "caps_node.log"), autostart=True)
+    from flashrt_ros.srv import ExportCapsule, ImportCapsule
+
+    rig.client(ExportCapsule, "export_capsule")  # created early: discovery is complete when they are used
+    rig.client(ImportCapsule, "import_capsule")
+    yield rig, folder
+    rig.close()
+
+
+def cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "flashrt_ros.cli", "capsule", *args, "--node", "/caps_node"],
+                          env=dict(os.environ), capture_output=True, text=True, timeout=timeout)
+
+
+def test_capsule_parameters_services_and_cli_on_a_running_node(capsule_rig, tmp_path):
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+
+    from flashrt_core.capsule import capsule_inspect
+    from flashrt_ros.srv import ExportCapsule, ImportCapsule, ListCapsules, RestoreCapsule, SnapshotCapsule
+
+    rig, folder = capsule_rig
+    assert rig.wait(lambda: len(rig.chunks) >= 3, 60), rig.log()
+    snap = lambda name, tier="device": rig.call(SnapshotCapsule, "snapshot", SnapshotCapsule.Request(name=name, tier=tier))
+    listing = lambda: rig.call(ListCapsules, "list_capsules", ListCapsules.Request())
+
+    # The device budget (1 MB) holds 6 capsules; the 7th drops the oldest and says so.
+    made = [snap(f"s{i}") for i in range(7)]
+    assert all(r.ok for r in made), [r.message for r in made]
+    ids = [r.capsule_id for r in made]
+    assert "dropped" not in made[5].message and f"dropped {ids[0]} to make room" in made[6].message
+    kept = snap("kept on disk", tier="disk")
+    assert kept.ok and (folder / kept.capsule_id).is_dir()
+    rows = listing()
+    assert [c.capsule_id for c in rows.capsules] == ids[1:] + [kept.capsule_id]
+    assert all(c.size_bytes > 0 and re.fullmatch(ISO, c.created_utc) for c in rows.capsules)
+    assert re.search(r"device 0\.9\d+ MB of 1\.0 MB, host 0\.0000 MB of 2048\.0 MB, disk 0\.\d+ MB of 10240\.0 MB",
+                     rows.message), rows.message
+
+    # export / import through the services
+    out = tmp_path / "exported"
+    exported = rig.call(ExportCapsule, "export_capsule", ExportCapsule.Request(id=ids[3], path=str(out)))
+    assert exported.ok and exported.path == str(out) and capsule_inspect(out) == 0, exported.message
+    again = rig.call(ExportCapsule, "export_capsule", ExportCapsule.Request(id=ids[3], path=str(out)))
+    assert not again.ok and "already exists" in again.message
+    unknown = rig.call(ExportCapsule, "export_capsule", ExportCapsule.Request(id="c-none", path=str(tmp_path / "n")))
+    assert not unknown.ok and unknown.message.endswith(
+        f"(known: {kept.capsule_id}, {', '.join(reversed(ids[-4:]))} and 2 more)"), unknown.message
+    imported = rig.call(ImportCapsule, "import_capsule", ImportCapsule.Request(path=str(out), tier="host"))
+    assert imported.ok and imported.id not in ids, imported.message
+    assert {c.capsule_id: c.tier for c in listing().capsules}[imported.id] == "host"
+
+    # both restore modes through the service
+    for rewind, word in ((True, "rewind"), (False, "live")):
+        restored = rig.call(RestoreCapsule, "restore", RestoreCapsule.Request(capsule_id=ids[6], rewind_time=rewind))
+        assert restored.ok and word in restored.message, restored.message
+    n = len(rig.chunks)
+    assert rig.wait(lambda: len(rig.chunks) >= n + 3, 20), "no chunks after the restores"
+
+    # the command line against the node
+    listed = cli("list")
+    assert listed.returncode == 0, listed.stderr
+    assert all(cid in listed.stdout for cid in ids[1:] + [kept.capsule_id, imported.id])
+    assert re.search(rf"{kept.capsule_id}\s+kept on disk\s+disk\s+[\d.]+ MB\s+\d+\s+{ISO}", listed.stdout), listed.stdout
+    by_cli = tmp_path / "by_cli"
+    done = cli("export", ids[2], str(by_cli))
+    assert done.returncode == 0 and by_cli.is_dir() and str(by_cli) in done.stdout, done.stderr
+    back = cli("import", str(by_cli), "--tier", "host")
+    assert back.returncode == 0, back.stderr
+    assert back.stdout.split()[0] in [c.capsule_id for c in listing().capsules]
+    refused = cli("export", "c-none", str(tmp_path / "none"))
+    assert refused.returncode == 1 and "unknown capsule id 'c-none'" in refused.stderr
+
+    # read at configure: a change while configured is refused
+    change = rig.call(SetParameters, "set_parameters", SetParameters.Request(parameters=[Parameter(
+        name="capsule_eviction", value=ParameterValue(type=ParameterType.PARAMETER_STRING, string_value="none"))]))
+    assert not change.results[0].successful and "read at configure" in change.results[0].reason
+
+    # a restart of the runtime: the disk capsule in capsule_dir is listed again, memory tiers start empty
+    assert rig.transition(DEACTIVATE) and rig.transition(CLEANUP) and rig.transition(CONFIGURE), rig.log()
+    after = listing()
+    assert [(c.capsule_id, c.name, c.tier) for c in after.capsules] == [(kept.capsule_id, "kept on disk", "disk")]
+    assert rig.transition(ACTIVATE)
+    assert rig.call(RestoreCapsule, "restore", RestoreCapsule.Request(capsule_id=kept.capsule_id)).ok
