@@ -30,7 +30,7 @@ def test_make_bag_then_replay_from_the_command_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "stage" in captured.out and "p99 ms" in captured.out and "tick (all stages)" in captured.out
     assert "action error vs recorded: 6/6 chunks matched, MSE 0.000e+00, max |err| 0.000e+00" in captured.out
-    assert "replay [" in captured.err and "100.0%" in captured.err  # the progress bar
+    assert "replay [" not in captured.err and "%" not in captured.err  # no progress bar: stderr is no terminal
     assert (report / "report.md").is_file() and (report / "actions.png").is_file()
     # the same bag read with a mapping that names a topic it lacks
     assert main(["replay", bag, "--config", cfg, "--joints", "/arm/joint_states", "--no-progress"]) == 1
@@ -57,3 +57,46 @@ def test_make_bag_that_fails_leaves_nothing_behind(tmp_path):
     summary = make_bag(out, duration=0.3, height=48, width=64)
     assert summary["path"] == str(out) and (out / "metadata.yaml").is_file() and (out / "bag.mcap").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["bag"]
+
+
+class _Terminal:
+    """A stderr stand-in that says it is a terminal, and keeps what was written."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, []
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.text.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_the_progress_bar_is_drawn_on_a_terminal_only():
+    import random
+
+    from flashrt_ros.replay.progress import Progress
+
+    rng = random.Random(9)
+    start = rng.randint(1, 10**6) * 10**9
+    span_s = rng.randint(2, 9)
+    for tty in (True, False):
+        out = _Terminal(tty)
+        bar = Progress(start, start + span_s * 10**9, stream=out, label="make-bag")
+        bar.update(start + span_s * 10**9 // 2, 7, force=True)
+        bar.close(start + span_s * 10**9, 13)
+        text = "".join(out.text)
+        if not tty:
+            assert text == ""
+            continue
+        assert f"make-bag [###############               ]  50.0%  bag {span_s / 2:.2f}/{span_s:.2f} s, 7 decisions" \
+            in text, text
+        assert f"100.0%  bag {span_s:.2f}/{span_s:.2f} s, 13 decisions" in text and text.endswith("\n")
+    quiet = _Terminal(True)
+    bar = Progress(start, start + 10**9, enabled=False, stream=quiet)
+    bar.update(start + 10**8, 1, force=True)
+    bar.close(start + 10**9, 2)
+    assert quiet.text == []  # --no-progress

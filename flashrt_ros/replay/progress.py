@@ -1,34 +1,35 @@
-"""A plain stderr progress bar over bag time (no tqdm): redrawn at most ten times a second."""
+"""The replay's progress over bag time: a tqdm bar on stderr, drawn only when stderr is a terminal (a log file
+or a pipe gets none), redrawn at most ten times a second."""
 from __future__ import annotations
 
 import sys
-import time
+
+from tqdm import tqdm
+
+NS = 1_000_000_000
 
 
 class Progress:
     def __init__(self, start_ns: int, end_ns: int, enabled: bool = True, stream=None, width: int = 30,
                  label: str = "replay"):
         self.start, self.span = start_ns, max(1, end_ns - start_ns)
-        self.enabled, self.stream, self.width, self.label = enabled, stream or sys.stderr, width, label
-        self._last_draw = 0.0
-        self._t0 = time.monotonic()
+        stream = stream or sys.stderr
+        # disable=None is tqdm's "only on a terminal"
+        self.bar = tqdm(total=self.span / NS, desc=f"  {label}", file=stream, mininterval=0.1,
+                        disable=None if enabled else True, leave=True, dynamic_ncols=False,
+                        bar_format="{desc} [{bar:" + str(width) + "}] {percentage:5.1f}%  bag {n:.2f}/{total:.2f} s"
+                                   "{postfix}  {elapsed} wall")  # (tqdm writes the postfix as ", ...")
 
     def update(self, t_ns: int, decisions: int, force: bool = False) -> None:
-        if not self.enabled:
+        if self.bar.disable:
             return
-        now = time.monotonic()
-        if not force and now - self._last_draw < 0.1:
-            return
-        self._last_draw = now
-        frac = min(1.0, max(0.0, (t_ns - self.start) / self.span))
-        filled = int(round(frac * self.width))
-        self.stream.write(f"\r  {self.label} [{'#' * filled}{'.' * (self.width - filled)}] {frac * 100:5.1f}%  "
-                          f"bag {(t_ns - self.start) / 1e9:7.2f}/{self.span / 1e9:.2f} s  {decisions} decisions  "
-                          f"{now - self._t0:6.1f} s wall")
-        self.stream.flush()
+        self.bar.set_postfix_str(f"{decisions} decisions", refresh=False)
+        self.bar.n = min(self.bar.total, max(0.0, (t_ns - self.start) / NS))
+        if force:
+            self.bar.refresh()
+        else:
+            self.bar.update(0)  # redraws when mininterval has passed
 
     def close(self, t_ns: int, decisions: int) -> None:
-        if self.enabled:
-            self.update(t_ns, decisions, force=True)
-            self.stream.write("\n")
-            self.stream.flush()
+        self.update(t_ns, decisions, force=True)
+        self.bar.close()
