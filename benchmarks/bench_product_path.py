@@ -98,6 +98,32 @@ def _policy(config, state, engine: str, dtype) -> Pi05Policy:
                       tokenizer=pi05.WordTokenizer(config.vocab_size), processors=procs)
 
 
+def chunk_phases(policy, frames, robot_state, noise, iters: int) -> dict:
+    """predict_chunk's steps one by one, each synchronized: where its time beyond the decision goes."""
+    raw = torch.from_numpy(robot_state)
+    steps = {
+        "images": lambda: policy.preprocess_images(frames),
+        "prompt": lambda: policy.tokenize(TASK, policy.normalizer.normalize_state(raw), truncate=False),
+    }
+    imgs, masks = steps["images"]()
+    tokens, mask = steps["prompt"]()
+    steps["decision"] = lambda: policy.sample_actions(imgs, masks, tokens, mask, noise=noise)
+    actions = steps["decision"]()
+    steps["post"] = lambda: policy.normalizer.unnormalize_actions(actions[0, :, :7].float().cpu())
+    out = {}
+    for name, fn in steps.items():
+        times = []
+        for i in range(iters + 3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append((time.perf_counter() - t) * 1e3)
+        out[name] = round(pct(times, 50), 3)
+    return out
+
+
 def predict_chunk_run(iters: int, log) -> dict:
     config = workload_config(2, 48, 10, 50)
     state = random_state(config, 0, "cuda")
@@ -116,8 +142,8 @@ def predict_chunk_run(iters: int, log) -> dict:
             ms = (time.perf_counter() - t) * 1e3
             if i >= 3:
                 times.append(ms)
-        out[label] = summary(times)
-        log(f"[predict_chunk] {label}: p50 {out[label]['p50_ms']:.2f} ms")
+        out[label] = {**summary(times), "phases_p50_ms": chunk_phases(fused, frames, robot_state, noise, iters)}
+        log(f"[predict_chunk] {label}: p50 {out[label]['p50_ms']:.2f} ms, phases {out[label]['phases_p50_ms']}")
     frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
     ours = fused.predict_chunk(frames, robot_state, TASK, noise=noise)
     del fused
