@@ -101,7 +101,7 @@ _JPEG_NO_LENGTH = {0x01, *range(0xD0, 0xD9)}  # TEM, RST0-7 and SOI stand alone
 MAX_COMPRESSED_PIXELS = 4096 * 4096
 
 
-def compressed_size(data: bytes, fmt: str = "") -> tuple[int, int]:
+def compressed_size(data, fmt: str = "") -> tuple[int, int]:
     """(width, height) of a PNG (IHDR) or JPEG (SOF) stream, read from its header bytes without decoding."""
     if data[:8] == PNG_SIGNATURE:
         if len(data) < 24 or data[12:16] != b"IHDR":
@@ -140,8 +140,8 @@ def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.n
     an image refused there is never decoded (a few hundred KB of PNG can claim gigabytes of pixels)."""
     import cv2
 
-    data = bytes(msg.data)
-    if not data:
+    data = memoryview(msg.data)  # (no copy: only the header is read before the size is known to be right)
+    if len(data) == 0:
         raise ConversionError("compressed image is empty")
     width, height = compressed_size(data, msg.format)
     if expected_size is not None and (width, height) != tuple(expected_size):
