@@ -135,7 +135,8 @@ class Rig:
     def _compressed_frame(self, i: int, rgb) -> CompressedImage:
         import cv2
 
-        data = self.huge_png if self.mode == "huge_png" and i == 1 else cv2.imencode(".png", rgb[..., ::-1])[1].tobytes()
+        huge = self.mode == "huge_png" and i == 1
+        data = self.huge_png if huge else cv2.imencode(".png", rgb[..., ::-1])[1].tobytes()
         msg = CompressedImage(format="png", data=data)
         msg.header.stamp, msg.header.frame_id = self._stamp(), f"cam{i}"
         return msg
