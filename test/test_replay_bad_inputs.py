@@ -49,7 +49,7 @@ def write_bag(path, storage="mcap", duration=1.0, drop=(), edit=None, frame_type
         if empty:
             return path
         seq = {}
-        for ns, _, _, topic, msgtype, msg in sensor_events(store, topics, duration, H, W, 7, "stack the cups"):
+        for ns, _, _, topic, msgtype, msg in sensor_events(store, topics, duration, H, W, 8, "stack the cups"):
             if topic not in conns:
                 continue
             seq[topic] = seq.get(topic, -1) + 1

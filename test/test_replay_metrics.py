@@ -172,3 +172,28 @@ def test_a_recorded_chunk_that_cannot_be_placed_is_a_replay_error(edit, message)
     edit(msg)
     with pytest.raises(ReplayError, match=message):
         RecordedChunk.from_msg(BagEvent("actions", 0, "/chunks", 0, 7, 4, msg))
+
+
+def test_shared_letterbox_is_pi05_resize_with_pad():
+    """The node's and the replay's frame fitting is LeRobot's resize-with-pad, rounded to uint8."""
+    import torch
+
+    from flashrt_core.models.pi05.preprocess import letterbox as shared, resize_with_pad
+
+    img = np.random.default_rng(2).integers(1, 256, (48, 64, 3), dtype=np.uint8)
+    assert letterbox is shared
+    want = resize_with_pad(torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255, 224, 224)[0]
+    got = torch.from_numpy(shared(img, 224, 224)).permute(2, 0, 1).float() / 255
+    assert (got - want).abs().max() <= 0.5 / 255 + 1e-6 and got[:, :28].abs().max() == 0  # 28 rows of padding on top
+
+
+def test_a_short_state_is_refused_not_padded():
+    from flashrt_ros.replay.errors import ReplayError
+    from flashrt_ros.replay.fit import InputFitter
+
+    class C:
+        buffers = {"images": type("B", (), {"shape": (2, 224, 224, 3)}), "state": type("B", (), {"shape": (8,)})}
+    fit = InputFitter(C())
+    assert fit.state(np.ones(8, np.float32), "/j").shape == (8,)
+    with pytest.raises(ReplayError, match="never padded"):
+        fit.state(np.ones(7, np.float32), "/j")

@@ -36,7 +36,8 @@ def add_subparsers(sub) -> None:
     m.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
     m.add_argument("--duration", type=float, default=10.0, help="seconds of bag time (default 10)")
     m.add_argument("--cameras", type=int, default=2)
-    m.add_argument("--joints", type=int, default=7)
+    m.add_argument("--joints", type=int, default=None, help="joints of the synthetic robot (default: the "
+                   "contract's state width)")
     m.add_argument("--size", default="240x320", metavar="HxW", help="camera frame size (default 240x320)")
     m.add_argument("--config", default=None, help="contract that computes the recorded actions")
     m.add_argument("--seed", type=int, default=0)

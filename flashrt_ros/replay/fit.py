@@ -1,29 +1,16 @@
 """Fit camera frames and joint vectors to the contract's fixed input buffers.
 
-A contract's `images` buffer has one frame size and its `state` buffer one width, while robots (and bags)
-have their own. Frames are letterboxed (aspect kept, centred, zero padded: pi0.5's resize-with-pad, done
-once here in uint8); a state shorter than the buffer is zero padded as LeRobot pads to max_state_dim.
+A contract's `images` buffer has one frame size, while robots (and bags) have their own: frames are
+letterboxed with `flashrt_core.models.pi05.preprocess.letterbox`, the function the node uses too. The state
+must have the contract's width: LeRobot does not pad the state (pi0.5 prints every value into the prompt, so a
+padded zero would be one more number there), so a shorter vector is refused, never padded.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from flashrt_core.models.pi05.preprocess import letterbox
 from flashrt_ros.replay.errors import ReplayError
-
-
-def letterbox(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
-    import cv2
-
-    h, w = rgb.shape[:2]
-    if (h, w) == (height, width):
-        return rgb
-    ratio = max(w / width, h / height)
-    new_h, new_w = max(1, int(h / ratio)), max(1, int(w / ratio))
-    resized = cv2.resize(rgb, (new_w, new_h), interpolation=cv2.INTER_AREA if ratio > 1 else cv2.INTER_LINEAR)
-    out = np.zeros((height, width, 3), np.uint8)
-    top, left = (height - new_h) // 2, (width - new_w) // 2
-    out[top:top + new_h, left:left + new_w] = resized
-    return out
 
 
 class InputFitter:
@@ -44,13 +31,9 @@ class InputFitter:
     def state(self, values: np.ndarray, topic: str) -> np.ndarray:
         if self.state_dim is None or values.shape[0] == self.state_dim:
             return values
-        if values.shape[0] > self.state_dim:
-            raise ReplayError(f"{topic}: {values.shape[0]} joints but the contract's state holds {self.state_dim} "
-                              "(select joints with --joint-names)")
-        note = f"{topic}: {values.shape[0]} joints zero padded to the contract's state_dim {self.state_dim}"
-        if note not in self.notes:
-            self.notes.append(note)
-        return np.concatenate([values, np.zeros(self.state_dim - values.shape[0], np.float32)])
+        raise ReplayError(f"{topic}: {values.shape[0]} joints but the contract's state holds {self.state_dim} "
+                          "(select joints with --joint-names, or give the contract the robot's state_dim; a state "
+                          "is never padded: LeRobot does not pad it)")
 
     def check_same(self, other: "InputFitter", where: str) -> None:
         if (self.frame_hw, self.state_dim) != (other.frame_hw, other.state_dim):

@@ -84,13 +84,14 @@ def chunk_message(store, tick, joint_names, dt: float):
 
 
 def make_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 2, seed: int = 0, config=None,
-             height: int = 240, width: int = 320, joints: int = 7, prompt: str = "pick up the red cube",
+             height: int = 240, width: int = 320, joints: int | None = None, prompt: str = "pick up the red cube",
              device: str = "cpu", progress: bool = False, action_dt: float = 0.02) -> dict:
     """Write the sample bag to `out` (a new folder) and return a summary (topics, counts, decisions). The bag
-    is written in a temporary folder beside `out` and moved there when complete: a failure leaves nothing."""
+    is written in a temporary folder beside `out` and moved there when complete: a failure leaves nothing.
+    joints: how many the synthetic robot has (default: the contract's state width)."""
     if not (duration > 0 and math.isfinite(duration)):
         raise ReplayError(f"duration: must be a positive number of seconds, got {duration}")
-    if height <= 0 or width <= 0 or joints <= 0:
+    if height <= 0 or width <= 0 or (joints is not None and joints <= 0):
         raise ReplayError(f"size and joints: must be positive, got {width}x{height} and {joints} joints")
     if not (1 <= cameras <= 8):
         raise ReplayError(f"cameras: between 1 and 8, got {cameras}")
@@ -110,9 +111,10 @@ def _write_bag(out, storage, duration, cameras, seed, config, height, width, joi
     store = bagio.typestore()
     config = Path(config) if config is not None else default_config()
     topics = TopicMap(cameras=tuple(f"/camera{i}/image_raw" for i in range(cameras)))
-    names = synthetic.joint_names(joints)
     writer = bagio.open_writer(out, storage)  # refuses an existing path before the model is built
     runtime = build_runtime(config, seed=seed, cameras=cameras, device=device)
+    joints = joints or runtime.contract.buffers["state"].shape[0]
+    names = synthetic.joint_names(joints)
     player = BagClockPlayer([runtime], cameras, names)
     bar = Progress(START_NS, START_NS + round(duration * NS), enabled=progress, label="make-bag")
     writer.set_custom_data("flashrt.config", str(config))

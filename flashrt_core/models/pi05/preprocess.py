@@ -30,6 +30,22 @@ def resize_with_pad(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return F.pad(out, (left, width - new_w - left, top, height - new_h - top), value=0.0)
 
 
+def letterbox(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+    """One uint8 HxWx3 RGB frame of any size -> uint8 height x width x 3 by `resize_with_pad` (LeRobot's
+    bilinear resize with centred black padding), rounded back to uint8. The node and the replay fit every
+    camera frame to the contract's `images` buffer with this one function; where the buffer is the model's
+    224x224 the device step then has nothing left to resize, and the only difference from LeRobot, which
+    resizes the float frame, is that rounding (at most 0.5/255)."""
+    arr = np.asarray(frame)
+    if arr.dtype != np.uint8 or arr.ndim != 3 or arr.shape[2] != 3 or 0 in arr.shape:
+        raise InputError(f"frame: expected uint8 HxWx3, got {arr.dtype} of shape {arr.shape}")
+    if arr.shape[:2] == (height, width):
+        return arr
+    x = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)[None].float().div_(255.0)
+    out = resize_with_pad(x, height, width)[0].permute(1, 2, 0)
+    return out.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8).numpy()
+
+
 def _to_batched_chw_float01(frame, index: int, device) -> torch.Tensor:
     """uint8 HWC / [B,H,W,C] (0..255) or float CHW / [B,C,H,W] (0..1), numpy or torch -> float [B,3,H,W]."""
     t = torch.from_numpy(np.ascontiguousarray(frame)) if isinstance(frame, np.ndarray) else frame
