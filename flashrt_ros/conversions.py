@@ -58,8 +58,9 @@ def _cv_bridge():
 
 
 def image_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarray:
-    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array (validated first, against `expected_size`
-    (width, height) too when given, then decoded by cv_bridge when available, by numpy otherwise)."""
+    """sensor_msgs/Image -> contiguous HxWx3 uint8 RGB array (validated first: against `expected_size`
+    (width, height) when given, else against MAX_PIXELS; then decoded by cv_bridge when available, by numpy
+    otherwise)."""
     encoding = msg.encoding
     if encoding not in SUPPORTED_ENCODINGS:
         raise ConversionError(f"unsupported image encoding '{encoding}' (supported: {', '.join(SUPPORTED_ENCODINGS)})")
@@ -68,6 +69,8 @@ def image_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarra
         raise ConversionError(f"image has no pixels ({width}x{height})")
     if expected_size is not None and (width, height) != tuple(expected_size):
         raise ImageSizeError(f"size {width}x{height}, expected {expected_size[0]}x{expected_size[1]}")
+    if width * height > MAX_PIXELS:
+        raise ImageSizeError(f"size {width}x{height} is over {MAX_PIXELS} pixels")
     channels = 3 if encoding in ("rgb8", "bgr8") else 1
     itemsize = 2 if encoding in ("16UC1", "mono16") else 1
     row_bytes = width * channels * itemsize
@@ -97,8 +100,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers (every coding process); C4 (DHT), C8 (JPG) and CC (DAC) share the range
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _JPEG_NO_LENGTH = {0x01, *range(0xD0, 0xD9)}  # TEM, RST0-7 and SOI stand alone
-# Without an expected size, the most pixels a compressed image may decode to (4096x4096: 48 MB as RGB).
-MAX_COMPRESSED_PIXELS = 4096 * 4096
+# Without an expected size, the most pixels an image may have (4096x4096: 48 MB as RGB); compressed ones are
+# checked from their header, before decoding.
+MAX_PIXELS = 4096 * 4096
 
 
 def compressed_size(data, fmt: str = "") -> tuple[int, int]:
@@ -136,7 +140,7 @@ def compressed_size(data, fmt: str = "") -> tuple[int, int]:
 
 def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarray:
     """sensor_msgs/CompressedImage (png/jpeg) -> HxWx3 uint8 RGB array. The size is read from the header and
-    checked first: against `expected_size` (width, height) when given, else against MAX_COMPRESSED_PIXELS;
+    checked first: against `expected_size` (width, height) when given, else against MAX_PIXELS;
     an image refused there is never decoded (a few hundred KB of PNG can claim gigabytes of pixels)."""
     import cv2
 
@@ -147,9 +151,9 @@ def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.n
     if expected_size is not None and (width, height) != tuple(expected_size):
         raise ImageSizeError(f"size {width}x{height} (from its header, not decoded), expected "
                              f"{expected_size[0]}x{expected_size[1]}")
-    if width * height == 0 or width * height > MAX_COMPRESSED_PIXELS:
+    if width * height == 0 or width * height > MAX_PIXELS:
         raise ImageSizeError(f"size {width}x{height} (from its header, not decoded) is outside "
-                             f"1..{MAX_COMPRESSED_PIXELS} pixels")
+                             f"1..{MAX_PIXELS} pixels")
     try:
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     except Exception as exc:  # cv2.error: a stream OpenCV refuses part-way
@@ -222,6 +226,21 @@ def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
         bad = [joint_names[i] if joint_names else str(i) for i in np.flatnonzero(~np.isfinite(values))]
         raise ConversionError(f"JointState has non-finite positions for {bad}")
     return values
+
+
+def state_vector(msg, dim: int | None = None) -> np.ndarray:
+    """std_msgs/Float64MultiArray -> float32 state vector (its `data`, in the checkpoint's observation.state
+    order; the layout is not read); `dim` values when given, all finite."""
+    values = np.asarray(msg.data, dtype=np.float64)
+    if values.ndim != 1 or values.size == 0:
+        raise ConversionError(f"state vector is empty or not flat (shape {values.shape})")
+    if dim is not None and values.size != dim:
+        raise ConversionError(f"state vector has {values.size} values, the model's state has {dim}")
+    if not np.all(np.isfinite(values)):
+        raise ConversionError(f"state vector has non-finite values at {np.flatnonzero(~np.isfinite(values)).tolist()}")
+    if np.abs(values).max() > np.finfo(np.float32).max:
+        raise ConversionError("state vector has values beyond float32's range")
+    return values.astype(np.float32)
 
 
 def action_chunk(actions, width: int | None = None) -> np.ndarray:

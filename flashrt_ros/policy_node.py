@@ -26,14 +26,15 @@ from rclpy.signals import SignalHandlerOptions
 from rclpy.duration import Duration
 from rclpy.event_handler import PublisherEventCallbacks
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from flashrt_core.models.pi05.preprocess import letterbox
 from flashrt_ros import conversions, params
 from flashrt_ros.capsule_services import CapsuleServices
 from flashrt_ros.diagnostics import NodeHealth
 from flashrt_ros.msg import ActionChunk
-from flashrt_ros.runtime_loader import load_runtime
+from flashrt_ros.runtime_loader import action_names, load_runtime
 
 
 DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
@@ -69,6 +70,8 @@ class PolicyNode(LifecycleNode):
         self._last_stamp: dict[str, int] = {}
         self._fed_stamp = -1
         self._frame_shape = None
+        self._state_dim: int | None = None
+        self._action_names: list[str] = []
         self._dirty = False
         self._stage_timers = []
         self._subs = []
@@ -110,6 +113,9 @@ class PolicyNode(LifecycleNode):
         with self.runtime_lock:
             self.runtime = runtime
             self._frame_shape = tuple(runtime.contract.buffers["images"].shape[1:])
+            self._state_dim = runtime.contract.buffers["state"].shape[0]
+            # chunk columns are named by the checkpoint's action names where it has them, else by joint_names
+            self._action_names = action_names(runtime) or list(self.p.joint_names)
             limit = runtime.contract.limits.max_observation_age_ms
             self._future_limit_ns = int((limit if limit is not None else FUTURE_STAMP_MS) * 1e6)
             self._age_limit_ns = int(limit * 1e6) if limit is not None else None
@@ -192,8 +198,12 @@ class PolicyNode(LifecycleNode):
             self._subs.append(self.create_subscription(
                 msg_type, topic, lambda msg, i=index, t=topic: self._on_image(i, t, msg),
                 qos_profile_sensor_data))
-        self._subs.append(self.create_subscription(
-            JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data))
+        if self.p.state_topic:  # an end-effector (or any) state vector instead of joint states
+            self._subs.append(self.create_subscription(
+                Float64MultiArray, self.p.state_topic, self._on_state_vector, qos_profile_sensor_data))
+        else:
+            self._subs.append(self.create_subscription(
+                JointState, self.p.joint_state_topic, self._on_joints, qos_profile_sensor_data))
 
     def _refuse(self, source: str, kind: str, why: str) -> None:
         self.health.reject(kind, why, source=source)
@@ -232,30 +242,46 @@ class PolicyNode(LifecycleNode):
         return True
 
     def _on_image(self, index: int, topic: str, msg):
-        size = (self._frame_shape[1], self._frame_shape[0])  # checked before decoding (from a compressed header)
+        # Any size up to conversions.MAX_PIXELS (checked before decoding, from a compressed header), fitted to
+        # the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad)
         try:
-            rgb = (conversions.compressed_to_rgb(msg, size) if isinstance(msg, CompressedImage) else
-                   conversions.image_to_rgb(msg, size))
+            rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
+                   conversions.image_to_rgb(msg))
         except conversions.ConversionError as exc:
-            hint = " (parameters image_width/height)" if isinstance(exc, conversions.ImageSizeError) else ""
-            self._refuse(topic, "image", f"{exc}{hint}")
+            self._refuse(topic, "image", str(exc))
             return
+        rgb = letterbox(rgb, *self._frame_shape[:2])
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
             if self._check_stamp(topic, stamp):
                 self._images[index] = (rgb, stamp)
                 self._dirty = True
 
+    @property
+    def _state_source(self) -> str:
+        return self.p.state_topic or self.p.joint_state_topic
+
     def _on_joints(self, msg: JointState):
         try:
             positions = conversions.joint_positions(msg, self.p.joint_names)
         except conversions.ConversionError as exc:
-            self._refuse(self.p.joint_state_topic, "joint_state", str(exc))
+            self._refuse(self._state_source, "joint_state", str(exc))
             return
-        stamp = conversions.stamp_to_ns(msg.header.stamp)
+        self._store_state(positions, conversions.stamp_to_ns(msg.header.stamp))
+
+    def _on_state_vector(self, msg: Float64MultiArray):
+        """A state vector has no header: it is stamped on arrival with the node's clock."""
+        try:
+            values = conversions.state_vector(msg, self._state_dim)
+        except conversions.ConversionError as exc:
+            self._refuse(self._state_source, "joint_state", str(exc))
+            return
+        self._store_state(values, self.get_clock().now().nanoseconds)
+
+    def _store_state(self, values: np.ndarray, stamp: int) -> None:
         with self._sensor_lock:
-            if self._check_stamp(self.p.joint_state_topic, stamp):
-                self._joints = (positions, stamp)
+            if self._check_stamp(self._state_source, stamp):
+                self._joints = (values, stamp)
                 self._dirty = True
 
     def _on_set_parameters(self, parameters) -> SetParametersResult:
@@ -307,14 +333,14 @@ class PolicyNode(LifecycleNode):
         """The topics that have not delivered a first message yet."""
         with self._sensor_lock:
             missing = [t for i, t in enumerate(self.p.camera_topics) if i not in self._images]
-            return missing + ([self.p.joint_state_topic] if self._joints is None else [])
+            return missing + ([self._state_source] if self._joints is None else [])
 
     def _oldest_input(self, now_ns: int) -> str:
         """' (oldest input: TOPIC, stamped N ms ago)' of the stored sensor messages, for a stale message."""
         with self._sensor_lock:
             parts = [(stamp, self.p.camera_topics[i]) for i, (_, stamp) in self._images.items()]
             if self._joints is not None:
-                parts.append((self._joints[1], self.p.joint_state_topic))
+                parts.append((self._joints[1], self._state_source))
         if not parts:
             return ""
         stamp, topic = min(parts)
@@ -435,11 +461,11 @@ class PolicyNode(LifecycleNode):
 
     def _publish(self, result):
         # (a NaN or infinite chunk raises here: reported by _tick as a failed publish, nothing is sent)
-        actions = conversions.action_chunk(result.actions, self.p.action_dim or len(self.p.joint_names) or None)
+        actions = conversions.action_chunk(result.actions)  # (the contract's width: checkpoint or parameters)
         self.health.stale_reason = ""
         msg = ActionChunk()
         msg.header.stamp = self.get_clock().now().to_msg()
-        msg.joint_names = list(self.p.joint_names)
+        msg.joint_names = list(self._action_names)
         msg.horizon, msg.action_dim = int(actions.shape[0]), int(actions.shape[1])
         msg.actions = actions.reshape(-1).tolist()
         msg.dt = float(self.p.action_dt)
@@ -451,11 +477,11 @@ class PolicyNode(LifecycleNode):
         msg.stages_ran = [s for s in result.ran if s not in result.deferred]  # the stages behind this chunk
         self._chunk_pub.publish(msg)
         self.health.chunks_published += 1
-        if self._traj_pub is not None and self.p.joint_names:
+        if self._traj_pub is not None and self._action_names:
             traj = JointTrajectory()
             traj.header = msg.header
-            traj.joint_names = list(self.p.joint_names)
-            for k, row in enumerate(actions[:, : len(self.p.joint_names)]):
+            traj.joint_names = list(self._action_names)
+            for k, row in enumerate(actions[:, : len(self._action_names)]):
                 point = JointTrajectoryPoint()
                 point.positions = row.astype(float).tolist()
                 point.time_from_start = Duration(seconds=(k + 1) * self.p.action_dt).to_msg()

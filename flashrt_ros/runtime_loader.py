@@ -53,3 +53,9 @@ def load_runtime(p, n_cameras: int):
     runtime.set_timer_slack(0.1 * 1e3 / max(runtime.stage_rates().values()))
     runtime.warmup()  # capture graphs now, at configure time, not at the first tick
     return runtime
+
+
+def action_names(runtime) -> list[str]:
+    """The checkpoint's action column names (config.json action_feature_names), or [] when it has none."""
+    procs = getattr(runtime.binding, "processors", None)
+    return list(procs.action_names) if procs is not None and procs.action_names else []

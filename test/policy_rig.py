@@ -121,13 +121,15 @@ class Rig:
             return
         t = time.time() - self.t0
         for i, pub in enumerate(self.cams):
-            h, w = (H + 8, W) if self.mode == "wrong_size" else (H, W)
+            h, w = (H + 8, W + 24) if self.mode == "other_size" else (H, W)  # letterboxed by the node
             if self.compressed:
                 msg = self._compressed_frame(i, camera_frame(i, t, h, w))
             else:
                 msg = rgb_to_image(camera_frame(i, t, h, w), Image, self._stamp(), f"cam{i}")
             if self.mode == "bad_encoding":
                 msg.encoding = "yuv422"
+            if self.mode == "short_data" and not self.compressed:
+                msg.data = bytes(msg.data)[: len(msg.data) // 2]
             if self.mode == "backwards":
                 msg.header.stamp = self._stamp(back_s=0.2)
             pub.publish(msg)

@@ -170,7 +170,7 @@ def test_capsule_services_end_to_end(rig_factory):
 
 @pytest.mark.parametrize("modes", [
     # (mode, diagnostics key that must count it)
-    [("wrong_size", "rejected.image"), ("bad_encoding", "rejected.image"), ("nan_joints", "rejected.joint_state"),
+    [("short_data", "rejected.image"), ("bad_encoding", "rejected.image"), ("nan_joints", "rejected.joint_state"),
      ("missing_joint", "rejected.joint_state"), ("duplicate_joint", "rejected.joint_state"),
      ("backwards", "rejected.stamp_backwards"), ("zero_stamp", "rejected.stamp_unset"), ("old", "rejected.stamp_old"),
      # a joint clock a minute ahead: refused, and (not recorded) it does not lock out the good stamps after it
@@ -205,6 +205,15 @@ def test_bad_inputs_are_reported_and_the_node_recovers(rig_factory, modes):
     assert actions_of(rig.chunks[-1][1]).shape == (50, 5)
 
 
+def test_frames_of_another_size_are_letterboxed_not_refused(rig_factory):
+    """Cameras at 56x88 for a 48x64 contract: fitted by the shared letterbox, published, nothing refused."""
+    rig = rig_factory("size_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ, max_age_ms=400.0)
+    rig.mode = "other_size"
+    assert rig.wait(lambda: len(rig.chunks) >= 5, 60), rig.log()
+    assert rig.wait(lambda: rig.last_status() is not None, 10)
+    assert int(_values(rig.last_status()).get("rejected.image", 0)) == 0, rig.last_status()
+
+
 def test_refusals_name_their_topic_and_reason_and_the_level_recovers(rig_factory):
     """A node in a namespace with compressed cameras: its status is named by its fully qualified name; every
     refusal is carried per topic (reason, how long ago) in the values and, while recent, in the message; an
@@ -235,7 +244,7 @@ def test_refusals_name_their_topic_and_reason_and_the_level_recovers(rig_factory
     rig.mode = "huge_png"
     assert rig.wait(lambda: "8000x8000" in refusal(rig.last_status(), cam1), 10), rig.last_status()
     assert refusal(rig.last_status(), cam1).startswith(
-        "image: size 8000x8000 (from its header, not decoded), expected 64x48 (parameters image_width/height)")
+        "image: size 8000x8000 (from its header, not decoded) is outside 1..16777216 pixels")
     # camera 1 refused: its last frame ages until the observation is stale, and the message says which input
     assert rig.wait(lambda: "oldest input: " + cam1 in rig.last_status().message, 10), rig.last_status()
     assert f"refusing {cam1}: image: size 8000x8000" in rig.last_status().message

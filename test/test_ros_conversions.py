@@ -124,7 +124,7 @@ def test_a_huge_compressed_frame_is_refused_from_its_header_and_never_decoded(hu
     with pytest.raises(cv.ImageSizeError, match=r"size 8000x8000 \(from its header, not decoded\), expected 64x48"):
         cv.compressed_to_rgb(msg, expected_size=(64, 48))
     # without an expected size, the decode bound refuses it all the same
-    with pytest.raises(cv.ImageSizeError, match=f"outside 1..{cv.MAX_COMPRESSED_PIXELS} pixels"):
+    with pytest.raises(cv.ImageSizeError, match=f"outside 1..{cv.MAX_PIXELS} pixels"):
         cv.compressed_to_rgb(msg)
     # a header claiming more than OpenCV allows (it raises cv2.error for those) is refused the same way
     with pytest.raises(cv.ImageSizeError, match="size 100000x100000"):
@@ -275,3 +275,24 @@ def test_an_action_chunk_with_nan_or_inf_is_never_published():
     assert cv.action_chunk(broken, 6).shape == (50, 6)
     with pytest.raises(cv.ConversionError, match="expected"):
         cv.action_chunk(chunk[0], 6)
+
+
+def test_raw_images_over_the_pixel_bound_are_refused_before_conversion():
+    from sensor_msgs.msg import Image
+
+    msg = Image(height=4097, width=4096, encoding="mono8", step=4096, data=b"")
+    with pytest.raises(cv.ImageSizeError, match="over 16777216 pixels"):
+        cv.image_to_rgb(msg)
+
+
+def test_state_vector_from_float64_multiarray():
+    from std_msgs.msg import Float64MultiArray
+
+    v = np.random.default_rng(4).normal(size=6)
+    np.testing.assert_array_equal(cv.state_vector(Float64MultiArray(data=v.tolist()), 6), v.astype(np.float32))
+    with pytest.raises(cv.ConversionError, match="has 6 values, the model's state has 7"):
+        cv.state_vector(Float64MultiArray(data=v.tolist()), 7)
+    with pytest.raises(cv.ConversionError, match=r"non-finite values at \[2\]"):
+        cv.state_vector(Float64MultiArray(data=[0.0, 1.0, float("nan")]))
+    with pytest.raises(cv.ConversionError, match="empty"):
+        cv.state_vector(Float64MultiArray(data=[]))

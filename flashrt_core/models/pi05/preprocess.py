@@ -41,7 +41,8 @@ def letterbox(frame: np.ndarray, height: int, width: int) -> np.ndarray:
         raise InputError(f"frame: expected uint8 HxWx3, got {arr.dtype} of shape {arr.shape}")
     if arr.shape[:2] == (height, width):
         return arr
-    x = torch.from_numpy(np.ascontiguousarray(arr)).permute(2, 0, 1)[None].float().div_(255.0)
+    arr = np.ascontiguousarray(arr) if arr.flags.writeable else arr.copy()  # (torch wants writable memory)
+    x = torch.from_numpy(arr).permute(2, 0, 1)[None].float().div_(255.0)
     out = resize_with_pad(x, height, width)[0].permute(1, 2, 0)
     return out.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8).numpy()
 
