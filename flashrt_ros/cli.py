@@ -20,7 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashrt", description="FlashRT ROS: fast, dependable robot policy inference")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)
-    sub.add_parser("doctor", help="what hardware, kernels and ROS pieces are available")
+    d = sub.add_parser("doctor", help="what hardware, kernels and ROS pieces are available, and what a contract "
+                                      "will run here")
+    d.add_argument("--config", help="contract YAML (default: the packaged pi05.yaml)")
+    d.add_argument("--checkpoint", help="LeRobot checkpoint folder")
+    d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     for module in ("flashrt_core.contract.cli", "flashrt_core.capsule.cli", "flashrt_core.bench",
                    "flashrt_ros.replay.cli", "flashrt_ros.run_cli"):
         try:
@@ -42,7 +46,7 @@ def main(argv=None) -> int:
     if args.command == "doctor":
         from flashrt_ros.doctor import doctor
 
-        return doctor()
+        return doctor(args.config, args.checkpoint, args.device)
     if args.command == "demo":
         from flashrt_ros.demo import demo
 

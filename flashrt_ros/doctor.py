@@ -1,4 +1,11 @@
-"""`flashrt doctor`: what hardware, kernels and ROS pieces are available and which code paths will run."""
+"""`flashrt doctor`: what hardware, kernels and ROS pieces are available, and what a contract will run here.
+
+    flashrt doctor [--config FILE] [--checkpoint DIR] [--device auto]
+
+The second part is the dry run of `flashrt run`: the contract (default: the packaged config/pi05.yaml, the
+one the node uses with a checkpoint) validated for this device, with the engine, dtypes, cameras,
+normalization, relative actions and tokenizer it would use (nothing is loaded).
+"""
 from __future__ import annotations
 
 import importlib
@@ -38,7 +45,6 @@ def probe() -> list[tuple[str, bool, str]]:
         "Triton interpreter on CPU (TRITON_INTERPRET=1; tests only, slow)" if (ok_t and interpret)
         else "plain torch references")
     rows.append(("kernel path", True, kernels))
-    rows.append(("engine path", True, "fused engine with CUDA graphs" if cuda else "fp32 reference engine on CPU"))
     ok_r, rclpy = _try(lambda: importlib.import_module("rclpy"))
     rows.append(("rclpy", ok_r, getattr(rclpy, "__file__", rclpy) if ok_r else rclpy))
     ok_m, msg = _try(lambda: importlib.import_module("flashrt_ros.msg").ActionChunk)
@@ -54,10 +60,25 @@ def probe() -> list[tuple[str, bool, str]]:
     return rows
 
 
-def doctor() -> int:
+def plan(config=None, checkpoint=None, device="auto") -> tuple[bool, str]:
+    """(ok, text): what `config` (default: the packaged pi05.yaml) with `checkpoint` will run on `device`."""
+    from flashrt_core.contract.plan import describe_run, format_run
+    from flashrt_ros.runtime_loader import CHECKPOINT_CONTRACT, packaged_config
+
+    try:
+        path = config or packaged_config(CHECKPOINT_CONTRACT)
+        return True, format_run(describe_run(path, device=device, checkpoint=checkpoint))
+    except Exception as exc:  # the reason is the report: a contract or checkpoint that would fail at configure
+        return False, f"would fail at configure: {type(exc).__name__}: {exc}"
+
+
+def doctor(config=None, checkpoint=None, device="auto") -> int:
     rows = probe()
     width = max(len(name) for name, _, _ in rows)
     for name, ok, detail in rows:
         print(f"{name:<{width}}  {'ok ' if ok else '-- '} {detail}")
+    ok_plan, text = plan(config, checkpoint, device)
+    print("\nwhat runs (flashrt run --dry-run):")
+    print("\n".join("  " + line for line in text.splitlines()))
     required = {"torch", "python"}
-    return 0 if all(ok for name, ok, _ in rows if name in required) else 1
+    return 0 if ok_plan and all(ok for name, ok, _ in rows if name in required) else 1

@@ -15,7 +15,7 @@ PARAMETERS = {
                    "processor files); empty = the contract's model (built-in tiny)", None),
     "device": ("auto", ParameterType.PARAMETER_STRING, "cpu | cuda | cuda:N | auto (cuda when available)", None),
     "dtype": ("", ParameterType.PARAMETER_STRING,
-              "float32 | bfloat16 | float16; empty = the contract's (config/pi05.yaml: bfloat16)", None),
+              "float32 | bfloat16 | float16; empty = the contract's (config/pi05.yaml: auto, bfloat16 on CUDA)", None),
     "engine": ("auto", ParameterType.PARAMETER_STRING,
                "auto | fused | reference; auto = the contract's choice (default: fused on CUDA, reference on CPU)",
                None),

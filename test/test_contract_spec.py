@@ -23,9 +23,12 @@ def test_shipped_contracts_are_valid():
     assert tiny.buffers["prefix_k"].shape == (2, 1, 2 * 256 + 128, 16) and tiny.buffers["prefix_k"].persistent
     assert tiny.stages["observe"].trigger.rate_hz == 10 and tiny.stages["act"].trigger.rate_hz == 50
     assert tiny.limits.max_observation_age_ms == 250 and tiny.limits.late_observe == "reuse"
-    full = load_contract(CONFIG / "pi05.yaml")
+    from flashrt_core.contract.spec import configured_contract
+
+    full = configured_contract(CONFIG / "pi05.yaml", device="cuda")  # dtype auto: bfloat16 on CUDA...
     assert full.buffers["prefix_k"].shape == (18, 1, 2 * 256 + 48, 256)
     assert full.buffers["prefix_k"].dtype == "bfloat16" and full.buffers["prev_chunk"].dtype == "float32"
+    assert configured_contract(CONFIG / "pi05.yaml", device="cpu").buffers["prefix_k"].dtype == "float32"  # ...fp32
 
 
 def edit(data, path, value):

@@ -25,7 +25,7 @@ def describe_run(path, device: str | None = "auto", tokenizer=None, **overrides)
     from flashrt_core.contract.bindings import resolve_binding
 
     device = resolve_device(device)
-    contract = configured_contract(path, **overrides)
+    contract = configured_contract(path, device=device, **overrides)
     binding = resolve_binding(contract.model.name)
     info: dict[str, Any] = {
         "contract": str(path), "model": contract.model.name,

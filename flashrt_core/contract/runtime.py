@@ -139,7 +139,8 @@ class Runtime:
         tier in a folder that outlives the runtime (the capsules found there are listed again)."""
         contract = configured_contract(path, checkpoint, dtype, rates=rates,
                                        max_observation_age_ms=max_observation_age_ms, num_cameras=num_cameras,
-                                       limits=limits, options=options, deferred=deferred, binding=binding)
+                                       limits=limits, options=options, deferred=deferred, binding=binding,
+                                       device=device)
         return cls(contract, binding, device=device, seed=seed, tokenizer=tokenizer, debug_graphs=debug_graphs,
                    capsule_budget_mb=capsule_budget_mb, capsule_eviction=capsule_eviction, capsule_dir=capsule_dir)
 

@@ -184,14 +184,25 @@ class Contract:
 
 
 # ---- loading -------------------------------------------------------------------------------------------
+def auto_dtype(device) -> str:
+    """`dtype: auto`: bfloat16 on CUDA, float32 elsewhere (device None: this machine's CUDA if any)."""
+    import torch
+
+    if device is None:
+        return "bfloat16" if torch.cuda.is_available() else "float32"
+    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+
+
 def configured_contract(path, checkpoint=None, dtype=None, *, rates: Mapping[str, float] | None = None,
                         max_observation_age_ms: float | None = None, num_cameras: int | None = None,
                         limits: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                        deferred: Mapping[str, bool] | None = None, binding=None) -> Contract:
+                        deferred: Mapping[str, bool] | None = None, binding=None, device=None) -> Contract:
     """A contract file with overrides applied (e.g. ROS parameters), validated as a whole: `rates` {stage: hz},
     `max_observation_age_ms`, `limits`, `options` (model options; `num_cameras` is options["views"]) and
-    `deferred` {stage: bool}."""
+    `deferred` {stage: bool}; `device` resolves `dtype: auto` for that device."""
     contract = load_contract(path, binding=binding)
+    if dtype is None and device is not None and (contract.raw.get("model") or {}).get("dtype") == "auto":
+        dtype = auto_dtype(device)
     limits = dict(limits or {})
     if max_observation_age_ms is not None:
         limits["max_observation_age_ms"] = max_observation_age_ms
@@ -305,8 +316,10 @@ def _model(m) -> ModelSpec:
     if ckpt is not None and (not isinstance(ckpt, str)):
         raise ContractError(f"model.checkpoint: expected a path or null, got {ckpt!r}")
     dtype = m.get("dtype", "float32")
+    if dtype == "auto":
+        dtype = auto_dtype(None)
     if dtype not in ("float32", "float16", "bfloat16"):
-        raise ContractError(f"model.dtype: must be float32, float16 or bfloat16, got {dtype!r}")
+        raise ContractError(f"model.dtype: must be auto, float32, float16 or bfloat16, got {dtype!r}")
     options = m.get("options", {}) or {}
     if not isinstance(options, Mapping):
         raise ContractError("model.options: expected a mapping")

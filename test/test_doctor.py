@@ -1,0 +1,53 @@
+"""`flashrt doctor` and `flashrt run --dry-run` say what a contract will really run on a device: engine, dtype,
+cameras by feature name, normalization, relative actions and tokenizer (nothing loaded)."""
+import subprocess
+import sys
+
+import pytest
+
+from lerobot_checkpoint import checkpoint_copy, hub_cache
+
+
+def flashrt(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "flashrt_ros.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_doctor_reports_the_shipped_gpu_contract_for_this_device():
+    out = flashrt("doctor", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "engine:               reference" in text and "dtype:                float32" in text  # auto on a CPU
+    assert "pi05.yaml" in text and "prompt 48 tokens" in text
+
+
+def test_doctor_and_dry_run_with_a_lerobot_checkpoint(tmp_path):
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+    ckpt = checkpoint_copy(tmp_path)
+    out = flashrt("doctor", "--checkpoint", str(ckpt), "--device", "cpu", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "cameras:              observation.images.front; observation.images.wrist" in out.stdout
+    run = flashrt("run", "--dry-run", "--checkpoint", str(ckpt), "--device", "cpu", "--camera-topics", "/cam_a",
+                  "--joint-names", "a", "b", "c", "d", "e", "f", env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    text = run.stdout
+    assert "observation.images.front <- /cam_a; observation.images.wrist <- (missing: no topic)" in text
+    assert "relative actions:     on, columns shoulder_pan, shoulder_lift, elbow, wrist_flex, wrist_roll " \
+           "(absolute: gripper)" in text
+    assert "normalization:        state QUANTILES, action QUANTILES" in text
+    assert "tokenizer:            HubTokenizer " in text and "tokenizer.json" in text
+    assert "dry run: ok" in text
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--joint-names", "a", "b"], "config.json says 6"),  # 2 joints for a 6-value state
+    ([], "hf download google/paligemma-3b-pt-224"),  # no tokenizer anywhere
+])
+def test_dry_run_says_why_configure_would_fail(tmp_path, args, reason):
+    env = {"HF_HUB_CACHE": str(tmp_path / "empty" if not args else hub_cache(tmp_path / "hub")),
+           "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path)}
+    run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
+                  "--camera-topics", "/a", "/b", *args, env=env)
+    assert run.returncode == 1 and reason in run.stderr, run.stdout + run.stderr
