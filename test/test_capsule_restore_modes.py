@@ -52,15 +52,19 @@ def assert_same_run(got, want):
         assert np.array_equal(g[4], w[4]), f"actions differ: max abs {np.abs(g[4] - w[4]).max()}"
 
 
-def make_runtime():
-    rt = Runtime.from_config(CONFIG, device="cpu", seed=0)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def make_runtime(device="cpu"):
+    rt = Runtime.from_config(CONFIG, device=device, seed=0)
     rt.set_prompt(PROMPT)
     return rt
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tier", ["device", "host", "disk"])
-def test_rewind_replays_the_snapshotted_branch_bit_exactly(tier):
-    rt = make_runtime()
+def test_rewind_replays_the_snapshotted_branch_bit_exactly(tier, device):
+    rt = make_runtime(device)
     run_ticks(rt, range(K + 1))
     cid = rt.snapshot("t1", tier=tier)
     branch = run_ticks(rt, range(K + 1, K + 9))  # 8 ticks, observe at ticks 5 and 10 among them
@@ -104,11 +108,14 @@ def test_a_live_restore_runs_no_burst_and_takes_only_later_stamps():
     assert ran == ("observe", "act") and rewound.buffers.ledger.misses["act"] > misses["act"]
 
 
-def test_the_first_snapshot_after_warmup_does_no_first_time_work(monkeypatch):
-    rt = make_runtime()
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_first_snapshot_after_warmup_does_no_first_time_work(monkeypatch, device):
+    rt = make_runtime(device)
     rt.warmup()
     store = rt.capsules
     assert store is not None and store.slabs_allocated == 2  # one spare per memory tier, made at warmup
+    if device == "cuda":  # the device spare in GPU memory, the host one pinned (its first allocation is slow)
+        assert store._spare["device"].flat.is_cuda and store._spare["host"].flat.is_pinned()
     assert store.used("device") == 0 and store.used("host") == 0  # spares are not capsules
     run_ticks(rt, range(K + 1))
     want = {k: v.clone() for k, v in rt.persistent_buffers().items()}
@@ -141,7 +148,7 @@ def test_the_first_snapshot_after_warmup_does_no_first_time_work(monkeypatch):
 
     # Without warmup the first snapshot does all of it: digest, store, slab.
     monkeypatch.undo()
-    cold = make_runtime()
+    cold = make_runtime(device)
     run_ticks(cold, range(2))
     assert cold.capsules is None
     cold.snapshot("cold", tier="device")

@@ -368,8 +368,10 @@ class CapsuleStore:
     def _new(self, name: str, tier: str, meta: dict) -> _Capsule:
         self._seq += 1
         cid = f"c{self._seq:04d}-{self._tag}"
-        while cid in self._caps or (self.disk_dir is not None and (self.disk_dir / cid).exists()):
-            self._seq += 1  # (an id listed again from the disk_dir, or a folder someone left there)
+        # (an id listed again from the disk_dir; for a disk capsule also a folder someone left there: a stat,
+        # which memory tiers skip as it costs a snapshot tens of microseconds)
+        while cid in self._caps or (tier == "disk" and (self.disk_dir / cid).exists()):
+            self._seq += 1
             cid = f"c{self._seq:04d}-{self._tag}"
         return _Capsule(id=cid, name=str(name), tier=tier, nbytes=self.capsule_bytes, created=time.time(),
                         seq=self._seq, meta=meta, decision_id=meta.get("decision_id", meta.get("decisions")))
