@@ -10,6 +10,7 @@ here over those of `--params-file`.
 """
 from __future__ import annotations
 
+import json
 import sys
 
 # CLI flag -> node parameter (None values are not passed: the params file or the node default applies)
@@ -46,11 +47,8 @@ def node_parameters(args) -> dict:
 
 
 def _ros_value(v) -> str:
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_ros_value(x) for x in v) + "]"
-    if isinstance(v, str):
-        return "'" + v.replace("'", "\\'") + "'"
-    return str(v).lower() if isinstance(v, bool) else str(v)
+    """A `-p name:=value` value: rcl reads it as YAML, and JSON strings, lists and numbers are valid YAML."""
+    return json.dumps(v)
 
 
 def ros_arguments(args) -> list[str]:

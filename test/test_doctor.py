@@ -51,3 +51,18 @@ def test_dry_run_says_why_configure_would_fail(tmp_path, args, reason):
     run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
                   "--camera-topics", "/a", "/b", *args, env=env)
     assert run.returncode == 1 and reason in run.stderr, run.stdout + run.stderr
+
+
+def test_run_passes_the_flags_given_as_node_parameters_over_the_params_file():
+    from flashrt_ros.cli import build_parser
+    from flashrt_ros.run_cli import ros_arguments
+
+    args = build_parser().parse_args(["run", "--checkpoint", "/m/pi05", "--camera-topics", "/a", "/b/compressed",
+                                      "--prompt", "it's the red cube", "--params-file", "robot.yaml",
+                                      "--act-rate", "30"])
+    ros = ros_arguments(args)
+    assert ros[:5] == ["--ros-args", "-r", "__node:=policy_node", "--params-file", "robot.yaml"]
+    params = dict(ros[i + 1].split(":=", 1) for i in range(5, len(ros), 2))
+    assert params == {"checkpoint": '"/m/pi05"', "camera_topics": '["/a", "/b/compressed"]',
+                      "prompt": '"it\'s the red cube"', "act_rate_hz": "30.0", "autostart": "true"}
+    assert all(ros[i] == "-p" for i in range(5, len(ros), 2))  # flags given after the file: they win
