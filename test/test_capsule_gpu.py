@@ -123,3 +123,33 @@ def test_cuda_export_import_and_ring(tmp_path):
     assert_same(live, states[-1])
     s.restore(ids[1], live)
     assert_same(live, states[1])
+
+
+def test_host_placed_buffers_restore_from_the_host_mirror_on_every_path(tmp_path):
+    """A CUDA runtime's `place: host` buffers (the prompt state) live on the host: a device-tier restore writes
+    them from the slab's host mirror (no device-to-host copy behind queued GPU work); a slab filled without a
+    mirror (moved in from the host or disk tier, imported) restores them from the slab itself."""
+    live = make_state(1)
+    live["counters"] = live["counters"].cpu()  # the host-placed buffer
+    s = CapsuleStore(FP, device="cuda", disk_dir=tmp_path)
+    before = {k: v.clone() for k, v in live.items()}
+    cid = s.snapshot("a", "device", live, {})
+    assert set(s._caps[cid].slab.mirror) == {list(sorted(LAYOUT)).index("counters")}
+    live["counters"].add_(7)  # the host state moves on after the snapshot: the mirror kept the old one
+    fork = s.fork(cid, "b")
+    for capsule in (cid, fork):
+        overwrite_gpu = make_state(3)
+        for k in ("prefix_k", "prefix_v", "prev_chunk"):
+            live[k].copy_(overwrite_gpu[k])
+        live["counters"].fill_(-1)
+        s.restore(capsule, live)
+        torch.cuda.synchronize()
+        assert_same(live, before)
+    for route in ("host", "disk"):  # device -> other tier -> device: no mirror any more
+        s.move(fork, route)
+        s.move(fork, "device")
+        assert s._caps[fork].slab.mirror == {}
+        live["counters"].fill_(-1)
+        s.restore(fork, live)
+        torch.cuda.synchronize()
+        assert_same(live, before)

@@ -89,6 +89,10 @@ class Slab:
         self._views = None
         self.planned = {}  # the Copier's cached copy lists to (True) / from (False) the live buffers
         self.ready = None  # CUDA event recorded after the copy that filled it, when one was async
+        # On a CUDA slab: host copies of the buffers whose live tensors are on the host (a contract's
+        # `place: host` buffers), so a restore writes them with a host memcpy instead of a device-to-host
+        # copy, which would wait for all the work queued on the GPU (a deferred stage: milliseconds)
+        self.mirror: dict[int, torch.Tensor] = {}
 
     @property
     def views(self) -> dict[str, torch.Tensor]:
@@ -203,9 +207,19 @@ def _as_words(t: torch.Tensor, nbytes: int):
     return None if nbytes % 8 == 0 else flat
 
 
+def _mirrored(slab: Slab, live: Sequence[torch.Tensor]) -> list[int]:
+    """Entries a restore takes from the slab's host mirror: live on the host, slab on a GPU."""
+    if slab.device.type != "cuda":
+        return []
+    return [i for i, t in enumerate(live) if t.device.type == "cpu"]
+
+
 def _live_pairs(slab: Slab, live: Sequence[torch.Tensor], words: list, to_slab: bool) -> list:
     pairs = []
+    skip = set() if to_slab else set(_mirrored(slab, live))
     for i, (name, _, _, _, _) in enumerate(slab.plan.entries):
+        if i in skip:
+            continue
         w = words[i]
         if w is None:  # odd live tensor: typed copy of this one buffer
             pair = (slab.views[name], live[i]) if to_slab else (live[i], slab.views[name])
@@ -274,11 +288,13 @@ class Copier:
         return cached[1]
 
     def live_to_slab(self, slab: Slab, live: Sequence[torch.Tensor], gen: int) -> None:
+        slab.mirror = {i: live[i].clone() for i in _mirrored(slab, live)}  # (host state: as of now)
         slab.ready = self._side_copy(*self._planned(slab, live, gen, to_slab=True))
 
     def slab_to_slab(self, dst: Slab, src: Slab) -> None:
         """Fork or move: slabs of one plan share their layout, so the whole allocation is one flat copy (a
         memcpy, padding included) rather than a multi-tensor launch over every buffer."""
+        dst.mirror = {i: t.clone() for i, t in src.mirror.items()} if dst.device.type == "cuda" else {}
         dst.ready = self._side_pairs([(dst.flat, src.flat)])
 
     def plan_restore(self, slab: Slab, live: Sequence[torch.Tensor], gen: int) -> None:
@@ -287,14 +303,19 @@ class Copier:
 
     def tensors_to_slab(self, slab: Slab, tensors: Mapping[str, torch.Tensor]) -> None:
         """From verified CPU tensors (a disk capsule) into a memory slab."""
+        slab.mirror = {}  # (a restore then copies its host entries from the slab itself)
         slab.ready = self._side_pairs([(slab.views[n], tensors[n]) for n in slab.plan.names])
 
     def slab_to_live(self, live: Sequence[torch.Tensor], gen: int, slab: Slab) -> None:
-        """Restore: on the caller's stream, after the copy that filled the slab."""
+        """Restore: on the caller's stream, after the copy that filled the slab; the host-placed buffers from
+        the slab's host mirror (a host memcpy), or, for a slab filled without one, from the slab itself."""
         groups, singles, device = self._planned(slab, live, gen, to_slab=False)
         if device is not None and slab.ready is not None:
             torch.cuda.current_stream(device).wait_event(slab.ready)
         _run(groups, singles)
+        for i in _mirrored(slab, live):
+            src = slab.mirror.get(i)
+            live[i].copy_(src if src is not None else slab.views[slab.plan.names[i]])
 
     @staticmethod
     def tensors_to_live(live: Sequence[torch.Tensor], names: Sequence[str],
