@@ -67,6 +67,7 @@ def test_the_full_size_stand_in_tokenizer_fits_w2_prompts_in_48_tokens():
     from flashrt_core.contract.bindings.pi05 import Pi05Binding
     from flashrt_core.contract.spec import load_contract
     from flashrt_core.contract.bindings.pi05 import model_config
+    from flashrt_core.models.pi05.policy import choose_tokenizer
     from flashrt_core.models.pi05 import WordTokenizer
 
     tok = WordTokenizer(257152)
@@ -76,12 +77,13 @@ def test_the_full_size_stand_in_tokenizer_fits_w2_prompts_in_48_tokens():
     assert int(tokens.max()) < 257152 and tok.encode("State: 12") == tok.encode("State:   12")
     assert len(set(tok.encode("a b c d e f g h"))) == 8  # distinct words, distinct ids (CRC32: fixed)
     full = load_contract(pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05.yaml")
-    binding = object.__new__(Pi05Binding)  # (its tokenizer choice only: no 4B-parameter model on a CPU)
-    binding.model, binding.config = full.model, model_config(full.model)
-    assert isinstance(binding._tokenizer(None), WordTokenizer) and full.dims["prompt_len"] == 48
+    # the project's one tokenizer rule, as the binding applies it (no 4B-parameter model on a CPU): the plan
     tiny = load_contract(pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml")
-    binding.model, binding.config = tiny.model, model_config(tiny.model)
-    assert isinstance(binding._tokenizer(None), TinyTokenizer)
+    assert Pi05Binding.plan(full.model, full.dims, "cpu")["tokenizer"] == "WordTokenizer"
+    assert full.dims["prompt_len"] == 48
+    assert Pi05Binding.plan(tiny.model, tiny.dims, "cpu")["tokenizer"] == "TinyTokenizer"
+    assert isinstance(choose_tokenizer(model_config(full.model), None), WordTokenizer)
+    assert isinstance(choose_tokenizer(model_config(tiny.model), None), TinyTokenizer)
 
 
 def test_a_task_too_long_for_the_state_is_refused_at_set_prompt():
