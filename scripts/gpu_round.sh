@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see docs/gpu-machine.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|probes|cudachain|attention|runtime|chain|observe] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|runtime] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -81,26 +81,9 @@ fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2
 fi
-if [[ "$what" == probes ]]; then  # the act-structure probes: launches vs persistent, TMA stream (~1 min)
-  bench persistent_probe 200 --json "$OUT/persistent_probe_h200.json"
-  bench tma_stream_probe 200 --json "$OUT/tma_stream_probe_h200.json"
-fi
-if [[ "$what" == cudachain ]]; then  # the act GEMM chain as one persistent CUDA kernel vs launches (~20 s; nvcc)
-  bench cuda_chain_probe 240 --json "$OUT/cuda_chain_probe_h200.json"
-fi
 if [[ "$what" == runtime ]]; then  # the contract runtime (both observe modes) and the capsules (~4 min with the cache)
   bench bench_runtime 400 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
   bench bench_capsule 150 --fused-kv --runtime --json "$OUT/capsule_h200.json"
-fi
-if [[ "$what" == chain ]]; then  # the act stage's candidates re-ranked inside the act graph (~4 min with the cache)
-  bench chain_tuning_probe 560 --json "$OUT/chain_tuning_probe_h200.json"
-fi
-if [[ "$what" == attention ]]; then  # the engine's attention kernel vs library routes at W2's shapes (~1 min)
-  bench library_attention_probe 300 --json "$OUT/library_attention_probe_h200.json"
-fi
-if [[ "$what" == observe ]]; then  # launch gaps and host time around the observe stage (~30 s)
-  bench cublas_pdl_probe 60 --json "$OUT/cublas_pdl_probe_h200.json"
-  bench set_observation_host 60 --json "$OUT/set_observation_host_h200.json"
 fi
 if [[ "$what" == ab ]]; then  # FLASHRT_AB="a;b,c": one A/B per ';'-separated entry, each its own JSON
   IFS=';' read -ra abs <<< "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}"

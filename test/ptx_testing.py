@@ -7,7 +7,6 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
     python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
     python test/ptx_testing.py --tma      # the same, and the TMA copies, of the TMA GEMM candidates
     python test/ptx_testing.py --mid      # registers / spills / shared memory of the mid-size GEMM candidates
-    python test/ptx_testing.py --tma-stream  # the Gluon weight-stream probe (benchmarks/tma_stream_probe.py)
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -215,37 +214,6 @@ EXPERT_GEMMS = {"qkv": (2560, 1024, False), "o": (1024, 2048, False), "gate_up":
 SIGLIP_GEMMS = {"qkv": (3456, 1152), "o": (1152, 1152), "fc1": (4304, 1152), "fc2": (1152, 4304)}
 
 
-def tma_stream_resources() -> dict:
-    """The Gluon weight-stream probe (benchmarks/tma_stream_probe.py) per ring depth: registers / spills /
-    shared memory and its PTX's TMA tensor copies, mbarrier waits and grid-barrier atomics; "ws": the
-    warp-specialized form (producer warp) at 4 stages."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import tma_stream_probe as probe
-
-    bounds = probe.phase_bounds(1)
-    w = torch.empty(bounds[-1], dtype=torch.bfloat16)
-    tiles = torch.tensor(probe.tile_bounds(bounds), dtype=torch.int32)
-
-    def compiled(kernel, stages):
-        return kernel.warmup(probe.descriptor(w), tiles, torch.zeros(1, dtype=torch.int64), torch.zeros(132),
-                             len(tiles) - 1, STAGES=stages, TILE_ROWS=probe.TILE_ROWS, TILE_COLS=probe.TILE_COLS,
-                             WARPS=probe.WARPS, num_warps=probe.WARPS, grid=(132,))
-
-    out = {}
-    for stages in (2, 8):
-        kernel = compiled(probe._tma_stream_kernel, stages)
-        ptx = kernel.asm["ptx"]
-        out[str(stages)] = {**resources(kernel), "tensor_copies": ptx.count("cp.async.bulk.tensor"),
-                            "mbarrier_waits": len(re.findall(r"mbarrier\.try_wait", ptx)),
-                            "atomics": len(re.findall(r"atom\.", ptx))}
-    ws = compiled(probe._tma_stream_ws_kernel, 4)
-    ptx = ws.asm["ptx"]
-    out["ws"] = {**resources(ws), "tensor_copies": ptx.count("cp.async.bulk.tensor"),
-                 "mbarrier_arrives": len(re.findall(r"mbarrier\.arrive", ptx)),
-                 "register_reallocations": ptx.count("setmaxnreg")}
-    return out
-
-
 def mid_resources() -> dict:
     """Registers / spills / shared memory of every mid-size GEMM candidate at SigLIP's shapes."""
     out = {}
@@ -335,8 +303,6 @@ if __name__ == "__main__":
         print(json.dumps(mid_resources(), indent=1))
     elif sys.argv[1:] == ["--tma"]:
         print(json.dumps(tma_resources(), indent=1))
-    elif sys.argv[1:] == ["--tma-stream"]:
-        print(json.dumps(tma_stream_resources(), indent=1))
     elif sys.argv[1:] == ["--precompile"]:
         print(json.dumps(precompile_check(), indent=1))
     else:
