@@ -73,16 +73,25 @@ def expected_keys(config: Pi05Config) -> dict[str, tuple[int, ...]]:
     for i in range(g.depth):
         gemma_layer(f"{VLM}layers.{i}.", g, adaptive=False)
     norm_keys(VLM + "norm", g, adaptive=False)
+    adaptive = config.kind == "pi05"  # pi0's expert has plain RMSNorms
     for i in range(e.depth):
-        gemma_layer(f"{EXPERT}layers.{i}.", e, adaptive=True)
-    norm_keys(EXPERT + "norm", e, adaptive=True)
+        gemma_layer(f"{EXPERT}layers.{i}.", e, adaptive=adaptive)
+    norm_keys(EXPERT + "norm", e, adaptive=adaptive)
     keys["model.action_in_proj.weight"] = (e.width, config.action_dim)
     keys["model.action_in_proj.bias"] = (e.width,)
     keys["model.action_out_proj.weight"] = (config.action_dim, e.width)
     keys["model.action_out_proj.bias"] = (config.action_dim,)
-    for n in ("time_mlp_in", "time_mlp_out"):
-        keys[f"model.{n}.weight"] = (e.width, e.width)
-        keys[f"model.{n}.bias"] = (e.width,)
+    if config.kind == "pi05":  # the time condition of AdaRMS
+        for n in ("time_mlp_in", "time_mlp_out"):
+            keys[f"model.{n}.weight"] = (e.width, e.width)
+            keys[f"model.{n}.bias"] = (e.width,)
+    else:  # pi0: the state token and the action-time MLP over [action embedding, time embedding]
+        keys["model.state_proj.weight"] = (e.width, config.state_dim)
+        keys["model.state_proj.bias"] = (e.width,)
+        keys["model.action_time_mlp_in.weight"] = (e.width, 2 * e.width)
+        keys["model.action_time_mlp_in.bias"] = (e.width,)
+        keys["model.action_time_mlp_out.weight"] = (e.width, e.width)
+        keys["model.action_time_mlp_out.bias"] = (e.width,)
     return keys
 
 

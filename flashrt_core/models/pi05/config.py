@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 from flashrt_core.errors import CheckpointError
 
 # LeRobot key prefixes (model.safetensors layout of PI05Policy.save_pretrained()).
+KINDS = ("pi05", "pi0")
 PG = "model.paligemma_with_expert.paligemma.model."
 VISION = PG + "vision_tower.vision_model."
 VLM = PG + "language_model."
@@ -70,8 +71,11 @@ class Pi05Config:
     rms_eps: float = 1e-6  # Gemma RMSNorm and AdaRMS
     ln_eps: float = 1e-6  # SigLIP LayerNorm
     rope_theta: float = 10000.0
+    kind: str = "pi05"  # pi05 (AdaRMS expert, state in the prompt) or pi0 (state token, action-time MLP)
 
     def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         for name in ("vocab_size", "chunk_size", "action_dim", "state_dim", "num_steps", "tokenizer_max_length",
                      "num_image_slots"):
             value = getattr(self, name)
@@ -226,8 +230,17 @@ class Pi05Config:
         if not isinstance(features, Mapping) or not all(isinstance(f, Mapping) for f in features.values()):
             raise CheckpointError("config.json input_features: expected an object of feature objects")
         n_cams = sum(1 for f in features.values() if f.get("type") == "VISUAL")
-        if lr.get("type") not in (None, "pi05"):
-            raise CheckpointError(f"config.json type: {lr.get('type')!r} is not a pi0.5 checkpoint")
+        # the model kind: config.json's type, else dims.json's kind (the two must agree), else the keys
+        named = {w: v for w, v in (("config.json type", lr.get("type")), ("dims.json kind", dims.get("kind")))
+                 if v is not None}
+        for where, v in named.items():
+            if v not in KINDS:
+                raise CheckpointError(f"{where}: {v!r} is not a pi0.5 checkpoint (nor pi0: FlashRT runs "
+                                      f"{', '.join(KINDS)})")
+        if len(set(named.values())) > 1:
+            raise CheckpointError(f"config.json type {lr.get('type')!r} and dims.json kind {dims.get('kind')!r} "
+                                  "disagree")
+        kind = next(iter(named.values()), "pi0" if "model.state_proj.weight" in shapes else "pi05")
         try:
             return cls(
                 vision=vision, vlm=vlm, expert=expert, vocab_size=vocab,
@@ -238,7 +251,7 @@ class Pi05Config:
                 tokenizer_max_length=pick("tokenizer_max_length", "tokenizer_max_length", 200),
                 min_period=pick("min_period", "min_period", 4e-3, whole=False),
                 max_period=pick("max_period", "max_period", 4.0, whole=False),
-                num_image_slots=pick("num_image_slots", None, n_cams or 3),
+                num_image_slots=pick("num_image_slots", None, n_cams or 3), kind=kind,
             )
         except ValueError as e:  # inconsistent towers (e.g. depths differ) mean a broken checkpoint
             raise CheckpointError(f"inconsistent pi0.5 checkpoint: {e}") from None
@@ -251,7 +264,7 @@ class Pi05Config:
 
         v = self.vision
         return {
-            "kind": "pi05",
+            "kind": self.kind,
             "vlm": tower(self.vlm),
             "expert": tower(self.expert),
             "vision": {"hidden_size": v.hidden, "intermediate_size": v.mlp, "num_hidden_layers": v.layers,
@@ -268,8 +281,8 @@ class Pi05Config:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Pi05Config":
-        if d.get("kind", "pi05") != "pi05":
-            raise ValueError(f"kind: expected 'pi05', got {d.get('kind')!r}")
+        if d.get("kind", "pi05") not in KINDS:
+            raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {d.get('kind')!r}")
         try:
             def tower(t):
                 return GemmaConfig(width=t["width"], depth=t["depth"], mlp=t["mlp_dim"], heads=t["num_heads"],
@@ -291,7 +304,7 @@ class Pi05Config:
                 max_period=d.get("max_period", defaults["max_period"]),
                 num_image_slots=d.get("num_image_slots", defaults["num_image_slots"]),
                 rms_eps=d.get("rms_eps", defaults["rms_eps"]), ln_eps=d.get("ln_eps", defaults["ln_eps"]),
-                rope_theta=d.get("rope_theta", defaults["rope_theta"]),
+                rope_theta=d.get("rope_theta", defaults["rope_theta"]), kind=d.get("kind", "pi05"),
             )
         except KeyError as e:
             raise ValueError(f"pi0.5 config JSON lacks field {e.args[0]!r}") from None

@@ -104,23 +104,30 @@ class Pi05Weights:
     def to(self, device=None, dtype: torch.dtype | None = None, vision_dtype: torch.dtype | None = torch.float32):
         """A copy on `device` with matrices in `dtype`; SigLIP+projector in `vision_dtype` (fp32 as in
         LeRobot's bf16 mode; None = follow `dtype`); norms, AdaRMS and precomputed tables stay fp32."""
+        return moved(self, device, dtype, vision_dtype)
 
-        def move(value, name: str, group_dtype):
-            if isinstance(value, torch.Tensor):
-                target = torch.float32 if name in _FP32_FIELDS else group_dtype
-                return value.to(device=device, dtype=target if value.is_floating_point() else None)
-            if isinstance(value, list):
-                return [move(v, name, group_dtype) for v in value]
-            if dataclasses.is_dataclass(value) and not isinstance(value, Pi05Config):
-                return type(value)(**{f.name: move(getattr(value, f.name), f.name, group_dtype)
-                                      for f in dataclasses.fields(value)})
-            return value
 
-        changes = {}
-        for f in dataclasses.fields(self):
-            group = (vision_dtype or dtype) if f.name in _VISION_FIELDS else dtype
-            changes[f.name] = move(getattr(self, f.name), f.name, group)
-        return Pi05Weights(**changes)
+def moved(w, device=None, dtype: torch.dtype | None = None, vision_dtype: torch.dtype | None = torch.float32,
+          fp32_fields=_FP32_FIELDS):
+    """A copy of a weights dataclass (pi0.5's or pi0's) on `device`: matrices in `dtype`, the vision fields in
+    `vision_dtype` (None: `dtype`), `fp32_fields` in fp32."""
+
+    def move(value, name: str, group_dtype):
+        if isinstance(value, torch.Tensor):
+            target = torch.float32 if name in fp32_fields else group_dtype
+            return value.to(device=device, dtype=target if value.is_floating_point() else None)
+        if isinstance(value, list):
+            return [move(v, name, group_dtype) for v in value]
+        if dataclasses.is_dataclass(value) and not isinstance(value, Pi05Config):
+            return type(value)(**{f.name: move(getattr(value, f.name), f.name, group_dtype)
+                                  for f in dataclasses.fields(value)})
+        return value
+
+    changes = {}
+    for f in dataclasses.fields(w):
+        group = (vision_dtype or dtype) if f.name in _VISION_FIELDS else dtype
+        changes[f.name] = move(getattr(w, f.name), f.name, group)
+    return type(w)(**changes)
 
 
 def sincos_time_embedding(t: torch.Tensor, dim: int, min_period: float, max_period: float) -> torch.Tensor:
@@ -161,58 +168,73 @@ def precompute_tables(w: Pi05Weights) -> Pi05Weights:
     w.ada_attn = torch.stack([ada_modulation(L.attn_ada_w, L.attn_ada_b, cond) for L in w.expert_layers], dim=1)
     w.ada_mlp = torch.stack([ada_modulation(L.mlp_ada_w, L.mlp_ada_b, cond) for L in w.expert_layers], dim=1)
     w.ada_final = ada_modulation(w.final_ada_w, w.final_ada_b, cond)[:, :2].contiguous()
-    hd = w.config.vlm.head_dim
-    w.rope_inv_freq = 1.0 / (w.config.rope_theta ** (
-        torch.arange(0, hd, 2, dtype=torch.int64, device=times.device).float() / hd))
+    w.rope_inv_freq = rope_inv_freq(w.config, times.device)
     return w
 
 
-def convert(config: Pi05Config, sd: dict[str, torch.Tensor]) -> Pi05Weights:
-    """Build the engine layout from a LeRobot-layout state dict (as returned by `load_checkpoint`)."""
+def rope_inv_freq(config: Pi05Config, device) -> torch.Tensor:
+    hd = config.vlm.head_dim
+    return 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
 
-    def vision_layer(i: int) -> VisionLayerWeights:
-        p = f"{VISION}encoder.layers.{i}."
-        a = p + "self_attn."
-        return VisionLayerWeights(
-            ln1_w=sd[p + "layer_norm1.weight"], ln1_b=sd[p + "layer_norm1.bias"],
-            qkv_w=torch.cat([sd[a + f"{n}_proj.weight"] for n in "qkv"]),
-            qkv_b=torch.cat([sd[a + f"{n}_proj.bias"] for n in "qkv"]),
-            out_w=sd[a + "out_proj.weight"], out_b=sd[a + "out_proj.bias"],
-            ln2_w=sd[p + "layer_norm2.weight"], ln2_b=sd[p + "layer_norm2.bias"],
-            fc1_w=sd[p + "mlp.fc1.weight"], fc1_b=sd[p + "mlp.fc1.bias"],
-            fc2_w=sd[p + "mlp.fc2.weight"], fc2_b=sd[p + "mlp.fc2.bias"],
-        )
 
-    def gemma_layer(prefix: str, adaptive: bool) -> GemmaLayerWeights:
-        a, m = prefix + "self_attn.", prefix + "mlp."
-        layer = GemmaLayerWeights(
-            qkv_w=torch.cat([sd[a + f"{n}_proj.weight"] for n in "qkv"]),
-            o_w=sd[a + "o_proj.weight"],
-            gate_up_w=torch.cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]]),
-            down_w=sd[m + "down_proj.weight"],
-        )
-        if adaptive:
-            layer.attn_ada_w = sd[prefix + "input_layernorm.dense.weight"]
-            layer.attn_ada_b = sd[prefix + "input_layernorm.dense.bias"]
-            layer.mlp_ada_w = sd[prefix + "post_attention_layernorm.dense.weight"]
-            layer.mlp_ada_b = sd[prefix + "post_attention_layernorm.dense.bias"]
-        else:  # 1 + w computed in fp32, exactly the multiplier LeRobot's RMSNorm applies
-            layer.attn_norm = 1.0 + sd[prefix + "input_layernorm.weight"].float()
-            layer.mlp_norm = 1.0 + sd[prefix + "post_attention_layernorm.weight"].float()
-        return layer
+def vision_layer(sd: dict[str, torch.Tensor], i: int) -> VisionLayerWeights:
+    """SigLIP layer `i` of a LeRobot-layout state dict (shared by pi0.5 and pi0)."""
+    p = f"{VISION}encoder.layers.{i}."
+    a = p + "self_attn."
+    return VisionLayerWeights(
+        ln1_w=sd[p + "layer_norm1.weight"], ln1_b=sd[p + "layer_norm1.bias"],
+        qkv_w=torch.cat([sd[a + f"{n}_proj.weight"] for n in "qkv"]),
+        qkv_b=torch.cat([sd[a + f"{n}_proj.bias"] for n in "qkv"]),
+        out_w=sd[a + "out_proj.weight"], out_b=sd[a + "out_proj.bias"],
+        ln2_w=sd[p + "layer_norm2.weight"], ln2_b=sd[p + "layer_norm2.bias"],
+        fc1_w=sd[p + "mlp.fc1.weight"], fc1_b=sd[p + "mlp.fc1.bias"],
+        fc2_w=sd[p + "mlp.fc2.weight"], fc2_b=sd[p + "mlp.fc2.bias"],
+    )
 
-    empty = torch.empty(0)
-    w = Pi05Weights(
+
+def gemma_layer(sd: dict[str, torch.Tensor], prefix: str, adaptive: bool) -> GemmaLayerWeights:
+    """A Gemma layer under `prefix`: AdaRMS dense layers (pi0.5's expert) or plain RMSNorm multipliers."""
+    a, m = prefix + "self_attn.", prefix + "mlp."
+    layer = GemmaLayerWeights(
+        qkv_w=torch.cat([sd[a + f"{n}_proj.weight"] for n in "qkv"]),
+        o_w=sd[a + "o_proj.weight"],
+        gate_up_w=torch.cat([sd[m + "gate_proj.weight"], sd[m + "up_proj.weight"]]),
+        down_w=sd[m + "down_proj.weight"],
+    )
+    if adaptive:
+        layer.attn_ada_w = sd[prefix + "input_layernorm.dense.weight"]
+        layer.attn_ada_b = sd[prefix + "input_layernorm.dense.bias"]
+        layer.mlp_ada_w = sd[prefix + "post_attention_layernorm.dense.weight"]
+        layer.mlp_ada_b = sd[prefix + "post_attention_layernorm.dense.bias"]
+    else:  # 1 + w computed in fp32, exactly the multiplier LeRobot's RMSNorm applies
+        layer.attn_norm = 1.0 + sd[prefix + "input_layernorm.weight"].float()
+        layer.mlp_norm = 1.0 + sd[prefix + "post_attention_layernorm.weight"].float()
+    return layer
+
+
+def prefix_fields(config: Pi05Config, sd: dict[str, torch.Tensor]) -> dict:
+    """The SigLIP, projector and Gemma prefix fields, identical in pi0.5 and pi0."""
+    return dict(
         config=config,
         patch_w=sd[VISION + "embeddings.patch_embedding.weight"],
         patch_b=sd[VISION + "embeddings.patch_embedding.bias"],
         pos_emb=sd[VISION + "embeddings.position_embedding.weight"],
-        vision_layers=[vision_layer(i) for i in range(config.vision.layers)],
+        vision_layers=[vision_layer(sd, i) for i in range(config.vision.layers)],
         post_ln_w=sd[VISION + "post_layernorm.weight"], post_ln_b=sd[VISION + "post_layernorm.bias"],
         proj_w=sd[PG + "multi_modal_projector.linear.weight"], proj_b=sd[PG + "multi_modal_projector.linear.bias"],
         embed=sd[VLM + "embed_tokens.weight"],
-        vlm_layers=[gemma_layer(f"{VLM}layers.{i}.", adaptive=False) for i in range(config.vlm.depth)],
-        expert_layers=[gemma_layer(f"{EXPERT}layers.{i}.", adaptive=True) for i in range(config.expert.depth)],
+        vlm_layers=[gemma_layer(sd, f"{VLM}layers.{i}.", adaptive=False) for i in range(config.vlm.depth)],
+    )
+
+
+def convert(config: Pi05Config, sd: dict[str, torch.Tensor]) -> Pi05Weights:
+    """Build the engine layout from a LeRobot-layout state dict (as returned by `load_checkpoint`)."""
+    if config.kind != "pi05":
+        raise ValueError(f"convert: a {config.kind} checkpoint is not pi0.5 (flashrt_core.models.{config.kind})")
+    empty = torch.empty(0)
+    w = Pi05Weights(
+        **prefix_fields(config, sd),
+        expert_layers=[gemma_layer(sd, f"{EXPERT}layers.{i}.", adaptive=True) for i in range(config.expert.depth)],
         final_ada_w=sd[EXPERT + "norm.dense.weight"], final_ada_b=sd[EXPERT + "norm.dense.bias"],
         action_in_w=sd["model.action_in_proj.weight"], action_in_b=sd["model.action_in_proj.bias"],
         action_out_w=sd["model.action_out_proj.weight"], action_out_b=sd["model.action_out_proj.bias"],

@@ -1,0 +1,67 @@
+"""The eager pi0 reference against LeRobot 0.6.1's own outputs (tiny pi0 fixture), and what makes pi0 pi0:
+the act stage reads the state over a prefix that does not."""
+import pytest
+import torch
+
+from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.models import pi0, pi05
+from flashrt_core.models.pi0 import reference as R
+from lerobot_cases import PI05_CASES, load_cases, model_inputs
+
+TOL = {"actions_vs_lerobot": 1e-4}  # fp32 re-implementation vs LeRobot 0.6.1 golden actions (max abs)
+
+
+@pytest.fixture(scope="module")
+def weights(fixtures_dir):
+    config, state = pi05.load_checkpoint(fixtures_dir / "lerobot_pi0_tiny")
+    return pi0.convert(config, state)
+
+
+@pytest.fixture(scope="module")
+def cases(fixtures_dir):
+    return load_cases(fixtures_dir, "lerobot_pi0_tiny")
+
+
+def test_the_loader_reads_a_pi0_checkpoint(weights):
+    c = weights.config
+    assert c.kind == "pi0" and c.expert.width == 32 and c.state_dim == 32 and c.num_steps == 10
+    with pytest.raises(ValueError, match="not pi0.5"):
+        pi05.convert(c, {})
+
+
+@pytest.mark.parametrize("name", PI05_CASES)
+def test_actions_match_lerobot(weights, cases, name):
+    c = cases[name]
+    with torch.no_grad():
+        actions = R.sample_actions(weights, *model_inputs(c), c["state_padded"], c["noise"])
+    assert actions.shape == c["actions"].shape == (1, 50, 32)
+    err = (actions - c["actions"]).abs().max().item()
+    assert err < TOL["actions_vs_lerobot"], f"{name}: max abs error {err:.3g}"
+
+
+def test_act_reads_the_state_over_a_prefix_that_does_not(weights, cases):
+    c = cases["two_views_padded_prompt"]
+    engine = R.make_engine(weights)
+    prefix = engine.encode_prefix(*model_inputs(c))
+    same = engine.denoise(prefix, c["state_padded"], c["noise"])
+    assert torch.equal(same, R.sample_actions(weights, *model_inputs(c), c["state_padded"], c["noise"]))
+    moved = c["state_padded"].clone()
+    moved[0, 0] += 0.5
+    assert (engine.denoise(prefix, moved, c["noise"]) - same).abs().max() > 1e-3  # fresh state, new actions
+    short = c["state_raw"]  # the unpadded state gives the padded one's actions (zero padding, as LeRobot)
+    torch.testing.assert_close(engine.denoise(prefix, short, c["noise"]), same, atol=1e-6, rtol=0)
+    with pytest.raises(InputError, match="at most 32"):
+        engine.denoise(prefix, torch.zeros(1, 33), c["noise"])
+
+
+def test_a_pi0_checkpoint_with_a_pi05_type_is_refused(fixtures_dir, tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(fixtures_dir / "lerobot_pi0_tiny", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["type"] = "pi05"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="disagree"):
+        pi05.load_checkpoint(folder)
