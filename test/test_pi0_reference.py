@@ -65,3 +65,25 @@ def test_a_pi0_checkpoint_with_a_pi05_type_is_refused(fixtures_dir, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="disagree"):
         pi05.load_checkpoint(folder)
+
+
+def test_policy_api_as_lerobot_model_sample_actions(fixtures_dir, cases):
+    """`pi0.load(DIR).sample_actions(images, img_masks, lang_tokens, lang_mask, state, noise=)` as LeRobot's
+    `PI0Pytorch.sample_actions` (lists of cameras, as LeRobot passes them)."""
+    policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", device="cpu")
+    assert policy.dtype == torch.float32 and policy.processors.camera_names[0] == "observation.images.cam0"
+    c = cases["one_view_240x320_two_missing"]
+    images, masks, tokens, lang_mask = model_inputs(c)
+    out = policy.sample_actions(list(images.unbind(1)), list(masks.unbind(1)), tokens, lang_mask,
+                                c["state_padded"], noise=c["noise"])
+    assert (out - c["actions"]).abs().max().item() < TOL["actions_vs_lerobot"]
+
+
+def test_pi0_prompt_is_the_task_with_a_newline(fixtures_dir):
+    policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", device="cpu")
+    tokens, mask = policy.tokenize("stack the cups")
+    ids = [policy.tokenizer.bos_id] + policy.tokenizer.encode("stack the cups\n")
+    assert tokens[0, : len(ids)].tolist() == ids and int(mask.sum()) == len(ids)
+    assert torch.equal(policy.tokenize("stack the cups\n")[0], tokens)  # one newline, not two
+    with pytest.raises(ValueError, match="not available for pi0"):
+        pi0.load(fixtures_dir / "lerobot_pi0_tiny", engine="fused")

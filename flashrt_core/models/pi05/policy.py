@@ -158,13 +158,19 @@ class Pi05Policy:
                              f"({', '.join(p.camera_names)}); give None for a missing camera")
         raw = _state_vector(state, p.state_dim if p is not None else None)
         imgs, masks = self.preprocess_images(frames)
-        tokens, mask = self.tokenize(task, self.normalizer.normalize_state(raw), truncate=False)
-        actions = self.sample_actions(imgs, masks, tokens, mask, noise=noise)
+        actions = self.decide(imgs, masks, self.normalizer.normalize_state(raw), task, noise)
         width = p.action_dim if p is not None and p.action_dim else self.config.action_dim
         out = self.normalizer.unnormalize_actions(actions[0, :, :width].float().cpu())
         if p is not None and p.relative:
             out = out + action_offset(raw, p.relative_mask)
         return out.numpy()
+
+
+    def decide(self, images, image_masks, state_normalized: torch.Tensor, task: str, noise=None) -> torch.Tensor:
+        """One decision from pre-processed images and the normalized state: pi0.5 prints the state into the
+        prompt (refused, never cut, when it does not fit) -> model-space actions [1, chunk, max_action_dim]."""
+        tokens, mask = self.tokenize(task, state_normalized, truncate=False)
+        return self.sample_actions(images, image_masks, tokens, mask, noise=noise)
 
 
 def action_offset(raw_state: torch.Tensor, mask) -> torch.Tensor:

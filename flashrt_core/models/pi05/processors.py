@@ -1,4 +1,4 @@
-"""What a LeRobot 0.6.1 pi0.5 checkpoint folder says happens around the model: its processors.
+"""What a LeRobot 0.6.1 pi0.5 (or pi0) checkpoint folder says happens around the model: its processors.
 
 `policy.save_pretrained()` + the processors' `save_pretrained()` write `config.json` (features with shapes,
 the camera features in order, `use_relative_actions`, `action_feature_names`, ...), `policy_preprocessor.json`
@@ -27,7 +27,7 @@ STATE_FEATURE, ACTION_FEATURE = "observation.state", "action"
 # Steps implemented here (registry name -> what it does, for messages).
 PRE_STEPS = {"rename_observations_processor", "to_batch_processor", "relative_actions_processor",
              "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step", "tokenizer_processor",
-             "device_processor"}
+             "device_processor", "pi0_new_line_processor"}
 POST_STEPS = {"unnormalizer_processor", "absolute_actions_processor", "device_processor"}
 
 

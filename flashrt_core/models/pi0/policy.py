@@ -1,0 +1,90 @@
+"""`load()` -> `Pi0Policy`: a pi0 checkpoint behind pi0's engine, with pi0.5's pipeline around it.
+
+What differs from pi0.5 (LeRobot 0.6.1's pi0 processors): the prompt is the task with a newline appended
+(no cleaning, no state in it); the normalized state goes to the model as a tensor (zero padded to
+max_state_dim) and is read by every act step, not by the prefix.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+
+import torch
+
+from flashrt_core.errors import CheckpointError, InputError
+from flashrt_core.models.pi0 import reference
+from flashrt_core.models.pi0.weights import convert
+from flashrt_core.models.pi05.checkpoint import load_checkpoint
+from flashrt_core.models.pi05.inputs import check_model_inputs
+from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, parse_dtype
+from flashrt_core.models.pi05.processors import read_processors
+from flashrt_core.models.pi05.prompt import tokenize_prompt
+
+ENGINES = ("auto", "reference")  # a fused pi0 engine is not written yet: auto is the reference everywhere
+
+
+def pi0_prompt(task: str) -> str:
+    """The text LeRobot's pi0 tokenizes: the task, with a newline appended unless it ends with one."""
+    if not isinstance(task, str):
+        raise InputError(f"task: expected a string, got {type(task).__name__}")
+    return task if task.endswith("\n") else task + "\n"
+
+
+class Pi0Policy(Pi05Policy):
+    """pi0 with LeRobot's `model.sample_actions(images, img_masks, lang_tokens, lang_mask, state, noise=)`,
+    its two stages (`encode_prefix`; `denoise(prefix, state, noise)`) and `predict_chunk` (pi0.5's)."""
+
+    def tokenize(self, task: str, state_normalized=None, truncate: bool = True):
+        """Task -> (lang_tokens [1, L], lang_mask [1, L]) on device (pi0's prompt holds no state)."""
+        if self.tokenizer is None:
+            raise InputError("tokenizer: none loaded; pass tokenizer=")
+        tokens, mask = tokenize_prompt(self.tokenizer, pi0_prompt(task), self.config.tokenizer_max_length,
+                                       truncate=truncate)
+        if int(tokens.max()) >= self.config.vocab_size:
+            raise InputError(f"tokenizer: id {int(tokens.max())} is outside the model's vocabulary of "
+                             f"{self.config.vocab_size} (a tokenizer of another model?)")
+        return tokens.to(self.device), mask.to(self.device)
+
+    def denoise(self, prefix, state: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        if noise is None:
+            noise = self.make_noise(prefix.pad_mask.shape[0])
+        return self.engine.denoise(prefix, state.to(self.device), noise)
+
+    def sample_actions(self, images, img_masks, lang_tokens, lang_mask, state, noise=None) -> torch.Tensor:
+        """images [B, S, 3, 224, 224] in [-1, 1] (or a list of S [B, 3, 224, 224]), masks [B, S] (or a list),
+        state [B, <= max_state_dim] normalized -> actions [B, chunk, action_dim] fp32 in normalized space."""
+        if isinstance(images, (list, tuple)):
+            images = torch.stack(list(images), dim=1)
+        if isinstance(img_masks, (list, tuple)):
+            img_masks = torch.stack(list(img_masks), dim=1)
+        if img_masks is None:
+            raise InputError("img_masks: missing (None); give [B, S] bools or a list of S [B] bools")
+        check_model_inputs(self.config, images, img_masks, lang_tokens, lang_mask)
+        return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), state, noise)
+
+    def decide(self, images, image_masks, state_normalized: torch.Tensor, task: str, noise=None) -> torch.Tensor:
+        tokens, mask = self.tokenize(task, truncate=False)
+        return self.sample_actions(images, image_masks, tokens, mask, state_normalized[None], noise=noise)
+
+
+def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = "auto", seed: int = 0,
+         tokenizer=None) -> Pi0Policy:
+    """Load a LeRobot pi0 checkpoint folder (as `save_pretrained` writes it, processors included).
+
+    dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine: "auto" or "reference" (no fused pi0 engine
+    yet); `tokenizer`: a path or a Tokenizer (default: the one the pre-processor names, from the hub cache)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine: {engine!r} is not available for pi0 (one of {', '.join(ENGINES)})")
+    torch_dtype = parse_dtype(dtype, device)
+    config, state = load_checkpoint(ckpt_dir)
+    if config.kind != "pi0":
+        raise CheckpointError(f"{ckpt_dir}: a {config.kind} checkpoint (flashrt_core.models.{config.kind}.load)")
+    folder = pathlib.Path(ckpt_dir)
+    folder = folder if folder.is_dir() else folder.parent
+    processors = read_processors(folder)
+    weights = convert(config, state).to(device=device, dtype=torch_dtype)
+    return Pi0Policy(config, weights, reference.make_engine(weights), device, torch_dtype, seed=seed,
+                     tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors)
+
+
+__all__ = ["Pi0Policy", "load", "pi0_prompt"]
