@@ -27,6 +27,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+# the engine's own timing, re-exported: the benchmarks time with the same functions
+from flashrt_core.engine.timing import cuda_samples, graph_ms  # noqa: F401
+
 # Measured on the H200 (docs/gpu-machine.md): the ceilings the per-stage numbers are compared with.
 CEILINGS = {"bf16_gemm_tflops": 694.0, "prefix_gemm_tflops": 625.0, "copy_tbps": 4.22}
 PARITY_TARGETS = {"cosine_min": 0.999, "rel_l2_max": 2e-2}
@@ -67,53 +70,6 @@ def random_inputs(config, seed: int, device, valid_tokens: int | None = None) ->
 
 
 # ---- measuring ------------------------------------------------------------------------------------------------
-def cuda_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
-    """CUDA-event latency in ms of each call, in call order (a sync after each, so calls never overlap)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        ms.append(start.elapsed_time(end))
-    return ms
-
-
-def graph_ms(fn, items, rounds: int = 3, device=None) -> float:
-    """ms per call of fn(item) for each of `items` in turn, captured once as a CUDA graph and replayed (median
-    of `rounds` replays): the cost inside a decision, without host launch overhead. Capture happens on a side
-    stream, so this also works inside the engine's warm-up; the caller's stream waits for it even when the
-    capture fails (the error propagates)."""
-    stream = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(side):
-            for item in items:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
-                fn(item)
-            with torch.cuda.graph(graph, stream=side):
-                for item in items:
-                    fn(item)
-            graph.replay()
-            times = []
-            for _ in range(rounds):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(side)
-                graph.replay()
-                end.record(side)
-                end.synchronize()
-                times.append(start.elapsed_time(end) / len(items))
-    finally:
-        stream.wait_stream(side)
-        del graph
-    return statistics.median(times)
-
-
 def phase_samples(phases: dict, warmup: int = 3, iters: int = 20) -> dict:
     """p50 ms of each phase of a call made of several host calls (name -> fn, run in order): a CUDA event is
     recorded before the first and after each, with a sync after the last, so a phase's time is what it adds

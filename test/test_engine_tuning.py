@@ -7,6 +7,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-
 
 import json  # noqa: E402
 import logging  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -88,6 +89,14 @@ def test_sources_hash_changes_with_the_kernel_sources(tmp_path, monkeypatch):
     before = T.sources_hash(("k.py",))
     kernel.write_text("BLOCK = 32\n")
     assert T.sources_hash(("k.py",)) != before
+
+
+def test_the_key_hashes_no_benchmark_code():
+    """Editing a benchmark (the LeRobot comparison in flashrt_core/bench.py, benchmarks/) must not make every
+    robot tune again: the context hashes kernel and picker sources only, and each of them exists."""
+    root = Path(T.__file__).resolve().parents[3]
+    assert T._SOURCES and not [s for s in T._SOURCES if "bench" in s]
+    assert all((root / s).is_file() for s in T._SOURCES)
 
 
 def test_engines_sharing_a_file_keep_each_others_choices(tmp_path):

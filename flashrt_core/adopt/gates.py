@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from flashrt_core.adopt.signature import tensors_in
-from flashrt_core.bench import graph_ms
+from flashrt_core.engine.timing import graph_ms
 
 # Default bound on the max relative error, by the lowest floating precision a unit computes in.
 MAX_REL_ERR = {torch.float64: 1e-6, torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}

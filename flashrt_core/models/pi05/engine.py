@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
-from flashrt_core.bench import cuda_samples
+from flashrt_core.engine.timing import cuda_samples
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.engine_attention import AttentionPicker
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix

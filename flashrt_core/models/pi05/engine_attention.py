@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from flashrt_core import kernels as K
-from flashrt_core.bench import graph_ms
+from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import precompile
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 

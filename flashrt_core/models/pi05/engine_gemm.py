@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core import kernels as K
-from flashrt_core.bench import graph_ms
+from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
                                          precompile, semaphores)
 from flashrt_core.kernels.partials import Partials, dense

@@ -1,0 +1,2 @@
+"""What every engine shares, independent of the model: the timing its launch-choice tuning measures with
+(`timing`)."""
