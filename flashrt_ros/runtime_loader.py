@@ -7,6 +7,7 @@ from pathlib import Path
 
 DEFAULT_CONTRACT = "pi05_tiny.yaml"  # without a checkpoint: the built-in tiny model (demo, tests)
 CHECKPOINT_CONTRACT = "pi05.yaml"  # with one: the full-size GPU contract (fused engine, bf16 on CUDA)
+PI0_CONTRACT = "pi0.yaml"  # with a pi0 checkpoint: act reads the state
 
 
 def packaged_config(name: str) -> Path:
@@ -20,9 +21,23 @@ def packaged_config(name: str) -> Path:
     raise FileNotFoundError(f"packaged config '{name}' not found in: {', '.join(map(str, candidates))}")
 
 
+def checkpoint_contract(checkpoint: str) -> str:
+    """The packaged contract for a checkpoint: config/pi0.yaml for a pi0 one (config.json "type": "pi0"),
+    config/pi05.yaml otherwise (a folder that cannot be read is reported by the runtime, with its reason)."""
+    from flashrt_core.errors import CheckpointError
+    from flashrt_core.models.pi05.checkpoint import checkpoint_config
+
+    try:
+        kind = checkpoint_config(checkpoint).kind
+    except (CheckpointError, OSError):
+        kind = "pi05"
+    return PI0_CONTRACT if kind == "pi0" else CHECKPOINT_CONTRACT
+
+
 def runtime_arguments(p, n_cameras: int) -> dict:
     """`Runtime.from_config` arguments (all but device and seed) for the node parameters `p`."""
-    contract = p.contract or str(packaged_config(CHECKPOINT_CONTRACT if p.checkpoint else DEFAULT_CONTRACT))
+    contract = p.contract or str(packaged_config(checkpoint_contract(p.checkpoint) if p.checkpoint
+                                                 else DEFAULT_CONTRACT))
     rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
     # The robot's joints decide the state width (a checkpoint's config.json must agree), and the action width
     # where no checkpoint gives it; a Float64MultiArray state takes the checkpoint's width.

@@ -87,3 +87,55 @@ def test_node_publishes_the_runtime_chunk_in_robot_units(tmp_path, monkeypatch, 
     # fp32 both, but the node runs one CPU thread: another summation order, ~1e-6 of the actions' scale
     np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
     assert np.abs(got[:, :5] - state[:5]).max() < np.abs(got[:, :5]).max()  # robot units, near the state
+
+
+def test_node_with_a_pi0_checkpoint_takes_the_pi0_contract(tmp_path, ros_node, spawn):
+    """config.json "type": "pi0" -> the node runs config/pi0.yaml (act reads the state every tick); its chunks
+    equal the runtime's for the same frames, state and seed."""
+    import pathlib
+
+    from flashrt_core import Runtime
+    from sensor_msgs.msg import Image, JointState
+    from std_msgs.msg import Header
+
+    from flashrt_ros.conversions import rgb_to_image
+    from flashrt_ros.msg import ActionChunk
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    ckpt = repo / "test" / "fixtures" / "lerobot_pi0_tiny"
+    name = "pi0_node"
+    cams = [f"/{name}/cam0", f"/{name}/cam1"]
+    joints = [f"j{i}" for i in range(8)]
+    spawn("flashrt_ros.policy_node", "--ros-args", "-r", f"__node:={name}", "-p", f"checkpoint:={ckpt}",
+          "-p", "device:=cpu", "-p", f"seed:={SEED}", "-p", f"camera_topics:=[{','.join(cams)}]",
+          "-p", f"joint_state_topic:=/{name}/joints", "-p", f"joint_names:=[{','.join(joints)}]",
+          "-p", "prompt:='stack the cups'", "-p", "act_rate_hz:=5.0", "-p", "observe_rate_hz:=5.0",
+          "-p", "max_observation_age_ms:=5000.0", "-p", "autostart:=true", "-p", "cpu_threads:=1",
+          log=str(tmp_path / "node.log"))
+    qos = rclpy.qos.qos_profile_sensor_data
+    rng = np.random.default_rng(2)
+    frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    state = rng.uniform(-1, 1, 8)
+    pubs = [ros_node.create_publisher(Image, t, qos) for t in cams]
+    jpub = ros_node.create_publisher(JointState, f"/{name}/joints", qos)
+    chunks = []
+    ros_node.create_subscription(ActionChunk, f"/{name}/action_chunk", chunks.append,
+                                 rclpy.qos.QoSProfile(depth=50, reliability=rclpy.qos.ReliabilityPolicy.RELIABLE))
+
+    def publish():
+        stamp = ros_node.get_clock().now().to_msg()
+        for pub, frame in zip(pubs, frames):
+            pub.publish(rgb_to_image(frame, Image, stamp))
+        jpub.publish(JointState(header=Header(stamp=stamp), name=joints, position=state.tolist()))
+    ros_node.create_timer(0.05, publish)
+    log = tmp_path / "node.log"
+    assert spin_until(ros_node, lambda: len(chunks) >= 2, 120), log.read_text() if log.exists() else "no log"
+    msg = chunks[-1]
+    rt = Runtime.from_config(repo / "config" / "pi0.yaml", checkpoint=str(ckpt), num_cameras=2, seed=SEED)
+    rt.set_prompt("stack the cups")
+    for d in range(msg.decision_id):
+        rt.set_observation(images=frames, state=state.astype(np.float32), stamp_ns=1 + d * 200_000_000)
+        want = rt.step(1 + d * 200_000_000).actions
+    got = np.asarray(msg.actions, np.float32).reshape(msg.horizon, msg.action_dim)
+    np.testing.assert_allclose(got, want, atol=1e-5 * max(1.0, np.abs(want).max()), rtol=0)
+    assert "pi0" in log.read_text()

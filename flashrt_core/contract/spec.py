@@ -145,26 +145,8 @@ class Contract:
                        deferred: Mapping[str, bool] | None = None, binding=None) -> "Contract":
         """A re-validated copy with the model, rates, limits or deferred stages changed (e.g. from ROS
         parameters)."""
-        data = _deep_copy(self.raw)
-        model = data.setdefault("model", {})
-        if checkpoint is not ...:
-            model["checkpoint"] = checkpoint
-        if dtype is not ... and dtype is not None:
-            model["dtype"] = dtype
-        if options:
-            model.setdefault("options", {}).update(options)
-        def stage_of(stage, what):
-            if stage not in data.get("stages", {}):
-                raise ContractError(f"stages.{stage}: unknown stage in {what} override "
-                                    f"(stages: {', '.join(data.get('stages', {}))})")
-            return data["stages"][stage]
-
-        for stage, rate in (rates or {}).items():
-            stage_of(stage, "rate").setdefault("trigger", {})["rate_hz"] = rate
-        for stage, flag in (deferred or {}).items():
-            stage_of(stage, "deferred")["deferred"] = flag
-        if limits:
-            data.setdefault("limits", {}).update(limits)
+        data = overridden(self.raw, checkpoint=checkpoint, dtype=dtype, rates=rates, limits=limits,
+                          options=options, deferred=deferred)
         return validate(data, binding=binding, source=self.source)
 
     def summary(self) -> str:
@@ -193,15 +175,49 @@ def auto_dtype(device) -> str:
     return "bfloat16" if torch.device(device).type == "cuda" else "float32"
 
 
+def overridden(raw: Mapping, *, checkpoint: Any = ..., dtype: Any = ..., rates: Mapping | None = None,
+               limits: Mapping | None = None, options: Mapping | None = None,
+               deferred: Mapping[str, bool] | None = None) -> dict:
+    """A copy of a contract's source dict with the model, rates, limits or deferred stages changed."""
+    if not isinstance(raw, Mapping):
+        raise ContractError(f"contract: expected a mapping at the top level, got {type(raw).__name__}")
+    data = _deep_copy(raw)
+    model = data.setdefault("model", {})
+    if not isinstance(model, dict):
+        return data  # (validate names the malformed section)
+    if checkpoint is not ...:
+        model["checkpoint"] = checkpoint
+    if dtype is not ... and dtype is not None:
+        model["dtype"] = dtype
+    if options:
+        model.setdefault("options", {}).update(options)
+
+    def stage_of(stage, what):
+        if stage not in data.get("stages", {}):
+            raise ContractError(f"stages.{stage}: unknown stage in {what} override "
+                                f"(stages: {', '.join(data.get('stages', {}))})")
+        return data["stages"][stage]
+
+    for stage, rate in (rates or {}).items():
+        stage_of(stage, "rate").setdefault("trigger", {})["rate_hz"] = rate
+    for stage, flag in (deferred or {}).items():
+        stage_of(stage, "deferred")["deferred"] = flag
+    if limits:
+        data.setdefault("limits", {}).update(limits)
+    return data
+
+
 def configured_contract(path, checkpoint=None, dtype=None, *, rates: Mapping[str, float] | None = None,
                         max_observation_age_ms: float | None = None, num_cameras: int | None = None,
                         limits: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
                         deferred: Mapping[str, bool] | None = None, binding=None, device=None) -> Contract:
     """A contract file with overrides applied (e.g. ROS parameters), validated as a whole: `rates` {stage: hz},
     `max_observation_age_ms`, `limits`, `options` (model options; `num_cameras` is options["views"]) and
-    `deferred` {stage: bool}; `device` resolves `dtype: auto` for that device."""
-    contract = load_contract(path, binding=binding)
-    if dtype is None and device is not None and (contract.raw.get("model") or {}).get("dtype") == "auto":
+    `deferred` {stage: bool}; `device` resolves `dtype: auto` for that device. The overrides apply to the
+    file's data before it is validated (a contract may leave its checkpoint to them)."""
+    data = read_contract_data(path)
+    model = data.get("model") if isinstance(data, Mapping) else None
+    if dtype is None and device is not None and isinstance(model, Mapping) and model.get("dtype") == "auto":
         dtype = auto_dtype(device)
     limits = dict(limits or {})
     if max_observation_age_ms is not None:
@@ -209,11 +225,9 @@ def configured_contract(path, checkpoint=None, dtype=None, *, rates: Mapping[str
     options = dict(options or {})
     if num_cameras is not None:
         options["views"] = num_cameras
-    if checkpoint is not None or dtype is not None or rates or limits or options or deferred:
-        contract = contract.with_overrides(checkpoint=checkpoint if checkpoint is not None else ...,
-                                           dtype=dtype_name(dtype), rates=rates, limits=limits,
-                                           options=options, deferred=deferred, binding=binding)
-    return contract
+    data = overridden(data, checkpoint=checkpoint if checkpoint is not None else ..., dtype=dtype_name(dtype),
+                      rates=rates, limits=limits, options=options, deferred=deferred)
+    return validate(data, binding=binding, source=str(path))
 
 
 def dtype_name(dtype) -> str | None:
@@ -226,6 +240,11 @@ def dtype_name(dtype) -> str | None:
 
 
 def load_contract(path, binding=None) -> Contract:
+    return validate(read_contract_data(path), binding=binding, source=str(path))
+
+
+def read_contract_data(path):
+    """A contract file's YAML (keys given twice refused), not validated yet."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -237,7 +256,7 @@ def load_contract(path, binding=None) -> Contract:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ContractError(f"{path}: not valid YAML: {e}") from None
-    return validate(data, binding=binding, source=str(path))
+    return data
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

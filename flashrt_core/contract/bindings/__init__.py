@@ -17,7 +17,8 @@ from typing import Any, Iterable, Mapping
 from flashrt_core.errors import ContractError
 
 # Built-in bindings by name; a contract may also name any binding as "package.module:Class".
-BUILTIN = {"pi05": "flashrt_core.contract.bindings.pi05:Pi05Binding"}
+BUILTIN = {"pi05": "flashrt_core.contract.bindings.pi05:Pi05Binding",
+           "pi0": "flashrt_core.contract.bindings.pi0:Pi0Binding"}
 
 
 class ModelBinding:

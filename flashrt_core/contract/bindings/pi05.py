@@ -48,17 +48,23 @@ _OPTIONS = {"variant", "views", "image_height", "image_width", "action_dim", "st
 DEFAULT_VIEWS, DEFAULT_STATE_DIM, DEFAULT_ACTION_DIM = 2, 8, 7  # without a checkpoint that says
 
 
-def model_config(model) -> pi05.Pi05Config:
+def model_config(model, kind: str = "pi05") -> pi05.Pi05Config:
     """Sizes of the model a contract names (no weights read): checkpoint shapes, or the tiny/full variant,
-    with the run-time fields (camera slots, prompt length) taken from the options."""
+    with the run-time fields (camera slots, prompt length) taken from the options. `kind`: the binding's model
+    (a checkpoint of another kind is refused)."""
     opts = dict(model.options)
     unknown = sorted(set(opts) - _OPTIONS)
     if unknown:
-        raise ContractError(f"model.options.{unknown[0]}: unknown option for pi05 "
+        raise ContractError(f"model.options.{unknown[0]}: unknown option for {kind} "
                             f"(expected: {', '.join(sorted(_OPTIONS))})")
     procs = checkpoint_processors(model)
     if model.checkpoint:
         config = _checkpoint_config(model.checkpoint)
+        if config.kind != kind:
+            raise ContractError(f"model.name: {kind}, but {model.checkpoint} is a {config.kind} checkpoint "
+                                f"(use a {config.kind} contract, e.g. the packaged config/{config.kind}.yaml)")
+    elif kind != "pi05":
+        raise ContractError(f"model.checkpoint: model {kind} needs a checkpoint (there is no built-in {kind} model)")
     else:
         variant = opts.get("variant", "tiny")
         if variant not in ("tiny", "full"):
@@ -122,7 +128,7 @@ class Pi05Binding(ModelBinding):
 
     @classmethod
     def dims(cls, model) -> dict[str, int]:
-        c = model_config(model)
+        c = model_config(model, cls.name)
         opts = model.options
         procs = checkpoint_processors(model)
         action_dim = _robot_dim(opts, "action_dim", procs.action_dim if procs else None,
@@ -161,14 +167,19 @@ class Pi05Binding(ModelBinding):
         }
 
     @classmethod
-    def plan(cls, model, dims, device, tokenizer=None) -> dict:
-        """What `__init__` would build, without reading weights (flashrt run --dry-run)."""
-        config = model_config(model)
-        procs = checkpoint_processors(model)
+    def engine_for(cls, model, device) -> str:
+        """The engine `model.options.engine` names for `device` (auto: fused on CUDA, reference on CPU)."""
         try:
-            engine = resolve_engine(model.options.get("engine", "auto"), device)
+            return resolve_engine(model.options.get("engine", "auto"), device)
         except ValueError as e:
             raise ContractError(f"model.options.{e}") from None
+
+    @classmethod
+    def plan(cls, model, dims, device, tokenizer=None) -> dict:
+        """What `__init__` would build, without reading weights (flashrt run --dry-run)."""
+        config = model_config(model, cls.name)
+        procs = checkpoint_processors(model)
+        engine = cls.engine_for(model, device)
         folder = None
         if model.checkpoint:
             folder = pathlib.Path(model.checkpoint)
@@ -193,7 +204,7 @@ class Pi05Binding(ModelBinding):
 
     def __init__(self, model, dims, device, dtype, seed, tokenizer=None):
         super().__init__(model, dims, device, dtype, seed, tokenizer)
-        self.config = model_config(model)
+        self.config = model_config(model, self.name)
         if model.checkpoint:
             _, state = pi05.load_checkpoint(model.checkpoint)
             config = self.config
@@ -203,10 +214,7 @@ class Pi05Binding(ModelBinding):
         else:
             config = self.config
             state = random_state(config, seed, device)
-        try:
-            engine_name = resolve_engine(model.options.get("engine", "auto"), device)
-        except ValueError as e:
-            raise ContractError(f"model.options.{e}") from None
+        engine_name = self.engine_for(model, device)
         self.engine_name = engine_name
         vision = model.options.get("vision_dtype", "model" if engine_name == "fused" else "float32")
         if vision not in ("float32", "model"):
@@ -219,19 +227,22 @@ class Pi05Binding(ModelBinding):
         # the tokenizer before the weights: a missing one is refused before minutes of loading
         tok = choose_tokenizer(config, folder, tokenizer if tokenizer is not None else model.options.get("tokenizer"),
                                procs)
-        weights = pi05.convert(config, state).to(device=device, dtype=dtype,
-                                                 vision_dtype=torch.float32 if vision == "float32" else None)
+        self.policy = self.make_policy(config, state, engine_name, vision, tok, procs)
         del state
-        engine = make_engine(engine_name, weights)
         self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
-        self.policy = pi05.Pi05Policy(config, weights, engine, device, dtype, seed=seed, tokenizer=tok,
-                                      processors=procs)
         self.processors = procs
         # state stats stay on the host (observe's host part); action stats live beside the actions
         self.normalizer = procs.normalizer if procs is not None else Normalizer.identity()
         self._action_norm = self.normalizer.to(self.device)
         mask = procs.relative_mask if procs is not None and procs.relative else None
         self._offset_mask = None if mask is None else torch.tensor(mask, dtype=torch.float32)
+
+    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
+        """The model behind the stages (pi0's binding makes its own)."""
+        weights = pi05.convert(config, state).to(device=self.device, dtype=self.dtype,
+                                                 vision_dtype=torch.float32 if vision == "float32" else None)
+        return pi05.Pi05Policy(config, weights, make_engine(engine_name, weights), self.device, self.dtype,
+                               seed=self.seed, tokenizer=tokenizer, processors=processors)
 
     def check_prompt(self, text: str) -> None:
         """InputError when the task with a state of three-digit bins (the longest text a state gives) does not
@@ -352,7 +363,7 @@ class Pi05Binding(ModelBinding):
         b["actions"].copy_(self._robot_actions(chunk, b))
 
     def identity(self) -> str:
-        return "pi05:" + self.config.to_json().replace("\n", "").replace(" ", "")
+        return f"{self.name}:" + self.config.to_json().replace("\n", "").replace(" ", "")
 
     def weights(self):
         return list(named_tensors(self.policy.weights, "w"))

@@ -1,0 +1,113 @@
+"""pi0 behind a contract: the slow `observe` stage builds the prefix from the cameras and the prompt only; the
+fast `act` stage reads the robot state at its own rate (pi0 puts the state in the action expert's suffix, so
+act at 50 Hz uses fresh proprioception over a 10 Hz prefix: the point of the fast/slow split).
+
+- prompt: the task text as given (pi0's processors do not clean it) into the persistent host `task`.
+- observe: host part tokenizes the task with a newline appended; device part: frames -> prefix K/V.
+- act: host part normalizes the state (the checkpoint's statistics), pads it to max_state_dim (`act_state`),
+  stages the absolute-actions offset of that state (`action_offset`) and draws the noise; device part: the
+  flow steps over the cached prefix with that state, un-normalized actions plus the offset.
+Everything else (options, processors, tokenizer, relative actions) is pi0.5's binding.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.contract.bindings.pi05 import Pi05Binding, device_images, prefix_cache
+from flashrt_core.contract.inputs import decode_prompt, encode_prompt
+from flashrt_core.contract.spec import StageSignature
+from flashrt_core.errors import ContractError, InputError
+from flashrt_core.models import pi0
+from flashrt_core.models.pi05.prompt import tokenize_prompt
+
+
+class Pi0Binding(Pi05Binding):
+    name = "pi0"
+
+    @classmethod
+    def dims(cls, model) -> dict[str, int]:
+        from flashrt_core.contract.bindings.pi05 import model_config
+
+        return {**super().dims(model), "max_state_dim": model_config(model, cls.name).state_dim}
+
+    @classmethod
+    def signatures(cls, d, model) -> dict[str, StageSignature]:
+        kv = ((d["layers"], d["kv_heads"], d["prefix_len"], d["head_dim"]), model.dtype)
+        chunk = ((d["chunk"], d["max_action_dim"]), "float32")
+        prefix = {"prefix_k": kv, "prefix_v": kv, "prefix_mask": ((d["prefix_len"],), "bool"),
+                  "prefix_valid": ((1,), "int64")}
+        return {
+            "prompt": StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
+                                     writes={"task": ((d["prompt_bytes"],), "uint8")}),
+            "observe": StageSignature(
+                reads={"task": ((d["prompt_bytes"],), "uint8"),
+                       "images": ((d["views"], d["image_height"], d["image_width"], 3), "uint8"),
+                       "image_mask": ((d["views"],), "bool")},
+                writes={"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool"),
+                        **prefix}),
+            "act": StageSignature(
+                reads={**prefix, "state": ((d["state_dim"],), "float32")},
+                writes={"act_state": ((d["max_state_dim"],), "float32"),
+                        "action_offset": ((d["action_dim"],), "float32"), "noise": chunk, "prev_chunk": chunk,
+                        "actions": ((d["chunk"], d["action_dim"]), "float32")}),
+        }
+
+    @classmethod
+    def engine_for(cls, model, device) -> str:
+        name = model.options.get("engine", "auto")
+        if name not in pi0.policy.ENGINES:
+            raise ContractError(f"model.options.engine: {name!r} is not available for pi0 (one of "
+                                f"{', '.join(pi0.policy.ENGINES)}: no fused pi0 engine yet)")
+        return "reference"
+
+    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
+        weights = pi0.convert(config, state).to(device=self.device, dtype=self.dtype,
+                                                vision_dtype=torch.float32 if vision == "float32" else None)
+        return pi0.Pi0Policy(config, weights, pi0.reference.make_engine(weights), self.device, self.dtype,
+                             seed=self.seed, tokenizer=tokenizer, processors=processors)
+
+    def check_prompt(self, text: str) -> None:
+        """InputError when the task does not fit prompt_len tokens (refused at set_prompt, never cut)."""
+        try:
+            tokenize_prompt(self.policy.tokenizer, pi0.pi0_prompt(text), self.dims["prompt_len"], truncate=False)
+        except InputError as exc:
+            raise InputError(f"{exc} (shorten the task or raise model.options.prompt_len)") from None
+
+    # ---- stages ----------------------------------------------------------------------------------------
+    def host(self, stage, io):
+        d = self.dims
+        if stage == "prompt":
+            text = decode_prompt(io.host("prompt"))
+            io.host("task").copy_(torch.from_numpy(encode_prompt(text or " ", io.host("task").shape[0])))
+        elif stage == "observe":
+            tokens, mask = tokenize_prompt(self.policy.tokenizer, pi0.pi0_prompt(decode_prompt(io.host("task"))),
+                                           d["prompt_len"], truncate=False)
+            io.to_device("lang_tokens", tokens[0])
+            io.to_device("lang_mask", mask[0])
+        elif stage == "act":
+            raw = io.host("state")
+            state = self.normalizer.normalize_state(raw).float()
+            io.to_device("act_state", F.pad(state, (0, d["max_state_dim"] - state.shape[0])))
+            io.to_device("action_offset", self._state_offset(raw))
+            io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
+
+    def device_part(self, stage):
+        return {"observe": self._observe, "act": self._act}.get(stage)
+
+    def device_plan(self, stages):
+        return None
+
+    def _observe(self, b) -> None:
+        images, masks = device_images(b["images"], b["image_mask"], self.config.num_image_slots,
+                                      self.config.vision.image_size)
+        cache = self.policy.encode_prefix(images[None], masks[None], b["lang_tokens"][None], b["lang_mask"][None])
+        b["prefix_k"].copy_(cache.k[:, 0])
+        b["prefix_v"].copy_(cache.v[:, 0])
+        b["prefix_mask"].copy_(cache.pad_mask[0])
+        b["prefix_valid"].copy_(cache.n_valid)
+
+    def _act(self, b) -> None:
+        chunk = self.policy.denoise(prefix_cache(b), b["act_state"][None], b["noise"][None])[0]
+        b["prev_chunk"].copy_(chunk)
+        b["actions"].copy_(self._robot_actions(chunk, b))

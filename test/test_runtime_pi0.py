@@ -1,0 +1,57 @@
+"""pi0 through the contract runtime (config/pi0.yaml) on the tiny LeRobot pi0 checkpoint: act reads the
+state every tick over the cached prefix, and every chunk equals the reference model's for the same inputs."""
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+from flashrt_core import Runtime
+from flashrt_core.errors import ContractError
+from flashrt_core.models import pi0
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "test" / "fixtures" / "lerobot_pi0_tiny"
+TOL = 1e-5  # the same fp32 model on the same inputs (the runtime's buffers vs the policy API)
+PERIOD = 20_000_000  # 50 Hz act; observe at 10 Hz runs every 5th tick (deferred)
+
+
+def test_act_reads_fresh_state_over_the_cached_prefix():
+    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), device="cpu", num_cameras=2,
+                             seed=3)
+    assert rt.binding.engine_name == "reference" and rt.contract.buffers["act_state"].shape == (32,)
+    policy = pi0.load(FIXTURE)
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    rt.set_prompt("stack the cups")
+    images, masks = policy.preprocess_images(frames + [None])
+    tokens, mask = policy.tokenize("stack the cups")
+    prefix = policy.encode_prefix(images, masks, tokens, mask)
+    noise = torch.Generator().manual_seed(3)  # the runtime's host generator: one draw per act tick
+    outs = []
+    for k in range(4):
+        state = rng.uniform(-1, 1, 8).astype(np.float32)
+        rt.set_observation(images=frames, state=state, stamp_ns=1 + k * PERIOD)
+        r = rt.step(1 + k * PERIOD)
+        assert r.ran == (["prompt", "observe", "act"] if k == 0 else ["act"])
+        draw = torch.randn(50, 32, generator=noise)[None]
+        want = policy.denoise(prefix, torch.from_numpy(state)[None], draw)[0, :, :7].numpy()
+        np.testing.assert_allclose(r.actions, want, atol=TOL, rtol=0)
+        outs.append(r.actions)
+    assert np.abs(outs[1] - outs[2]).max() > 1e-3  # another state (and noise) at every act tick
+
+
+def test_pi0_contract_needs_a_pi0_checkpoint(fixtures_dir):
+    with pytest.raises(ContractError, match="needs a checkpoint"):
+        Runtime.from_config(REPO / "config" / "pi0.yaml")
+    with pytest.raises(ContractError, match="is a pi0 checkpoint"):
+        Runtime.from_config(REPO / "config" / "pi05.yaml", checkpoint=str(FIXTURE), dtype="float32")
+    with pytest.raises(ContractError, match="not available for pi0"):
+        Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), options={"engine": "fused"})
+
+
+def test_the_node_loader_picks_the_contract_from_the_checkpoint_type():
+    from flashrt_ros.runtime_loader import checkpoint_contract
+
+    assert checkpoint_contract(str(FIXTURE)) == "pi0.yaml"
+    assert checkpoint_contract(str(REPO / "test" / "fixtures" / "lerobot_pi05_tiny")) == "pi05.yaml"
