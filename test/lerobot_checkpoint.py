@@ -9,16 +9,21 @@ import shutil
 from safetensors.torch import load_file
 
 FIXTURE = pathlib.Path(__file__).resolve().parent / "fixtures" / "lerobot_pi05_ckpt"
-TINY_DIMS = FIXTURE.parent / "lerobot_pi05_tiny" / "dims.json"
+PI0_FIXTURE = FIXTURE.parent / "lerobot_pi0_ckpt"
 TOKENIZER = "google/paligemma-3b-pt-224"
 
 
-def checkpoint_copy(dest: pathlib.Path) -> pathlib.Path:
+def _tiny_dims(fixture: pathlib.Path) -> pathlib.Path:
+    return fixture.parent / ("lerobot_pi0_tiny" if fixture.name.startswith("lerobot_pi0_") else
+                             "lerobot_pi05_tiny") / "dims.json"
+
+
+def checkpoint_copy(dest: pathlib.Path, fixture: pathlib.Path = FIXTURE) -> pathlib.Path:
     """The saved folder, plus dims.json: LeRobot's config.json names the full-size variants, and SigLIP's head
     count of the tiny sizes cannot be read off the tensor shapes (a real checkpoint needs no dims.json)."""
     folder = dest / "checkpoint"
-    shutil.copytree(FIXTURE / "checkpoint", folder)
-    shutil.copy(TINY_DIMS, folder / "dims.json")
+    shutil.copytree(fixture / "checkpoint", folder)
+    shutil.copy(_tiny_dims(fixture), folder / "dims.json")
     return folder
 
 
@@ -34,11 +39,11 @@ def hub_cache(dest: pathlib.Path, name: str = TOKENIZER, revision: str = "012345
     return dest
 
 
-def cases() -> list[dict]:
+def cases(fixture: pathlib.Path = FIXTURE) -> list[dict]:
     """[{name, task, frames (uint8 HWC or None, in camera order), state [6], noise [1,50,32], and LeRobot's
     lang_tokens, lang_mask, state_normalized, actions_model, actions}]"""
-    meta = json.loads((FIXTURE / "cases.json").read_text())
-    tensors = load_file(str(FIXTURE / "cases.safetensors"))
+    meta = json.loads((fixture / "cases.json").read_text())
+    tensors = load_file(str(fixture / "cases.safetensors"))
     out = []
     for c in meta["cases"]:
         n = c["name"]

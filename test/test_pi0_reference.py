@@ -87,3 +87,22 @@ def test_pi0_prompt_is_the_task_with_a_newline(fixtures_dir):
     assert torch.equal(policy.tokenize("stack the cups\n")[0], tokens)  # one newline, not two
     with pytest.raises(ValueError, match="not available for pi0"):
         pi0.load(fixtures_dir / "lerobot_pi0_tiny", engine="fused")
+
+
+def test_predict_chunk_matches_lerobot_pipeline(tmp_path, monkeypatch):
+    """A pi0 folder exactly as LeRobot saves it (MEAN_STD stats, relative actions with an excluded gripper, the
+    task-plus-newline prompt, tokenizer by name from a hub cache) against LeRobot's whole pipeline."""
+    import numpy as np
+
+    from lerobot_checkpoint import PI0_FIXTURE, cases as ckpt_cases, checkpoint_copy, hub_cache
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache(tmp_path / "hub")))
+    policy = pi0.load(checkpoint_copy(tmp_path, PI0_FIXTURE))
+    assert policy.processors.relative_mask == (True,) * 5 + (False,)
+    assert policy.normalizer.state.mode == "MEAN_STD"
+    for c in ckpt_cases(PI0_FIXTURE):
+        tokens, mask = policy.tokenize(c["task"])
+        assert torch.equal(tokens, c["lang_tokens"]) and torch.equal(mask, c["lang_mask"]), c["name"]
+        out = policy.predict_chunk(c["frames"], c["state"][0].numpy(), c["task"], noise=c["noise"])
+        np.testing.assert_allclose(out, c["actions"][0].numpy(), atol=TOL["actions_vs_lerobot"], rtol=0,
+                                   err_msg=c["name"])

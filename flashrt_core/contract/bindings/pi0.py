@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashrt_core.contract.bindings.pi05 import Pi05Binding, device_images, prefix_cache
+from flashrt_core.contract.bindings.pi05 import Pi05Binding, prefix_cache
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
@@ -93,19 +93,10 @@ class Pi0Binding(Pi05Binding):
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
 
     def device_part(self, stage):
-        return {"observe": self._observe, "act": self._act}.get(stage)
+        return {"observe": self._prefix_into, "act": self._act}.get(stage)
 
     def device_plan(self, stages):
         return None
-
-    def _observe(self, b) -> None:
-        images, masks = device_images(b["images"], b["image_mask"], self.config.num_image_slots,
-                                      self.config.vision.image_size)
-        cache = self.policy.encode_prefix(images[None], masks[None], b["lang_tokens"][None], b["lang_mask"][None])
-        b["prefix_k"].copy_(cache.k[:, 0])
-        b["prefix_v"].copy_(cache.v[:, 0])
-        b["prefix_mask"].copy_(cache.pad_mask[0])
-        b["prefix_valid"].copy_(cache.n_valid)
 
     def _act(self, b) -> None:
         chunk = self.policy.denoise(prefix_cache(b), b["act_state"][None], b["noise"][None])[0]

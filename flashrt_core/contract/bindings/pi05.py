@@ -175,17 +175,22 @@ class Pi05Binding(ModelBinding):
             raise ContractError(f"model.options.{e}") from None
 
     @classmethod
+    def tokenizer_for(cls, model, config, procs, tokenizer=None):
+        """The tokenizer the model runs with (given, contract option, or the project's rule: choose_tokenizer)."""
+        folder = None
+        if model.checkpoint:
+            folder = pathlib.Path(model.checkpoint)
+            folder = folder if folder.is_dir() else folder.parent
+        return choose_tokenizer(config, folder, tokenizer if tokenizer is not None else model.options.get("tokenizer"),
+                                procs)
+
+    @classmethod
     def plan(cls, model, dims, device, tokenizer=None) -> dict:
         """What `__init__` would build, without reading weights (flashrt run --dry-run)."""
         config = model_config(model, cls.name)
         procs = checkpoint_processors(model)
         engine = cls.engine_for(model, device)
-        folder = None
-        if model.checkpoint:
-            folder = pathlib.Path(model.checkpoint)
-            folder = folder if folder.is_dir() else folder.parent
-        tok = choose_tokenizer(config, folder, tokenizer if tokenizer is not None else model.options.get("tokenizer"),
-                               procs)
+        tok = cls.tokenizer_for(model, config, procs, tokenizer)
         vision = model.options.get("vision_dtype", "model" if engine == "fused" else "float32")
         out = {"engine": engine, "vision dtype": model.dtype if vision == "model" else "float32",
                "sizes": f"prefix width {config.vlm.width} x {config.vlm.depth} layers, expert width "
@@ -205,14 +210,12 @@ class Pi05Binding(ModelBinding):
     def __init__(self, model, dims, device, dtype, seed, tokenizer=None):
         super().__init__(model, dims, device, dtype, seed, tokenizer)
         self.config = model_config(model, self.name)
+        config = self.config
         if model.checkpoint:
             _, state = pi05.load_checkpoint(model.checkpoint)
-            config = self.config
         elif model.options.get("variant", "tiny") == "tiny":
             _, state = pi05.build_tiny(seed)
-            config = self.config
         else:
-            config = self.config
             state = random_state(config, seed, device)
         engine_name = self.engine_for(model, device)
         self.engine_name = engine_name
@@ -220,13 +223,8 @@ class Pi05Binding(ModelBinding):
         if vision not in ("float32", "model"):
             raise ContractError(f"model.options.vision_dtype: float32 or model, got {vision!r}")
         procs = checkpoint_processors(model)
-        folder = None
-        if model.checkpoint:
-            folder = pathlib.Path(model.checkpoint)
-            folder = folder if folder.is_dir() else folder.parent
         # the tokenizer before the weights: a missing one is refused before minutes of loading
-        tok = choose_tokenizer(config, folder, tokenizer if tokenizer is not None else model.options.get("tokenizer"),
-                               procs)
+        tok = self.tokenizer_for(model, config, procs, tokenizer)
         self.policy = self.make_policy(config, state, engine_name, vision, tok, procs)
         del state
         self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
@@ -346,7 +344,8 @@ class Pi05Binding(ModelBinding):
         (observe_pre, observe_post), (act_pre, act_post) = self._observe_hooks(b), self._act_hooks(b, prefix=False)
         self.policy.engine.run_decision(DecisionHooks(observe_pre, observe_post, act_pre, act_post), key="contract")
 
-    def _observe(self, b) -> None:
+    def _prefix_into(self, b) -> None:
+        """The camera frames and tokens of `b` -> the prefix K/V into its persistent buffers."""
         images, masks = device_images(b["images"], b["image_mask"], self.config.num_image_slots,
                                       self.config.vision.image_size)
         cache = self.policy.encode_prefix(images[None], masks[None], b["lang_tokens"][None], b["lang_mask"][None])
@@ -354,6 +353,9 @@ class Pi05Binding(ModelBinding):
         b["prefix_v"].copy_(cache.v[:, 0])
         b["prefix_mask"].copy_(cache.pad_mask[0])
         b["prefix_valid"].copy_(cache.n_valid)
+
+    def _observe(self, b) -> None:
+        self._prefix_into(b)
         b["action_offset"].copy_(b["state_offset"])
 
     def _act(self, b) -> None:
