@@ -264,8 +264,8 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
         prefix = engine.encode_prefix(inputs["images"], inputs["image_masks"], inputs["lang_tokens"],
                                       inputs["lang_mask"])
         act_only = time_cuda(lambda: engine.denoise(prefix, inputs["noise"]), warmup, iters)
-        # Where a whole decision's time goes: the eager input copies, then its graphs (`decision()`: one graph
-        # with overlap_decision, else observe + act; the noise is already in its buffer)
+        # Where a whole decision's time goes: the eager input copies, then its graph (`decision()`: one graph
+        # with act beside observe; the noise is already in its buffer)
         phases = phase_samples({
             "set_observation": lambda: engine.set_observation(inputs["images"], inputs["image_masks"],
                                                               inputs["lang_tokens"], inputs["lang_mask"]),

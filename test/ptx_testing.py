@@ -5,8 +5,6 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
     python test/ptx_testing.py            # JSON report of every case below
     python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
     python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
-    python test/ptx_testing.py --tma      # the same, and the TMA copies, of the TMA GEMM candidates
-    python test/ptx_testing.py --mid      # registers / spills / shared memory of the mid-size GEMM candidates
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -66,6 +64,7 @@ import pkgutil  # noqa: E402
 
 import flashrt_core.kernels as K  # noqa: E402
 from flashrt_core.kernels import flash_attention as fa  # noqa: E402
+from flashrt_core.kernels import skinny_gemm  # noqa: E402
 from flashrt_core.models.pi05 import engine_gemm  # noqa: E402
 
 # Every kernel is compiled as the H200 launches it (with PDL), and CPU tensors go to the compile-only kernels.
@@ -73,7 +72,6 @@ for _info in pkgutil.iter_modules(K.__path__):
     _module = importlib.import_module(f"flashrt_core.kernels.{_info.name}")
     if hasattr(_module, "pdl_launch"):
         _module.pdl_launch = lambda device: dict(_PDL)
-engine_gemm.pdl_launch = lambda device: dict(_PDL)
 K.available = lambda device=None: True
 
 _OPS = re.compile(r"^\s*(?:@%p\d+\s+)?((?:ld|st)\.global[.\w]*|cp\.async\.c[ag][.\w]*|cp\.async\.bulk\.tensor[.\w]*|"
@@ -145,7 +143,7 @@ def gemm_case(m, n, k, config, *, geglu=False) -> dict:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = torch.randn((2 if geglu else 1) * n, k, generator=g).to(torch.bfloat16)
-    engine_gemm.skinny_linear(x, w, geglu=geglu, **engine_gemm._kwargs(config))
+    skinny_gemm.skinny_linear(x, w, geglu=geglu, **engine_gemm._kwargs(config))
     return _last("_skinny_gemm_kernel")
 
 
@@ -198,9 +196,6 @@ def rope_case(constant_positions: bool) -> dict:
     return _last("_qkv_rope_cache_kernel")
 
 
-
-
-
 def report(names=None) -> dict:
     return {name: CASES[name]() for name in (names or CASES)}
 
@@ -208,20 +203,6 @@ def report(names=None) -> dict:
 # The action expert's GEMMs (M = 50 rows): (N, K, GeGLU)
 EXPERT_GEMMS = {"qkv": (2560, 1024, False), "o": (1024, 2048, False), "gate_up": (4096, 1024, True),
                 "down": (1024, 4096, False)}
-
-
-# SigLIP's GEMMs (M = 2 views x 256 patches): (N, K)
-SIGLIP_GEMMS = {"qkv": (3456, 1152), "o": (1152, 1152), "fc1": (4304, 1152), "fc2": (1152, 4304)}
-
-
-def mid_resources() -> dict:
-    """Registers / spills / shared memory of every mid-size GEMM candidate at SigLIP's shapes."""
-    out = {}
-    for config in engine_gemm.MID_CONFIGS:
-        for shape, (n, k) in SIGLIP_GEMMS.items():
-            found = gemm_case(512, n, k, config)
-            out[f"{config} {shape}"] = {key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
-    return out
 
 
 def preload_resources() -> dict:
@@ -232,16 +213,6 @@ def preload_resources() -> dict:
             for shape, (n, k, geglu) in EXPERT_GEMMS.items():
                 found = gemm_case(50, n, k, config, geglu=geglu)
                 out[f"{config} {shape}"] = {key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
-    return out
-
-
-def tma_resources() -> dict:
-    """Every TMA GEMM candidate (`engine_gemm.TMA_CONFIGS`) at each expert shape: registers, spills, shared
-    memory, and its PTX ops in all / before the PDL wait: {"config shape": {...}}."""
-    out = {}
-    for config in engine_gemm.TMA_CONFIGS:
-        for shape, (n, k, geglu) in EXPERT_GEMMS.items():
-            out[f"{config} {shape}"] = gemm_case(50, n, k, config, geglu=geglu)
     return out
 
 
@@ -258,7 +229,7 @@ def precompile_check() -> dict:
     def broken():
         raise RuntimeError("a candidate that cannot be built")
     start = len(COMPILED)
-    _common.precompile([lambda c=c: engine_gemm.skinny_linear(x, w, **engine_gemm._kwargs(c)) for c in configs]
+    _common.precompile([lambda c=c: skinny_gemm.skinny_linear(x, w, **engine_gemm._kwargs(c)) for c in configs]
                        + [broken], workers=2)
     kernels = [k for name, k in COMPILED[start:] if name == "_skinny_gemm_kernel"]
     return {"configs": len(configs), "launches": len(kernels),
@@ -299,10 +270,6 @@ if __name__ == "__main__":
         print(json.dumps(engine_scan(), indent=1))
     elif sys.argv[1:] == ["--preload"]:
         print(json.dumps(preload_resources(), indent=1))
-    elif sys.argv[1:] == ["--mid"]:
-        print(json.dumps(mid_resources(), indent=1))
-    elif sys.argv[1:] == ["--tma"]:
-        print(json.dumps(tma_resources(), indent=1))
     elif sys.argv[1:] == ["--precompile"]:
         print(json.dumps(precompile_check(), indent=1))
     else:

@@ -12,7 +12,7 @@ GATE_UP = (50, (8192, 1024), False, True, torch.bfloat16)  # not deferred: never
 
 
 class Picker:
-    cache_name = "linear_preload"
+    cache_name = "linear"
 
     def __init__(self):
         self.choices = {DOWN: A, O: A, GATE_UP: C}
@@ -23,8 +23,8 @@ class Picker:
             O: {"(64, 512, 0, 8, 1)": 3.23e-3, "(32, 128, 8, 4, 4)": 3.6e-3, "cublas": 7.1e-3},
             GATE_UP: {"(32, 128, 8, 4, 4)": 7.6e-3}}
 
-    def candidates_for(self, fusion, kdim=None, m=1):
-        assert fusion.defer and kdim in (2048, 4096) and m == 50
+    def candidates_for(self, fusion, kdim=None):
+        assert fusion.defer and kdim in (2048, 4096)
         return [A, B, C, D, E, (16, 256, 1, 4, 4)]  # (8, 8, 8, 8, 8) is no longer offered
 
 

@@ -195,47 +195,20 @@ def test_attention_picker_uses_a_checked_cached_choice(dev, tmp_path):
 
 
 @pytest.mark.interpret
-def test_attention_picker_without_merge_apart_keeps_its_own_cache_entries(dev):
-    """merge_apart=False (the default) offers no configuration whose splits a second kernel merges, and its
-    choices live apart from the full candidate set's: an A/B engine neither reads nor overwrites the other's."""
-    g = torch.Generator().manual_seed(15)
-    q = (torch.randn(1, 3, 2, 16, generator=g) + 0.1).to(dev)
-    k, v = ((torch.randn(1, 1, 9, 16, generator=g) + 0.1).to(dev) for _ in range(2))
-    key = (tuple(q.shape), tuple(k.shape), False, None, q.dtype)
-    apart = next(c for c in CANDIDATES if len(c) == 6 and c[5])
-    cache = T.TuningCache(None, CONTEXT)
-    cache.put("attention_merge_apart", key, apart)
-    picker = AttentionPicker(dev, cache=cache, merge_apart=False)
-    assert picker.candidates and all(len(c) < 6 or not c[5] for c in picker.candidates)
-    assert len(picker.candidates) < len(CANDIDATES) == len(AttentionPicker(dev, merge_apart=True).candidates)
-    assert AttentionPicker(dev).candidates == picker.candidates
-    calls = _recording_tune(picker, picker.candidates[0])
-    assert picker._cached(key, q, k, v, None, None, None) == picker.candidates[0] and calls == [key]
-    assert cache.get("attention_merge_apart", key)[:2] == (True, apart)  # the other set's entry is untouched
-    assert cache.get("attention", key)[:2] == (True, picker.candidates[0])
-
-
-@pytest.mark.interpret
-def test_linear_picker_preload_keeps_its_own_cache_entries(dev):
-    """preload=False (the default) offers no configuration that requests weight tiles before the PDL wait in
-    its K loop; preload=True offers them too, and its choices live apart from the default's (an A/B engine
-    neither reads nor overwrites the default's entry)."""
+def test_linear_picker_tunes_and_reuses_a_preloading_candidate(dev):
+    """The picker offers every CONFIGS entry, those that request weight tiles before the PDL wait in their K
+    loop included; a restarted picker reuses such a choice after checking it against cuBLAS."""
     g = torch.Generator().manual_seed(16)
     x, w = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72)))
     key = (50, (40, 72), False, False, x.dtype)
     early = next(c for c in CONFIGS if len(c) == 6 and c[5])
-    plain = LinearPicker(dev)
-    assert plain.candidates and all(len(c) < 6 or not c[5] for c in plain.candidates)
-    assert len(plain.candidates) < len(CONFIGS) == len(LinearPicker(dev, preload=True).candidates)
     cache = T.TuningCache(None, CONTEXT)
-    cache.put("linear", key, CONFIGS[3])
-    picker = LinearPicker(dev, cache=cache, preload=True)
+    picker = LinearPicker(dev, cache=cache)
+    assert picker.candidates == CONFIGS
     calls = _recording_tune(picker, early)
     assert picker._cached(key, x, w, None, False, None) == early and calls == [key]  # tuned, runs (checked)
-    assert cache.get("linear", key)[:2] == (True, CONFIGS[3])  # the default's entry is untouched
-    assert cache.get("linear_preload", key)[:2] == (True, early)
-    # a restarted preload picker reuses its choice after checking it against cuBLAS
-    again = LinearPicker(dev, cache=cache, preload=True)
+    assert cache.get("linear", key)[:2] == (True, early)
+    again = LinearPicker(dev, cache=cache)
     calls = _recording_tune(again, CONFIGS[0])
     assert again._cached(key, x, w, None, False, None) == early and calls == []
 

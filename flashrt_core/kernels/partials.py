@@ -4,7 +4,7 @@ A split-K GEMM normally reduces in-kernel: each program stores an fp32 partial, 
 program of a tile reads every partial back and stores the sum. On the action expert's chain that tail (an
 atomic round trip and a dependent read) sits between the GEMM's last product and the next kernel's start.
 When the next kernel reads each result row whole anyway (the gated residual + AdaRMS after the expert's o and
-down projections), the GEMM can leave the partials (`engine_gemm.skinny_linear(defer=True)`) and that kernel
+down projections), the GEMM can leave the partials (`skinny_gemm.skinny_linear(defer=True)`) and that kernel
 sums them in split order, in fp32 from zero, and rounds to `dtype`: exactly the value the GEMM's own
 reduction would have stored, so the results do not change, bit for bit.
 """

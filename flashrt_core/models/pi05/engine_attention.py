@@ -18,7 +18,7 @@ from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import precompile
 from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
 
-# (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) tried besides the kernel's heuristic
+# (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) tried besides the kernel's heuristic
 # (None). The last rows are aimed at the expert's 400 GQA rows over ~610 keys of head dim 256 (its
 # heuristic: (16, 32, 8, 8)): shallower or deeper key pipelines, 16 warps for the wide accumulator, other
 # split counts.
@@ -39,66 +39,55 @@ CANDIDATES = [(16, 32, 8, 4), (32, 32, 8, 4), (32, 64, 4, 4), (64, 64, 4, 8),
               (16, 128, 8, 8, 1), (32, 128, 8, 8, 1), (32, 64, 16, 8, 1),
               # the prefix's (560 queries x 8 heads over 560 keys) pick (64, 64, 1, 4) uses 255 registers and
               # spills at sm_90; these forms do not (8 warps, or 32-key tiles: 96 KB, two programs per SM)
-              (64, 64, 1, 8), (64, 32, 1, 8), (64, 32, 2, 8), (128, 32, 1, 8),
-              # the splits merged by a second kernel over 4 rows per program instead of one program per row
-              # block (H200: 9.35 us alone vs 13.5 for the best in-kernel merge; in an act-like chain of
-              # rotate -> attention over 18 layers with L2 evicted between them 570-597 us vs 664 us,
-              # benchmarks/results/attention_breakdown_h200.json and attention_chain_h200.json; but in the act graph
-              # itself slower, profile_pi05_w2_attention_merge_apart_ab.json: offered only with merge_apart)
-              (64, 32, 16, 4, 2, 4), (64, 64, 8, 4, 2, 4), (16, 64, 16, 4, 2, 4)]
+              (64, 64, 1, 8), (64, 32, 1, 8), (64, 32, 2, 8), (128, 32, 1, 8)]
 TIMED_CALLS = 10
 MATCH_REL = 2e-2  # a candidate's output vs the heuristic's, relative to its largest entry
 
 
 class AttentionPicker:
-    """`picker(q, k, v, key_mask, k2, v2, rope=..., backend=...)` = `kernels.attention`, with the launch
-    configuration per shape chosen by timing while `tuning` is True (CUDA only)."""
+    """`picker(q, k, v, key_mask, k2, v2, backend=...)` = `kernels.attention`, with the launch configuration
+    per shape chosen by timing while `tuning` is True (CUDA only)."""
 
-    def __init__(self, device, enabled: bool = True, cache=None, merge_apart: bool = False):
-        """merge_apart: also offer the candidates whose key splits are merged by a second kernel (off by
-        default: they lose in the act graph; the two candidate sets' choices are cached apart)."""
+    def __init__(self, device, enabled: bool = True, cache=None):
         self.device, self.enabled, self.tuning, self.cache = torch.device(device), enabled, False, cache
-        self.candidates = [c for c in CANDIDATES if merge_apart or len(c) < 6 or not c[5]]
-        self.cache_name = "attention_merge_apart" if merge_apart else "attention"
+        self.candidates = list(CANDIDATES)
+        self.cache_name = "attention"
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
-    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, rope=None, backend=None):
+    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, backend=None):
         if not (self.enabled and q.device.type == "cuda" and K.available(q.device) and backend != "torch"):
-            return K.attention(q, k, v, key_mask, k2, v2, rope=rope, backend=backend)
+            return K.attention(q, k, v, key_mask, k2, v2, backend=backend)
         from flashrt_core.kernels.flash_attention import attention
 
         key = (tuple(q.shape), tuple(k.shape), key_mask is not None, None if k2 is None else tuple(k2.shape), q.dtype)
-        if rope is not None:  # another kernel specialization (and other strides): tuned on its own
-            key = (*key, "rope")
         if key not in self.choices:
             if not self.tuning:
-                return attention(q, k, v, key_mask, k2, v2, rope=rope)
-            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2, rope)
-        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key], rope=rope)
+                return attention(q, k, v, key_mask, k2, v2)
+            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2)
+        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key])
 
-    def _cached(self, key, q, k, v, key_mask, k2, v2, rope=None):
+    def _cached(self, key, q, k, v, key_mask, k2, v2):
         """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""
         from flashrt_core.kernels.flash_attention import attention
 
         def check(config):
-            got = attention(q, k, v, key_mask, k2, v2, config=config, rope=rope)
-            return agrees(got, attention(q, k, v, key_mask, k2, v2, rope=rope), MATCH_REL)
+            got = attention(q, k, v, key_mask, k2, v2, config=config)
+            return agrees(got, attention(q, k, v, key_mask, k2, v2), MATCH_REL)
         return reuse_or_tune(self.cache, self.cache_name, key, self.candidates, check,
-                             lambda: self._tune(key, q, k, v, key_mask, k2, v2, rope), self.timings,
-                             q.device)
+                             lambda: self._tune(key, q, k, v, key_mask, k2, v2), self.timings, q.device)
 
-    def _tune(self, key, q, k, v, key_mask, k2, v2, rope=None):
+    def _tune(self, key, q, k, v, key_mask, k2, v2):
         from flashrt_core.kernels.flash_attention import attention
 
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
-        precompile([lambda c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope)
+        precompile([lambda c=config: attention(q, k, v, key_mask, k2, v2, config=c)
                     for config in [None, *self.candidates]])
-        want = attention(q, k, v, key_mask, k2, v2, rope=rope)
+        want = attention(q, k, v, key_mask, k2, v2)
         times = {}
         for config in [None, *self.candidates]:
             name = "heuristic" if config is None else str(config)
-            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c, rope=rope))
+            fn = (lambda _, c=config: attention(q, k, v, key_mask, k2, v2, config=c))
             try:
                 if not agrees(fn(None), want, MATCH_REL):
                     times[name] = "mismatch"
@@ -114,7 +103,6 @@ class AttentionPicker:
 
     def report(self) -> list[dict]:
         """The chosen configuration per shape with every candidate's time (for benchmark JSON)."""
-        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3], "rope": "rope" in key,
-                 "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
+        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3], "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
                 for key, c in self.choices.items()]
 

@@ -1,9 +1,9 @@
 """GEMMs of the engine that cuBLAS does whole, in a form that saves the kernels around them (SigLIP).
 
-SigLIP's GEMMs have 512 rows for two views, where cuBLAS beats the project's Triton GEMM
-(`Pi05Engine(gemm_mid=...)`), so what can go is the work around them: the patch embedding's convolution
-(cuDNN converts layouts around its kernel) becomes one GEMM over gathered patches (their rows padded to 16
-bytes), and fc1's bias + tanh GELU becomes cuBLASLt's epilogue instead of a kernel of its own.
+SigLIP's GEMMs have 512 rows for two views, where cuBLAS beats Triton GEMMs with mid-size tiles (measured:
+docs/performance-history.md, `gemm_mid`), so what can go is the work around them: the patch embedding's
+convolution (cuDNN converts layouts around its kernel) becomes one GEMM over gathered patches (their rows
+padded to 16 bytes), and fc1's bias + tanh GELU becomes cuBLASLt's epilogue instead of a kernel of its own.
 References: `F.conv2d`; `kernels.reference.bias_gelu_ref` after `F.linear`.
 """
 from __future__ import annotations

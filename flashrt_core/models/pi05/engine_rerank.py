@@ -1,11 +1,11 @@
 """The act stage's deferred-reduction GEMMs, ranked again inside the act graph.
 
 `LinearPicker` times each GEMM candidate alone (a CUDA graph of repeated calls). For a GEMM that leaves its
-split-K partials to the kernel after it (`defer`: the expert's QKV, o and down projections with
-reduce_in_rotate / reduce_in_norm), that timing leaves out a cost that depends on the candidate: the reader
-loads every partial of each row, so more splits make the next kernel slower, and in the act graph's PDL chain
-a kernel's start and tail overlap its neighbours differently than alone. On the H200 (W2, 2026-12-04,
-`benchmarks/chain_tuning_probe.py`, `benchmarks/results/chain_tuning_probe_h200.json`) the picker's choice for the down
+split-K partials to the kernel after it (`defer`: the expert's QKV, o and down projections), that timing
+leaves out a cost that depends on the candidate: the reader loads every partial of each row, so more splits
+make the next kernel slower, and in the act graph's PDL chain a kernel's start and tail overlap its
+neighbours differently than alone. On the H200 (W2, 2026-12-04, `benchmarks/chain_tuning_probe.py` and
+`benchmarks/results/chain_tuning_probe_h200.json` at f940ba3) the picker's choice for the down
 projection, 8 splits at 5.21 us alone, gave an act graph of 6060 us; a 4-split candidate at 5.74 us alone gave
 5873 us. Every other act-stage shape kept its isolated ranking there.
 
@@ -48,8 +48,7 @@ def _name(config) -> str:
 def candidates(picker, key, top: int = TOP) -> list:
     """The picker's current choice for `key`, then the fastest others by its isolated timings, `top` in all
     (configurations; None is cuBLAS). Names the picker no longer offers are skipped."""
-    m, shape = key[0], key[1]
-    offered = {_name(c): c for c in picker.candidates_for(Fusion(defer=True), shape[1], m)}
+    offered = {_name(c): c for c in picker.candidates_for(Fusion(defer=True), key[1][1])}
     offered["cublas"] = None
     times = {n: t for n, t in (picker.timings.get(key) or {}).items() if isinstance(t, float) and n in offered}
     out = [picker.choices[key]]

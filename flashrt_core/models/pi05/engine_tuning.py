@@ -33,11 +33,12 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 ENV = "FLASHRT_TUNING_CACHE"
 # What a cached choice depends on besides the hardware and software versions: the kernels whose launch
-# parameters are chosen (and what they share), and the pickers' candidate tables (a new candidate must get
-# its chance). Never the benchmarks: editing a comparison must not make every robot tune again.
-_SOURCES = ("flashrt_core/models/pi05/engine_gemm.py", "flashrt_core/models/pi05/engine_attention.py",
-            "flashrt_core/kernels/flash_attention.py", "flashrt_core/kernels/_tickets.py",
-            "flashrt_core/kernels/_pdl.py", "flashrt_core/kernels/_common.py")
+# parameters are chosen (and the launch / PDL / ticket code they share), and the pickers' candidate tables
+# and their meaning (a new candidate must get its chance). Never the benchmarks: editing a comparison must
+# not make every robot tune again.
+_SOURCES = ("flashrt_core/kernels/skinny_gemm.py", "flashrt_core/kernels/flash_attention.py",
+            "flashrt_core/kernels/_tickets.py", "flashrt_core/kernels/_pdl.py", "flashrt_core/kernels/_common.py",
+            "flashrt_core/models/pi05/engine_gemm.py", "flashrt_core/models/pi05/engine_attention.py")
 
 
 def default_directory() -> Path | None:

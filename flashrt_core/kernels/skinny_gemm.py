@@ -1,0 +1,238 @@
+"""The skinny GEMM: Y = X W^T for few rows (the action expert's 50 tokens) against large weights.
+
+The action expert multiplies 50 tokens by 0.6 GB of weights per flow step: memory-bound GEMMs with M = 50,
+where cuBLAS reaches only 0.7-1.4 TB/s (docs/gpu-machine.md). This kernel tiles only N and (optionally) K,
+keeps the whole M in one tile, and streams weight tiles through a deep software pipeline; with PDL it
+requests its first weight tiles before waiting for the kernel before it (weights never depend on it).
+Besides the plain product it can
+  * multiply the gate and up halves of a merged [gate; up] weight side by side and write
+    gelu_tanh(gate) * up directly (geglu=True: the GeGLU kernel and its intermediate disappear);
+  * add its result into a residual stream in place (`GatedResidual`; the flow step's Euler update into the
+    fp32 state);
+  * leave its split-K partials unreduced for the kernel that reads the result (defer=True, `Partials`).
+`engine_gemm.LinearPicker` chooses between cuBLAS and this kernel's launch configurations per shape.
+Importable without Triton (CPU-only installs): `skinny_linear` then raises KernelUnavailableError.
+Reference: `F.linear` (and `kernels.geglu` / `kernels.gated_residual` after it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
+                                         semaphores)
+from flashrt_core.kernels.partials import Partials
+
+SKINNY_MAX_M = 128  # rows per program at most (the picker offers this kernel up to this many rows)
+
+try:  # Triton is optional on CPU-only installs; the picker then never offers this kernel
+    import triton
+    import triton.language as tl
+
+    from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
+    from flashrt_core.kernels._tickets import last_of_split, reset_ticket
+except ImportError:  # pragma: no cover
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _gelu_tanh(g):
+        z = 1.5957691216057308 * (g + 0.044715 * g * g * g)  # 2 sqrt(2/pi) (g + 0.044715 g^3)
+        e = tl.exp(-tl.abs(z))
+        return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+    @triton.jit
+    def _skinny_gemm_kernel(X, W, B, Y, P, C, G, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
+                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+                            ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
+                            PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
+        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to W's dtype on load (an fp32 X into a bf16 GEMM);
+        GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu the weight rows up_off elements further.
+        SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
+        to finish (ticket C[tile]) adds them up in split order and writes Y.
+        DEFER (any SPLIT, plain product only): each program stores its fp32 partial in P [SPLIT, M, N] and
+        stops there; the kernel that reads the result adds them up (`kernels.Partials`). No ticket, no Y.
+        PRE_K > 0: the first PRE_K weight columns of the program's K range are loaded as one tile before
+        waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
+        covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
+        RESID: Y holds the residual stream and is updated in place, Y += G[n] * result."""
+        pdl_trigger(PDL)
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        m_ok = rm < M
+        n_ok = rn < N
+        k_lo = pid_k * k_per_split
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
+            kp = k_lo + tl.arange(0, PRE_K)
+            kp_ok = (kp < K) & (kp < k_lo + k_per_split)
+            wp_ptr = W + rn[None, :].to(tl.int64) * swn + kp[:, None]
+            wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+            wpu = wp
+            if GEGLU:
+                wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+            pdl_wait(PDL)
+            xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :],
+                         other=0.0).to(W.dtype.element_ty)
+            if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
+                xp = xp.to(tl.float32)
+                wp = wp.to(tl.float32)
+                wpu = wpu.to(tl.float32)
+            acc += tl.dot(xp, wp, input_precision=PRECISION)
+            if GEGLU:
+                acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
+        else:
+            pdl_wait(PDL)
+        if not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
+            for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
+                kk = k0 + rk
+                k_ok = kk < K
+                x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                            other=0.0).to(W.dtype.element_ty)
+                w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
+                w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T
+                if UPCAST:
+                    x = x.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc += tl.dot(x, w, input_precision=PRECISION)
+                if GEGLU:
+                    wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                    if UPCAST:
+                        wu = wu.to(tl.float32)
+                    acc_up += tl.dot(x, wu, input_precision=PRECISION)
+        out_mask = m_ok[:, None] & n_ok[None, :]
+        last = True
+        if DEFER or SPLIT > 1:
+            part = P + rm[:, None] * N + rn[None, :]
+            tl.store(part + pid_k * sps, acc, mask=out_mask)
+        if DEFER:
+            last = False
+        elif SPLIT > 1:
+            if GEGLU:  # the second accumulator's partials follow the first's
+                tl.store(part + (SPLIT + pid_k) * sps, acc_up, mask=out_mask)
+            tile = pid_m * tl.num_programs(0) + pid_n
+            last = last_of_split(C, tile, SPLIT)
+            if last:
+                acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for s in tl.static_range(SPLIT):  # fixed order: the result does not depend on who finished last
+                    acc += tl.load(part + s * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
+                    if GEGLU:
+                        acc_up += tl.load(part + (SPLIT + s) * sps, mask=out_mask, other=0.0, cache_modifier=".cg")
+                reset_ticket(C, tile)
+        if last:
+            if HAS_BIAS:
+                acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            if GEGLU:
+                acc = _gelu_tanh(acc) * acc_up
+            y_ptr = Y + rm[:, None] * sym + rn[None, :]
+            if RESID:
+                if Y.dtype.element_ty != W.dtype.element_ty:  # a wider stream (fp32 flow state): the result is
+                    acc = acc.to(W.dtype.element_ty).to(tl.float32)  # rounded as an unfused GEMM would store it
+                acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
+                    acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+            tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
+
+
+@dataclass(frozen=True)
+class GatedResidual:
+    """A GEMM whose result goes into the residual stream: x += gate * result, in place (x is returned). x may
+    also be fp32 under a bf16 / fp16 GEMM (the flow-matching state: x_t += dt * velocity, with the velocity
+    rounded to the GEMM's dtype first, as the unfused GEMM would have stored it)."""
+
+    x: torch.Tensor  # [..., N] contiguous, the GEMM's (weight's) dtype or fp32
+    gate: torch.Tensor  # [N]
+
+
+def split_layout(kdim: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(K per split, number of splits) of `skinny_linear` at inner dimension kdim: split_k splits asked for
+    (0: one per BLOCK_K slice), each covering a whole number of BLOCK_K steps, so no K element is summed twice
+    (a ragged K may give fewer splits than asked)."""
+    def cdiv(a, b):
+        return -(-a // b)
+    wanted = cdiv(kdim, block_k) if split_k == 0 else split_k
+    k_per_split = cdiv(cdiv(kdim, wanted), block_k) * block_k
+    return k_per_split, cdiv(kdim, k_per_split)
+
+
+def _check_residual(x, n, residual: GatedResidual, dtype) -> None:
+    """The residual stream [..., n] (the GEMM's dtype, or fp32) and its gate [n], on x's device."""
+    shape, dev = (*x.shape[:-1], n), x.device
+    want = torch.float32 if residual.x.dtype == torch.float32 else dtype
+    r, g = residual.x, residual.gate
+    if tuple(r.shape) != shape or r.dtype != want or not r.is_contiguous() or r.device != dev:
+        raise KernelInputError(f"skinny_linear: the residual must be a contiguous {want} tensor of shape {shape} "
+                               f"on {dev}, got {tuple(r.shape)} {r.dtype}")
+    if tuple(g.shape) != (n,) or g.device != dev or g.stride(-1) != 1:
+        raise KernelInputError(f"skinny_linear: the residual gate must be a unit-stride [{n}] vector on {dev}, "
+                               f"got {tuple(g.shape)}")
+
+
+def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
+                  preload=0, residual: GatedResidual | None = None, defer: bool = False):
+    """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
+    and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
+    program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait. preload (0 or a power of
+    two; split_k >= 1): each program loads its first `preload` BLOCK_K weight tiles before the PDL wait.
+    residual: the result is added into it (and it is returned). defer: return the split-K partial products
+    unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
+    `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
+    are spread over programs of SKINNY_MAX_M rows."""
+    if triton is None:
+        raise KernelUnavailableError("skinny_linear: Triton is not installed")
+    if split_k < 0:
+        raise KernelInputError(f"skinny_linear: split_k must be >= 0, got {split_k}")
+    if preload < 0 or preload & (preload - 1):
+        raise KernelInputError(f"skinny_linear: preload must be 0 or a power of two, got {preload}")
+    kdim = x.shape[-1]
+    x2 = x.reshape(-1, kdim)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if not w.is_contiguous() or w.shape[1] != kdim:
+        raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
+    m = x2.shape[0]
+    n = w.shape[0] // 2 if geglu else w.shape[0]
+    if x.dtype != w.dtype and not (x.dtype == torch.float32 and w.dtype in (torch.bfloat16, torch.float16)):
+        raise KernelInputError(f"skinny_linear: `x` {x.dtype} with a {w.dtype} weight (only fp32 rows into a "
+                               "bf16 / fp16 GEMM are rounded on load)")
+    if residual is not None:
+        _check_residual(x, n, residual, w.dtype)
+    if defer and (b is not None or geglu or residual is not None):
+        raise KernelInputError("skinny_linear: defer= leaves a plain product's partials (no bias, geglu or "
+                               "residual)")
+    if defer:
+        y = w  # (never written)
+    else:
+        y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
+    interp = interpreting()
+    block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
+    k_per_split, split = split_layout(kdim, block_k, split_k)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
+    one_step = k_per_split == block_k
+    pre_k = block_k if one_step else min(preload * block_k, triton.next_power_of_2(k_per_split))
+    if defer:
+        part = torch.empty(split, m, n, device=x.device, dtype=torch.float32)
+        tickets = part
+    elif split > 1:
+        part = torch.empty((2 if geglu else 1) * split, m, n, device=x.device, dtype=torch.float32)
+        tickets = semaphores(grid[0] * grid[1], x.device)
+    else:
+        part = tickets = y
+    launch(_skinny_gemm_kernel, grid,
+        x2, w, b if b is not None else w, y, part, tickets, residual.gate if residual is not None else w,
+        m, n, kdim, k_per_split, x2.stride(0), w.stride(0), n, m * n, n * w.stride(0),
+        HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=one_step, RESID=residual is not None,
+        UPCAST=interp and w.dtype != torch.float32,
+        PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, PRE_K=pre_k, DEFER=bool(defer), num_warps=num_warps,
+        num_stages=1 if interp else num_stages, **pdl_launch(x.device))
+    if defer:
+        return Partials(part, w.dtype, (*x.shape[:-1], n))
+    return y if residual is not None else y.view(*x.shape[:-1], n)
