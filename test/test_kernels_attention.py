@@ -159,24 +159,6 @@ def test_full_shapes_on_cuda(dtype):
     ks = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35)
     vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
     close(K.attention(qs, k, v, mask, ks, vs, backend="triton"), R.attention_ref(qs, k, v, mask, ks, vs))
-    # The same with q / k2 / v2 as views of the expert's fused QKV output, rotated on load (rope_in_attention),
-    # with the kernel's heuristic and with a key split, against the split/rotate kernel's reference.
-    from flashrt_core.kernels.flash_attention import attention as attention_kernel
-
-    fused = randn(1, 50, 10 * 256, dtype=dtype, dev="cuda", seed=38)
-    heads = fused.view(1, 50, 10, 256)
-    cos, sin = K.rope_cos_sin(610, 256, 10000.0, device="cuda")
-    positions = (530 + torch.arange(50, device="cuda"))[None]
-    k2s = torch.empty(1, 1, 50, 256, dtype=dtype, device="cuda")
-    v2s = torch.empty_like(k2s)
-    q_rot = R.qkv_rope_cache_ref(fused, positions, cos, sin, k2s, v2s, 0, num_q_heads=8, num_kv_heads=1)
-    want = R.attention_ref(q_rot, k, v, mask, k2s, v2s)
-    # (three stages of this rope-on-load tiling need 254 KB of shared memory in bf16, more than an H200 has:
-    # the engine's tuning skips such candidates; an explicit one-stage configuration is tested instead)
-    for config in (None, (16, 32, 8, 8), (16, 32, 8, 8, 1)):
-        got = attention_kernel(heads[:, :, :8], k, v, mask, heads[:, :, 8:9].transpose(1, 2),
-                               heads[:, :, 9:].transpose(1, 2), rope=(positions, cos, sin), config=config)
-        close(got, want)
     # SigLIP: 2 views x 256 tokens, 16 heads of 72, no mask.
     qkv = randn(2, 256, 3, 16, 72, dtype=dtype, dev="cuda", seed=37)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
@@ -234,79 +216,6 @@ def test_split_keys_flash_decoding(dev, splits, dtype):
     nothing = torch.zeros_like(mask)
     out = attention_kernel(q, kp, vp, nothing, config=(16, 16, splits, 4))
     assert torch.equal(out, torch.zeros_like(out))
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("merge_rows", [1, 4, 16])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_split_keys_merged_by_a_second_kernel(dev, merge_rows, dtype):
-    """config[5] = merge_rows: the split partials are merged by `_merge_kernel` (merge_rows rows per program)
-    instead of in-kernel; the same result as the in-kernel merge (same arithmetic and split order) and the
-    reference, over 2 batches and 2 kv heads (row order b, t, head), with masked and fully masked rows.
-    No ticket is taken. A merge_rows that is not a power of two is refused."""
-    from flashrt_core.kernels._common import new_semaphore_workspace, semaphore_workspace
-    from flashrt_core.kernels.flash_attention import attention as attention_kernel
-
-    b, sp, ts, hq, hkv, dh = 2, 37, 7, 8, 2, 24
-    q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=60, std=2.0)
-    kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=61), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=62)
-    ks, vs = randn(b, hkv, ts, dh, dtype=dtype, dev=dev, seed=63), randn(b, hkv, ts, dh, dtype=dtype, dev=dev, seed=64)
-    mask = pad_mask(b, sp, dev, seed=65)
-    mask[1, :20] = False
-    tickets = new_semaphore_workspace(dev, 256)
-    with semaphore_workspace(tickets):
-        for splits in (2, 3):
-            apart = attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4, 2, merge_rows))
-            inside = attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, splits, 4))
-            assert torch.equal(apart, inside)
-            close(apart, R.attention_ref(q, kp, vp, mask, ks, vs))
-        nothing = torch.zeros_like(mask)
-        out = attention_kernel(q, kp, vp, nothing, config=(16, 16, 3, 4, 2, merge_rows))
-        assert torch.equal(out, torch.zeros_like(out))
-    assert int(tickets.abs().sum()) == 0
-    with pytest.raises(KernelInputError, match="merge_rows"):
-        attention_kernel(q, kp, vp, mask, ks, vs, config=(16, 16, 2, 4, 2, 3))
-
-
-@pytest.mark.interpret
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("splits", [1, 3])
-def test_rope_on_load_equals_the_split_rotate_kernel_then_attention(dev, dtype, splits):
-    """The action expert's path: q, k2, v2 are strided views of the fused QKV GEMM output and attention
-    rotates q and k2 on load. Same result as qkv_rope_cache (split + rotate + cache write) followed by
-    attention on its outputs, and as the reference rotation + attention."""
-    from flashrt_core.kernels.flash_attention import attention as attention_kernel
-
-    b, sp, ts, hq, hkv, dh = 2, 29, 7, 4, 2, 24
-    qkv = randn(b, ts, (hq + 2 * hkv) * dh, dtype=dtype, dev=dev, seed=60, std=1.5)
-    kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=61), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=62)
-    mask = pad_mask(b, sp, dev, seed=63)
-    cos, sin = K.rope_cos_sin(sp + ts + 4, dh, 10000.0, device=dev)
-    positions = (torch.tensor([[11], [17]]) + torch.arange(ts)[None, :]).to(dev)  # per-batch valid prefix lengths
-    heads = qkv.view(b, ts, hq + 2 * hkv, dh)
-    q, k2, v2 = heads[:, :, :hq], heads[:, :, hq:hq + hkv].transpose(1, 2), heads[:, :, hq + hkv:].transpose(1, 2)
-    assert not q.is_contiguous() and not k2.is_contiguous()
-    got = attention_kernel(q, kp, vp, mask, k2, v2, rope=(positions, cos, sin), config=(16, 16, splits, 4))
-    ks = torch.zeros(b, hkv, ts, dh, dtype=dtype, device=dev)
-    vs = torch.zeros_like(ks)
-    q_rot = R.qkv_rope_cache_ref(qkv, positions, cos, sin, ks, vs, 0, num_q_heads=hq, num_kv_heads=hkv)
-    close(got, R.attention_ref(q_rot, kp, vp, mask, ks, vs))
-    close(got, K.attention(q, kp, vp, mask, k2, v2, rope=(positions, cos, sin), backend="torch"))
-
-
-@pytest.mark.interpret
-def test_rope_launcher_errors_name_the_argument(dev):
-    b, ts, hq, dh = 1, 5, 2, 16
-    q = randn(b, ts, hq, dh, dev=dev, seed=70)
-    k, v = randn(b, 1, 9, dh, dev=dev, seed=71), randn(b, 1, 9, dh, dev=dev, seed=72)
-    cos, sin = K.rope_cos_sin(32, dh, device=dev)
-    pos = torch.arange(ts, device=dev)[None]
-    with pytest.raises(KernelInputError, match="k2 has 9 keys"):
-        K.attention(q, k, v, None, k, v, rope=(pos, cos, sin), backend="triton")
-    with pytest.raises(KernelInputError, match="positions"):
-        K.attention(q, k, v, rope=(pos.float(), cos, sin), backend="triton")
-    with pytest.raises(KernelInputError, match="cos"):
-        K.attention(q, k, v, rope=(pos, cos[:, :4].contiguous(), sin), backend="triton")
 
 
 @pytest.mark.interpret

@@ -92,14 +92,11 @@ def add_rms_norm(x, residual, weight, eps=1e-6, *, weight_offset=1.0, out=None, 
     return _into(residual_out, new_residual), _into(out, y)
 
 
-def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None, constant_mod=False, backend=None):
-    """prefetch (here and below): tensors a later kernel reads, warmed into L2 by the Triton kernel on
-    sm_90+ (`_prefetch`); results are the same with or without, and the torch references ignore it.
-    constant_mod (here and below): the modulation vectors are weights that no kernel writes, so the Triton
+def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, constant_mod=False, backend=None):
+    """constant_mod (here and below): the modulation vectors are weights that no kernel writes, so the Triton
     kernel reads them before it waits for the previous kernel (PDL); same results."""
     if _use_triton("ada_rms_norm", backend, x.device):
-        return _kernel("adarms", "ada_rms_norm")(x, scale, shift, eps, out=out, prefetch=prefetch,
-                                                  constant_mod=constant_mod)
+        return _kernel("adarms", "ada_rms_norm")(x, scale, shift, eps, out=out, constant_mod=constant_mod)
     return _into(out, reference.ada_rms_norm_ref(x, scale, shift, eps))
 
 
@@ -109,14 +106,13 @@ def gated_residual(x, h, gate, *, out=None, backend=None):
     return _into(out, reference.gated_residual_ref(x, h, gate))
 
 
-def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None,
-                                constant_mod=False, backend=None):
+def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, constant_mod=False,
+                                backend=None):
     """Returns (x + h * gate, AdaRMS(x + h * gate)). h may be `Partials` (a split-K GEMM's unreduced result):
     they are summed in split order and rounded to h's dtype first, as the GEMM would have stored it."""
     if _use_triton("gated_residual_ada_rms_norm", backend, x.device):
-        return _kernel("adarms", "gated_residual_ada_rms_norm")(x, h, gate, scale, shift, eps,
-                                                                      out=out, x_out=x_out, prefetch=prefetch,
-                                                                      constant_mod=constant_mod)
+        return _kernel("adarms", "gated_residual_ada_rms_norm")(x, h, gate, scale, shift, eps, out=out,
+                                                                      x_out=x_out, constant_mod=constant_mod)
     new_x, y = reference.gated_residual_ada_rms_norm_ref(x, h, gate, scale, shift, eps)
     return _into(x_out, new_x), _into(out, y)
 
@@ -149,23 +145,20 @@ def add_layer_norm(x, residual, weight, bias, eps=1e-6, *, out=None, residual_ou
 
 
 def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads,
-                   q_out=None, prefetch=None, constant_positions=False, backend=None):
+                   q_out=None, constant_positions=False, backend=None):
     """Split fused QKV, RoPE q and k, write k/v into the caches; returns q [B, T, Hq, Dh]."""
     if _use_triton("qkv_rope_cache", backend, qkv.device):
         return _kernel("qkv_rope", "qkv_rope_cache")(qkv, positions, cos, sin, k_cache, v_cache, cache_offset,
                                                      num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
-                                                     q_out=q_out, prefetch=prefetch,
-                                                     constant_positions=constant_positions)
+                                                     q_out=q_out, constant_positions=constant_positions)
     q = reference.qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset,
                                      num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
     return _into(q_out, q)
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, rope=None, backend=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, backend=None):
     if _use_triton("attention", backend, q.device):
-        return _kernel("flash_attention", "attention")(q, k, v, key_mask, k2, v2, scale=scale, out=out, rope=rope)
-    if rope is not None:
-        q, k2 = reference.rope_for_attention_ref(q, k2, *rope)
+        return _kernel("flash_attention", "attention")(q, k, v, key_mask, k2, v2, scale=scale, out=out)
     return _into(out, reference.attention_ref(q, k, v, key_mask, k2, v2, scale=scale))
 
 

@@ -7,7 +7,7 @@ scale / shift / gate are [D] or [B, D] (one vector per batch element) and may be
 precomputed modulation table, as long as their last dim is contiguous. `constant_mod=True` declares them
 weights that no kernel writes (the expert's precomputed table): they are then requested before the kernel
 waits for the previous one (PDL), off the critical path after it.
-h may also be `Partials`, the unreduced result of a split-K GEMM (`engine_gemm.skinny_linear(defer=True)`):
+h may also be `Partials`, the unreduced result of a split-K GEMM (`skinny_gemm.skinny_linear(defer=True)`):
 each row's S partials are summed in split order in fp32 and rounded to h's dtype before use, the value the
 GEMM's in-kernel reduction would have stored.
 Reference: `reference.ada_rms_norm_ref`, `gated_residual_ref`, `gated_residual_ada_rms_norm_ref`.
@@ -18,16 +18,14 @@ import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch, row_warps
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
-from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 from flashrt_core.kernels.partials import Partials
 
 
 @triton.jit
 def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
-                         g_stride, sc_stride, sh_stride, rows_per_batch, D, eps, PF_A0, PF_N0, PF_A1, PF_N1,
-                         part_stride,
+                         g_stride, sc_stride, sh_stride, rows_per_batch, D, eps, part_stride,
                          HAS_GATED: tl.constexpr, DO_NORM: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
-                         PREFETCH: tl.constexpr, EARLY_MOD: tl.constexpr, PARTS: tl.constexpr):
+                         EARLY_MOD: tl.constexpr, PARTS: tl.constexpr):
     """EARLY_MOD: gate / scale / shift are weights (never written by a kernel), loaded before the PDL wait.
     PARTS > 0: H holds PARTS fp32 partials of h, part_stride elements apart, summed in order and rounded to
     XO's dtype (h's: checked on the host)."""
@@ -43,7 +41,6 @@ def _ada_rms_norm_kernel(X_ptr, H_ptr, G_ptr, SC_ptr, SH_ptr, Y_ptr, XO_ptr,
             sc = tl.load(SC_ptr + b * sc_stride + cols, mask=mask, other=0.0).to(tl.float32)
             sh = tl.load(SH_ptr + b * sh_stride + cols, mask=mask, other=0.0).to(tl.float32)
     pdl_wait(PDL)
-    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     x = tl.load(X_ptr + row * D + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_GATED:
         if PARTS > 0:
@@ -80,9 +77,8 @@ def _mod(op, name, t, x):
     return t.stride(0)
 
 
-def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None, constant_mod=False):
+def _launch(op, x, h, gate, scale, shift, eps, out, x_out, constant_mod=False):
     check(op, "x", x, contiguous=True)
-    pf = prefetch_args(op, x.device, prefetch)
     d = x.shape[-1]
     has_gated, do_norm = h is not None, scale is not None
     g_stride = sc_stride = sh_stride = parts = part_stride = 0
@@ -105,16 +101,15 @@ def _launch(op, x, h, gate, scale, shift, eps, out, x_out, prefetch=None, consta
             x, h if has_gated else x, gate if has_gated else x, scale if do_norm else x,
             shift if do_norm else x, out if do_norm else x, x_out if has_gated else x,
             g_stride, sc_stride, sh_stride, rows // batch, d, float(eps), part_stride=part_stride,
-            HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block), **pf,
+            HAS_GATED=has_gated, DO_NORM=do_norm, BLOCK_D=block, num_warps=row_warps(block),
             EARLY_MOD=bool(constant_mod), PARTS=parts, **pdl_launch(x.device))
     return out, x_out
 
 
-def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, prefetch=None, constant_mod=False):
+def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, constant_mod=False):
     """rms(x) * (1 + scale) + shift over contiguous x [B, ..., D]; scale/shift [D] or [B, D].
-    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`).
     constant_mod: scale / shift are weights no kernel writes (read before the PDL wait)."""
-    return _launch("ada_rms_norm", x, None, None, scale, shift, eps, out, None, prefetch, constant_mod)[0]
+    return _launch("ada_rms_norm", x, None, None, scale, shift, eps, out, None, constant_mod)[0]
 
 
 def gated_residual(x, h, gate, *, out=None):
@@ -122,10 +117,8 @@ def gated_residual(x, h, gate, *, out=None):
     return _launch("gated_residual", x, h, gate, None, None, 0.0, None, out)[1]
 
 
-def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, prefetch=None,
-                                constant_mod=False):
+def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None, x_out=None, constant_mod=False):
     """Returns (x + h * gate, AdaRMS of it). Pass x_out=x to update the residual stream in place.
-    prefetch, constant_mod: as in `ada_rms_norm` (constant_mod covers the gate too)."""
-    out, x_out = _launch("gated_residual_ada_rms_norm", x, h, gate, scale, shift, eps, out, x_out, prefetch,
-                         constant_mod)
+    constant_mod: as in `ada_rms_norm` (it covers the gate too)."""
+    out, x_out = _launch("gated_residual_ada_rms_norm", x, h, gate, scale, shift, eps, out, x_out, constant_mod)
     return x_out, out

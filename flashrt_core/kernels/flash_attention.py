@@ -12,11 +12,8 @@ Layouts: q and out [B, T, Hq, Dh] (token-major, what the QKV split writes and o_
 stride in the last dim. GQA packs the Hq / Hkv query heads that share one kv head into the rows of one
 program, so each K/V tile is loaded once per group instead of once per query head.
 Softmax runs in fp32 with exp2; P is cast to the value dtype for the second dot (as in FlashAttention).
-A query whose keys are all masked returns zeros.
-`rope=(positions, cos, sin)` rotates q and the second key set on load (rotate-half, fp32 tables as in
-`qkv_rope`, rounded to the input dtype as a separate rotation kernel would store them): the action expert's
-q, k2 and v2 can then be strided views of its fused QKV GEMM output, with no split/rotate kernel between.
-The second key set are the query tokens themselves there, so positions [B, T] serve both.
+A query whose keys are all masked returns zeros. Keys split over programs (flash-decoding) are merged by
+the last program of each row block.
 Reference: `reference.attention_ref`.
 """
 import math
@@ -25,34 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-from flashrt_core.kernels._common import (INT_DTYPES, MASK_DTYPES, KernelInputError, check, check_out, interpreting,
-                                         launch, next_pow2, pdl_launch, semaphores)
-from flashrt_core.kernels._pdl import pdl_enter, pdl_trigger, pdl_wait
+from flashrt_core.kernels._common import (MASK_DTYPES, KernelInputError, check, check_out, interpreting, launch,
+                                         next_pow2, pdl_launch, semaphores)
+from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
 from flashrt_core.kernels._tickets import last_of_split, reset_ticket
 
 _LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def _rotate(x, x_partner, pos, pos_ok, COS, SIN, half, d, d_mask, AXIS: tl.constexpr):
-    """rotate-half RoPE of a tile whose head dim runs along AXIS (0: [D, N] key tiles, 1: [M, D] query tiles);
-    `x_partner` is the same tile loaded at the partner dims (d + half mod 2 half), pos the tokens' positions."""
-    first = d < half
-    sign = tl.where(first, -1.0, 1.0)
-    dc = tl.where(first, d, d - half)
-    if AXIS == 1:
-        ok = pos_ok[:, None] & d_mask[None, :]
-        idx = pos[:, None] * half + dc[None, :]
-        c = tl.load(COS + idx, mask=ok, other=1.0)
-        s = tl.load(SIN + idx, mask=ok, other=0.0)
-        y = x.to(tl.float32) * c + sign[None, :] * x_partner.to(tl.float32) * s
-    else:
-        ok = pos_ok[None, :] & d_mask[:, None]
-        idx = pos[None, :] * half + dc[:, None]
-        c = tl.load(COS + idx, mask=ok, other=1.0)
-        s = tl.load(SIN + idx, mask=ok, other=0.0)
-        y = x.to(tl.float32) * c + sign[:, None] * x_partner.to(tl.float32) * s
-    return y.to(x.dtype)
 
 
 @triton.jit
@@ -77,25 +52,13 @@ def _accumulate(acc, p, alpha, v, PRECISION: tl.constexpr, UPCAST: tl.constexpr)
 
 
 @triton.jit
-def _rotate_second(k, k_rows, n, in_range, S, P, COS, SIN, half, n_positions, d, d_mask):
-    """RoPE of a key tile's second-set columns (their positions P[n - S]); first-set columns pass untouched."""
-    partner = tl.where(d < half, d + half, d - half)
-    k_p = tl.load(k_rows[None, :] + partner[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
-    turn = in_range & (n >= S)
-    pos = tl.load(P + tl.maximum(n - S, 0), mask=turn, other=0).to(tl.int64)
-    turn = turn & (pos >= 0) & (pos < n_positions)  # first-set keys pass through untouched, even inf
-    return tl.where(turn[None, :], _rotate(k, k_p, pos, turn, COS, SIN, half, d, d_mask, 0), k)
-
-
-@triton.jit
 def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M, k_ss, v_ss, k2_ss, v2_ss, S, lo, hi,
-            qk_scale, d, d_mask, P, COS, SIN, half, n_positions, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
-            ROPE: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-            ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr):
+            qk_scale, d, d_mask, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, BLOCK_N: tl.constexpr,
+            PRECISION: tl.constexpr, UPCAST: tl.constexpr, ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr):
     """Fold keys [lo, hi) of one (batch, kv head) into the running (acc, max, sum) of the rows. Key n < S is
     row n of the first set, at K + k_base + n k_ss (V alike; valid where M[n] != 0 with HAS_MASK); key n >= S
     (HAS_SECOND) is row n - S of the second set, at K + k2_base + (n - S) k2_ss (k2_base: the second set's
-    address relative to K, in elements; V alike), always valid, rotated by its position P[n - S] with ROPE.
+    address relative to K, in elements; V alike), always valid.
     One key tile may hold keys of both sets (each column reads its own rows), so a split never walks the
     first set's last tile and then the second set's as two serial steps. The columns pick an integer row
     offset, not a pointer (a select of pointers loses the alignment and contiguity Triton needs for 16-byte
@@ -120,8 +83,6 @@ def _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M, k_ss, v
         if HAS_MASK:  # keys of the second set are always valid (other=1)
             valid = valid & (tl.load(M + n, mask=mask_keys, other=1) != 0)
         k = tl.load(k_rows[None, :] + d[:, None], mask=in_range[None, :] & d_mask[:, None], other=0.0)
-        if ROPE and HAS_SECOND:
-            k = _rotate_second(k, k_rows, n, in_range, S, P, COS, SIN, half, n_positions, d, d_mask)
         p, alpha, m_i, l_i = _scores(q, k, valid, m_i, l_i, qk_scale, PRECISION, UPCAST)
         if HAS_SECOND:  # (computed here, not with k_rows: fewer registers live across the first dot)
             if SAME_STRIDE:
@@ -158,15 +119,14 @@ def _merge_splits(PART, ML, row0, rows_per_split, ok, io_mask, d, DH, NSPLIT: tl
 
 
 @triton.jit
-def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, SIN, B, T, S, S2, HQ, HKV, qk_scale,
-                      keys_per_split, n_rows, n_positions, pos_sb,
+def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, B, T, S, S2, HQ, HKV, qk_scale,
+                      keys_per_split, n_rows,
                       q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb,
                       k2_sb, k2_sh, k2_ss, v2_sb, v2_sh, v2_ss, o_sb, o_st, o_sh,
-                      GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr, ROPE: tl.constexpr,
+                      GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      PRECISION: tl.constexpr, UPCAST: tl.constexpr, MERGE_APART: tl.constexpr,
-                      DH: tl.constexpr, ALIGN: tl.constexpr, SAME_STRIDE: tl.constexpr,
-                      PDL: tl.constexpr):
+                      PRECISION: tl.constexpr, UPCAST: tl.constexpr, DH: tl.constexpr, ALIGN: tl.constexpr,
+                      SAME_STRIDE: tl.constexpr, PDL: tl.constexpr):
     """ALIGN: every stride (and so every row offset) is a multiple of it, in elements (host-checked); DH is a
     compile-time constant, so the head-dim mask is known in 8-element pieces: with both, a head dim such as
     SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time."""
@@ -189,11 +149,6 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
     io_mask = (t < T)[:, None] & d_mask[None, :]
     q_rows = Q + tl.multiple_of(b * q_sb + t * q_st + head * q_sh, ALIGN)[:, None]
     q = tl.load(q_rows + d[None, :], mask=io_mask, other=0.0)
-    half = DH // 2
-    if ROPE:
-        q_p = tl.load(q_rows + tl.where(d < half, d + half, d - half)[None, :], mask=io_mask, other=0.0)
-        pos = tl.load(POS + b * pos_sb + t, mask=t < T, other=0).to(tl.int64)
-        q = _rotate(q, q_p, pos, (t < T) & (pos >= 0) & (pos < n_positions), COS, SIN, half, d, d_mask, 1)
     if UPCAST:
         q = q.to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -203,50 +158,27 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, POS, COS, 
     v2_base = v2_delta + b * v2_sb + kvh * v2_sh
     acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M + b * m_sb,
                             k_ss, v_ss, k2_ss, v2_ss, S, lo, hi, qk_scale,
-                            d, d_mask, POS + b * pos_sb, COS, SIN, half, n_positions, HAS_MASK, HAS_SECOND, ROPE,
-                            BLOCK_N, PRECISION, UPCAST, ALIGN, SAME_STRIDE)
+                            d, d_mask, HAS_MASK, HAS_SECOND, BLOCK_N, PRECISION, UPCAST, ALIGN, SAME_STRIDE)
     if NSPLIT > 1:
         # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
-        # max in log2 units, and sum). MERGE_APART: `_merge_kernel` runs next and merges them; else the last of
-        # the NSPLIT programs of this row block (ticket C) does: every split rescaled to the global max, summed
-        # in split order, normalized.
+        # max in log2 units, and sum). The last of the NSPLIT programs of this row block (ticket C) merges them:
+        # every split rescaled to the global max, summed in split order, normalized.
         row = ((split.to(tl.int64) * B + b) * T + t) * HQ + head
         tl.store(PART + row[:, None] * DH + d[None, :], acc, mask=io_mask)
         tl.store(ML + row, m_i, mask=t < T)
         tl.store(ML + n_rows + row, l_i, mask=t < T)
-        if not MERGE_APART:
-            tile = pid_m * tl.num_programs(1) + bh
-            if last_of_split(C, tile, NSPLIT):
-                rows_per_split = n_rows // NSPLIT
-                row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
-                out = _merge_splits(PART, ML, row0, rows_per_split, t < T, io_mask, d, DH, NSPLIT, BLOCK_M,
-                                    BLOCK_D)
-                tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
-                         out.to(O.dtype.element_ty), mask=io_mask)
-                reset_ticket(C, tile)
+        tile = pid_m * tl.num_programs(1) + bh
+        if last_of_split(C, tile, NSPLIT):
+            rows_per_split = n_rows // NSPLIT
+            row0 = row - split.to(tl.int64) * rows_per_split  # the same rows in split 0
+            out = _merge_splits(PART, ML, row0, rows_per_split, t < T, io_mask, d, DH, NSPLIT, BLOCK_M, BLOCK_D)
+            tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
+                     out.to(O.dtype.element_ty), mask=io_mask)
+            reset_ticket(C, tile)
     else:
         out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
         tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
                  out.to(O.dtype.element_ty), mask=io_mask)
-
-
-@triton.jit
-def _merge_kernel(PART, ML, O, n_rows, T, HQ, o_sb, o_st, o_sh, NSPLIT: tl.constexpr, BLOCK_R: tl.constexpr,
-                  BLOCK_D: tl.constexpr, DH: tl.constexpr, ALIGN: tl.constexpr, PDL: tl.constexpr):
-    """`_attention_kernel`'s split merge as a kernel of its own (MERGE_APART): BLOCK_R of the n_rows = B * T * HQ
-    rows per split (in (b, t, head) order) per program, spread over many programs instead of one per row
-    block; the same `_merge_splits`, so the same result."""
-    pdl_enter(PDL)
-    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ok = r < n_rows
-    d = tl.arange(0, BLOCK_D)
-    io = ok[:, None] & (d < DH)[None, :]
-    out = _merge_splits(PART, ML, r, n_rows, ok, io, d, DH, NSPLIT, BLOCK_R, BLOCK_D)
-    head = r % HQ
-    t = (r // HQ) % T
-    b = (r // HQ // T).to(tl.int64)
-    tl.store(O + tl.multiple_of(b * o_sb + t * o_st + head * o_sh, ALIGN)[:, None] + d[None, :],
-             out.to(O.dtype.element_ty), mask=io)
 
 
 def _blocks(rows, batch_heads, keys, block_d):
@@ -280,40 +212,17 @@ def _row_alignment(*tensors) -> int:
     return g
 
 
-def _rope_args(op, rope, q, k2, dh):
-    """(positions, cos, sin) for the kernel; stand-ins that are never read when rope is None."""
-    if rope is None:
-        return q, q, q
-    positions, cos, sin = rope
-    b, t = q.shape[:2]
-    if dh % 2:
-        raise KernelInputError(f"{op}: rope needs an even head dim, got {dh}")
-    if k2 is not None and k2.shape[2] != t:
-        raise KernelInputError(f"{op}: rope rotates k2 with the query positions: k2 has {k2.shape[2]} keys, "
-                               f"q {t} tokens")
-    check(op, "positions", positions, dtypes=INT_DTYPES, shape=(b, t), device=q.device)
-    for name, table in (("cos", cos), ("sin", sin)):
-        check(op, name, table, ndim=2, dtypes=(torch.float32,), device=q.device)
-        if table.shape[1] != dh // 2 or not table.is_contiguous():
-            raise KernelInputError(f"{op}: `{name}` must be contiguous [P, {dh // 2}], got {tuple(table.shape)}")
-    if cos.shape != sin.shape:
-        raise KernelInputError(f"{op}: `cos` {tuple(cos.shape)} and `sin` {tuple(sin.shape)} differ")
-    return positions, cos, sin
-
-
 def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
     check(op, name, t, ndim=4, dtypes=(dtype,), shape=(b, hkv, s, dh), device=device)
     return t
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None, rope=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
-    rope = (positions [B, T] int, cos, sin [P, Dh / 2] fp32): q and k2 (then S2 == T) are rotated on load.
-    `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages[, merge_rows]]) overrides the heuristic
-    (tuning sweeps; num_stages defaults to 2). merge_rows > 0: the key splits are merged by a second kernel,
-    merge_rows rows per program, instead of by the last split program of each row block (default 0)."""
+    `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) overrides the heuristic (tuning sweeps;
+    num_stages defaults to 2)."""
     op = "attention"
     check(op, "q", q, ndim=4)
     b, t, hq, dh = q.shape
@@ -334,7 +243,6 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         _kv(op, "k2", k2, b, hkv, dh, q.dtype, q.device)
         s2 = k2.shape[2]
         _kv(op, "v2", v2, b, hkv, dh, q.dtype, q.device, s2)
-    positions, cos, sin = _rope_args(op, rope, q, k2, dh)
     out = check_out(op, "out", out, q.shape, q.device) if out is not None else q.new_empty(q.shape)
     if out.dtype != q.dtype:
         raise KernelInputError(f"{op}: `out` has dtype {out.dtype}, expected {q.dtype} like `q`")
@@ -345,18 +253,14 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     block_d = next_pow2(dh, 16)
     block_m, block_n, splits, warps, *rest = config or _blocks(t * group, b * hkv, s + s2, block_d)
     stages = rest[0] if rest else 2
-    merge_rows = rest[1] if len(rest) > 1 else 0
-    if merge_rows < 0 or merge_rows & (merge_rows - 1):
-        raise KernelInputError(f"{op}: merge_rows must be 0 or a power of two, got {merge_rows}")
     keys_per_split = triton.cdiv(triton.cdiv(max(s + s2, 1), splits), block_n) * block_n
     splits = triton.cdiv(max(s + s2, 1), keys_per_split)  # no empty trailing split
     n_rows = splits * b * t * hq
-    merge_apart = splits > 1 and merge_rows > 0
     grid = (triton.cdiv(t * group, block_m), b * hkv, splits)
     if splits > 1:  # per-call scratch: the caching allocator (and a CUDA graph's pool) makes it cheap
         part = torch.empty(n_rows * dh, dtype=torch.float32, device=q.device)
         ml = torch.empty(2 * n_rows, dtype=torch.float32, device=q.device)
-        tickets = q if merge_apart else semaphores(grid[0] * grid[1], q.device)
+        tickets = semaphores(grid[0] * grid[1], q.device)
     else:
         part = ml = tickets = q
     m_arg = key_mask if key_mask is not None else q
@@ -368,24 +272,18 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
     upcast = interpreting() and q.dtype != torch.float32
     align = math.gcd(_row_alignment((q, 1), (out, 1), (k, 2), (v, 2), (k2_arg, 2), (v2_arg, 2)), k2_delta, v2_delta)
     launch(_attention_kernel, grid,
-        q, k, v, m_arg, k2_delta, v2_delta, out, part, ml, tickets, positions, cos, sin, b, t, s, s2, hq, hkv,
-        scale * _LOG2E, keys_per_split, n_rows, cos.shape[0], positions.stride(0),
+        q, k, v, m_arg, k2_delta, v2_delta, out, part, ml, tickets, b, t, s, s2, hq, hkv,
+        scale * _LOG2E, keys_per_split, n_rows,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), key_mask.stride(0) if key_mask is not None else 0,
         k2_arg.stride(0), k2_arg.stride(1), k2_arg.stride(2), v2_arg.stride(0), v2_arg.stride(1), v2_arg.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, ROPE=rope is not None,
-        NSPLIT=splits,
+        GROUP=group, HAS_MASK=key_mask is not None, HAS_SECOND=k2 is not None, NSPLIT=splits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         # fp32 inputs get exact (not TF32) dots. Triton's CPU interpreter multiplies bf16 tiles wrongly
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
-        MERGE_APART=merge_apart, DH=dh, ALIGN=align,
+        DH=dh, ALIGN=align,
         SAME_STRIDE=k2_arg.stride(2) == k.stride(2) and v2_arg.stride(2) == v.stride(2),
         num_warps=warps, num_stages=stages, **pdl_launch(q.device))
-    if merge_apart:
-        rows = b * t * hq
-        launch(_merge_kernel, (triton.cdiv(rows, merge_rows),),
-            part, ml, out, rows, t, hq, out.stride(0), out.stride(1), out.stride(2), NSPLIT=splits,
-            BLOCK_R=merge_rows, BLOCK_D=block_d, DH=dh, ALIGN=align, num_warps=4, **pdl_launch(q.device))
     return out

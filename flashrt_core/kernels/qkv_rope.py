@@ -10,7 +10,7 @@ because an in-kernel sin/cos of angles up to ~1000 rad would be less accurate th
 Positions (and per-batch offsets) are device tensors, so they are not checked on the host (that would be a
 sync): a position outside the tables leaves its row unrotated, and a cache row outside [0, S) is not written,
 so a bad value can give wrong numbers but never touches memory outside the buffers.
-qkv may also be `Partials`, the unreduced result of a split-K QKV GEMM (`engine_gemm.skinny_linear(defer=True)`):
+qkv may also be `Partials`, the unreduced result of a split-K QKV GEMM (`skinny_gemm.skinny_linear(defer=True)`):
 each value's partials are summed in split order in fp32 and rounded to the result's dtype on load, the value
 the GEMM's in-kernel reduction would have stored.
 Reference: `reference.qkv_rope_cache_ref`.
@@ -21,17 +21,15 @@ import triton.language as tl
 
 from flashrt_core.kernels._common import INT_DTYPES, KernelInputError, check, check_out, next_pow2, pdl_launch
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
-from flashrt_core.kernels._prefetch import l2_prefetch, prefetch_args
 from flashrt_core.kernels.partials import Partials
 
 
 @triton.jit(do_not_specialize=["offset"])  # one compiled kernel for every offset
 def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K_ptr, V_ptr,
                            T, n_positions, offset,
-                           q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S, PF_A0, PF_N0, PF_A1, PF_N1,
-                           part_stride, HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr,
-                           OFFSET_TENSOR: tl.constexpr, BLOCK_HALF: tl.constexpr, PDL: tl.constexpr,
-                           PREFETCH: tl.constexpr, EARLY: tl.constexpr, PARTS: tl.constexpr):
+                           q_sb, q_st, q_sh, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, S, part_stride,
+                           HQ: tl.constexpr, HKV: tl.constexpr, DH: tl.constexpr, OFFSET_TENSOR: tl.constexpr,
+                           BLOCK_HALF: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr, PARTS: tl.constexpr):
     """EARLY: positions and the cos / sin tables are written by no kernel of this PDL chain, so every program
     reads its token's position and table rows before waiting for the previous kernel.
     PARTS > 0: QKV holds PARTS fp32 partials of qkv, part_stride elements apart, summed in order and rounded
@@ -50,7 +48,6 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
         c_e = tl.load(COS_ptr + pos_e * half + i, mask=pos_ok_e, other=1.0)
         s_e = tl.load(SIN_ptr + pos_e * half + i, mask=pos_ok_e, other=0.0)
     pdl_wait(PDL)
-    l2_prefetch(PF_A0, PF_N0, PF_A1, PF_N1, PREFETCH)
     src = QKV_ptr + token * ((HQ + 2 * HKV) * DH) + head * DH
     if PARTS > 0:
         x1 = tl.zeros([BLOCK_HALF], dtype=tl.float32)
@@ -96,11 +93,10 @@ def _qkv_rope_cache_kernel(QKV_ptr, POS_ptr, COS_ptr, SIN_ptr, OFF_ptr, Q_ptr, K
 
 
 def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads,
-                   q_out=None, prefetch=None, constant_positions=False):
+                   q_out=None, constant_positions=False):
     """Split fused qkv [B, T, (Hq + 2 Hkv) * Dh], rotate q and k by `positions` [B, T] (int), write k / v
     into k_cache / v_cache [B, Hkv, S, Dh] (any strides, unit last stride) at rows cache_offset + t, where
     cache_offset is an int or an int tensor [B]. Returns q [B, T, Hq, Dh] (or fills q_out).
-    prefetch: up to two contiguous tensors that later kernels read, warmed into L2 (`_prefetch`).
     constant_positions: positions, cos and sin are written by no kernel of this launch's PDL chain (the act
     stage's positions, computed by torch ops before its first Triton kernel): they are read before the wait.
     qkv may be `Partials` of a [B, T, width] result (added up on load)."""
@@ -114,7 +110,6 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
     else:
         check(op, "qkv", qkv, ndim=3, contiguous=True)
         dtype, shape = qkv.dtype, tuple(qkv.shape)
-    pf = prefetch_args(op, qkv.device, prefetch)
     b, t, width = shape
     heads = num_q_heads + 2 * num_kv_heads
     if num_q_heads < 1 or num_kv_heads < 1 or width % heads:
@@ -147,7 +142,7 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
     if b * t:
         _qkv_rope_cache_kernel[(b * t, heads)](
             qkv, positions, cos, sin, offsets, q_out, k_cache, v_cache, t, cos.shape[0], offset,
-            *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2], **pf,
+            *q_out.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], k_cache.shape[2],
             part_stride=part_stride, HQ=num_q_heads, HKV=num_kv_heads, DH=dh,
             OFFSET_TENSOR=isinstance(cache_offset, torch.Tensor), BLOCK_HALF=next_pow2(dh // 2, 16),
             EARLY=bool(constant_positions), PARTS=parts,

@@ -95,16 +95,6 @@ def apply_rope_ref(x, cos, sin):
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def rope_for_attention_ref(q, k2, positions, cos, sin):
-    """q [B, T, Hq, Dh] and k2 [B, Hkv, T, Dh] (or None) rotated with the tokens' positions [B, T], rounded
-    to their dtype (what `attention(..., rope=...)` does on load)."""
-    c, s = cos[positions.long()], sin[positions.long()]  # [B, T, Dh / 2]
-    q = apply_rope_ref(q, c[:, :, None, :], s[:, :, None, :]).to(q.dtype)
-    if k2 is not None:
-        k2 = apply_rope_ref(k2, c[:, None], s[:, None]).to(k2.dtype)
-    return q, k2
-
-
 def qkv_rope_cache_ref(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, num_q_heads, num_kv_heads):
     """Split a fused [B, T, (Hq + 2 Hkv) * Dh] QKV, rotate q and k, write k/v into caches [B, Hkv, S, Dh]
     at rows cache_offset + t (an int, or an int tensor [B]); return q as [B, T, Hq, Dh]. A position outside
