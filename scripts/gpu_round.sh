@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see docs/gpu-machine.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|ab|runtime] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
@@ -9,9 +9,6 @@
 # golden fixtures are tracked in test/fixtures/ and travel with the tree). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
 # the profile separately).
-# ab: profile_pi05 --ab $FLASHRT_AB (an engine flag, e.g. early_positions, fused_euler, or several comma-separated,
-# flipped together; ~1 min each with parallel tuning, 2026-12-03); several A/Bs in one call: separate them
-# with ';' (FLASHRT_AB="fused_euler;early_positions"), each gets an equal share of the 560 s.
 # tests: the whole GPU suite outgrew one device call (~6-7 min at 3ca414b, 49 tests; 52 since): run it as two,
 # FLASHRT_TEST_PART=engine and FLASHRT_TEST_PART=rest.
 # FLASHRT_KEEP_TUNING=1: also return the engine's tuning cache ($OUT/tuning/*.json). Put those files into
@@ -61,16 +58,16 @@ if [[ "$what" == bench || "$what" == all ]]; then
   bench bench_capsule 90 --fused-kv --runtime --json "$OUT/capsule_h200.json"
   bench bench_kernels 180 --json "$OUT/kernels_h200.json"
   bench bench_adopt 240 --compile-mode none --json "$OUT/adopt_pi05_w2.json"
-  bench profile_pi05 260 --ab norm_in_gemm --json "$OUT/profile_pi05_w2.json"
+  bench profile_pi05 260 --json "$OUT/profile_pi05_w2.json"
 fi
 if [[ "$what" == adopt ]]; then
   bench bench_adopt 570 --capture --compile-mode default --json "$OUT/adopt_pi05_w2.json"
 fi
-if [[ "$what" == profile ]]; then  # per-kernel act/observe profile with the norm-in-GEMM A/B (~4 min)
-  bench profile_pi05 560 --ab norm_in_gemm --json "$OUT/profile_pi05_w2.json"
+if [[ "$what" == profile ]]; then  # per-kernel act/observe profile (~4 min)
+  bench profile_pi05 560 --json "$OUT/profile_pi05_w2.json"
 fi
-if [[ "$what" == nopdl ]]; then  # the same A/B without PDL (GPUs before sm_90 have none; ~4 min)
-  bench profile_pi05 560 --pdl 0 --ab norm_in_gemm --json "$OUT/profile_pi05_w2_nopdl_norm_ab.json"
+if [[ "$what" == nopdl ]]; then  # the same profile without PDL (GPUs before sm_90 have none; ~4 min)
+  bench profile_pi05 560 --pdl 0 --json "$OUT/profile_pi05_w2_nopdl.json"
 fi
 if [[ "$what" == views ]]; then  # 1 and 3 views (engine, act-only, LeRobot eager; ~4 min with the tuning cache)
   bench bench_pi05 560 --out-dir "$OUT" --workloads views1,views3 --skip-compile
@@ -84,12 +81,6 @@ fi
 if [[ "$what" == runtime ]]; then  # the contract runtime (both observe modes) and the capsules (~4 min with the cache)
   bench bench_runtime 400 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
   bench bench_capsule 150 --fused-kv --runtime --json "$OUT/capsule_h200.json"
-fi
-if [[ "$what" == ab ]]; then  # FLASHRT_AB="a;b,c": one A/B per ';'-separated entry, each its own JSON
-  IFS=';' read -ra abs <<< "${FLASHRT_AB:?set FLASHRT_AB to a Pi05Engine flag}"
-  for ab in "${abs[@]}"; do
-    bench profile_pi05 $(( 560 / ${#abs[@]} )) --ab "$ab" --json "$OUT/profile_pi05_w2_${ab//,/-}_ab.json"
-  done
 fi
 if [[ -n "${FLASHRT_KEEP_TUNING:-}" ]]; then
   mkdir -p "$OUT/tuning" && cp .cache/tuning/*.json "$OUT/tuning/" 2>/dev/null
