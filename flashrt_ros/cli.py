@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config", help="contract YAML (default: the packaged pi05.yaml)")
     d.add_argument("--checkpoint", help="LeRobot checkpoint folder")
     d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    d.add_argument("--tokenizer", help="tokenizer.json / tokenizer.model file or folder (default: the hub cache)")
     for module in ("flashrt_core.contract.cli", "flashrt_core.capsule.cli", "flashrt_core.bench",
                    "flashrt_ros.replay.cli", "flashrt_ros.run_cli"):
         try:
@@ -46,7 +47,7 @@ def main(argv=None) -> int:
     if args.command == "doctor":
         from flashrt_ros.doctor import doctor
 
-        return doctor(args.config, args.checkpoint, args.device)
+        return doctor(args.config, args.checkpoint, args.device, args.tokenizer)
     if args.command == "demo":
         from flashrt_ros.demo import demo
 

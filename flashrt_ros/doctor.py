@@ -1,6 +1,6 @@
 """`flashrt doctor`: what hardware, kernels and ROS pieces are available, and what a contract will run here.
 
-    flashrt doctor [--config FILE] [--checkpoint DIR] [--device auto]
+    flashrt doctor [--config FILE] [--checkpoint DIR] [--tokenizer PATH] [--device auto]
 
 The second part is the dry run of `flashrt run`: the contract (default: the packaged config/pi05.yaml, the
 one the node uses with a checkpoint) validated for this device, with the engine, dtypes, cameras,
@@ -60,24 +60,24 @@ def probe() -> list[tuple[str, bool, str]]:
     return rows
 
 
-def plan(config=None, checkpoint=None, device="auto") -> tuple[bool, str]:
+def plan(config=None, checkpoint=None, device="auto", tokenizer=None) -> tuple[bool, str]:
     """(ok, text): what `config` (default: the packaged pi05.yaml) with `checkpoint` will run on `device`."""
     from flashrt_core.contract.plan import describe_run, format_run
     from flashrt_ros.runtime_loader import CHECKPOINT_CONTRACT, packaged_config
 
     try:
         path = config or packaged_config(CHECKPOINT_CONTRACT)
-        return True, format_run(describe_run(path, device=device, checkpoint=checkpoint))
+        return True, format_run(describe_run(path, device=device, checkpoint=checkpoint, tokenizer=tokenizer))
     except Exception as exc:  # the reason is the report: a contract or checkpoint that would fail at configure
         return False, f"would fail at configure: {type(exc).__name__}: {exc}"
 
 
-def doctor(config=None, checkpoint=None, device="auto") -> int:
+def doctor(config=None, checkpoint=None, device="auto", tokenizer=None) -> int:
     rows = probe()
     width = max(len(name) for name, _, _ in rows)
     for name, ok, detail in rows:
         print(f"{name:<{width}}  {'ok ' if ok else '-- '} {detail}")
-    ok_plan, text = plan(config, checkpoint, device)
+    ok_plan, text = plan(config, checkpoint, device, tokenizer)
     print("\nwhat runs (flashrt run --dry-run):")
     print("\n".join("  " + line for line in text.splitlines()))
     required = {"torch", "python"}

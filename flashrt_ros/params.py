@@ -59,6 +59,9 @@ PARAMETERS = {
                     "torch intra-op threads on CPU; 0 = torch's default (1 is best for the tiny model)",
                     IntegerRange(from_value=0, to_value=256)),
     "autostart": (False, ParameterType.PARAMETER_BOOL, "configure and activate at start-up", None),
+    "exit_on_failure": (False, ParameterType.PARAMETER_BOOL,
+                        "with autostart: end the process (status 1) when configure or activate fails, instead of "
+                        "staying unconfigured for a lifecycle manager (flashrt run sets it)", None),
     "diagnostics_period_s": (1.0, ParameterType.PARAMETER_DOUBLE, "period of /diagnostics",
                              FloatingPointRange(from_value=0.05, to_value=60.0)),
 }
@@ -88,6 +91,7 @@ class NodeParams:
     publish_joint_trajectory: bool
     cpu_threads: int
     autostart: bool
+    exit_on_failure: bool
     diagnostics_period_s: float
 
 
@@ -103,7 +107,31 @@ def declare(node) -> None:
 
 def read(node) -> NodeParams:
     """Current values, validated; raises ValueError naming the parameter."""
-    values = {name: node.get_parameter(name).value for name in PARAMETERS}
+    return validate({name: node.get_parameter(name).value for name in PARAMETERS})
+
+
+_TYPES = {ParameterType.PARAMETER_STRING: (str,), ParameterType.PARAMETER_INTEGER: (int,),
+          ParameterType.PARAMETER_DOUBLE: (float,), ParameterType.PARAMETER_BOOL: (bool,),
+          ParameterType.PARAMETER_STRING_ARRAY: (list, tuple)}
+
+
+def validate(values: dict) -> NodeParams:
+    """Parameter values (the node's, or a params file's and flags' for `flashrt run --dry-run`) -> NodeParams,
+    checked as the node checks them: types and ranges of the declarations, topic names, lists without
+    repeats, device / engine / dtype names. Raises ValueError naming the parameter."""
+    from rclpy.validate_topic_name import validate_topic_name
+
+    values = dict(values)
+    for name, (_default, ptype, _doc, value_range) in PARAMETERS.items():
+        v = values[name]
+        kinds = _TYPES[ptype]
+        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            raise ValueError(f"parameter '{name}' must be of type {ptype_name(ptype)}, got {v!r}")
+        if ptype == ParameterType.PARAMETER_STRING_ARRAY and not all(isinstance(x, str) for x in v):
+            raise ValueError(f"parameter '{name}' must be a list of strings, got {v!r}")
+        if value_range is not None and not value_range.from_value <= v <= value_range.to_value:
+            raise ValueError(f"parameter '{name}' must lie in [{value_range.from_value}, {value_range.to_value}], "
+                             f"got {v}")
     values["joint_names"] = [n for n in values["joint_names"] if n]
     cameras = [t for t in values["camera_topics"] if t]
     if not cameras:
@@ -111,12 +139,26 @@ def read(node) -> NodeParams:
     if len(set(cameras)) != len(cameras):
         raise ValueError(f"parameter 'camera_topics' lists a topic twice: {cameras}")
     values["camera_topics"] = cameras
+    for name in ("camera_topics", "joint_state_topic", "state_topic"):
+        for topic in (values[name] if isinstance(values[name], list) else [values[name]]):
+            if topic:
+                try:
+                    validate_topic_name(topic)
+                except Exception as exc:  # rclpy's InvalidTopicNameException, with a caret under the fault
+                    raise ValueError(f"parameter '{name}': {exc}") from None
     if len(set(values["joint_names"])) != len(values["joint_names"]):
         raise ValueError(f"parameter 'joint_names' lists a joint twice: {values['joint_names']}")
-    if values["device"] != "auto" and not (values["device"] == "cpu" or values["device"].startswith("cuda")):
-        raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{values['device']}'")
+    device = values["device"]
+    if not (device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{device}'")
     if values["engine"] not in ("auto", "fused", "reference"):
         raise ValueError(f"parameter 'engine' must be auto, fused or reference, not '{values['engine']}'")
     if values["dtype"] not in ("", "float32", "bfloat16", "float16"):
         raise ValueError(f"parameter 'dtype' must be float32, bfloat16 or float16, not '{values['dtype']}'")
-    return NodeParams(**values)
+    return NodeParams(**{k: values[k] for k in NodeParams.__dataclass_fields__})
+
+
+def ptype_name(ptype) -> str:
+    return {ParameterType.PARAMETER_STRING: "string", ParameterType.PARAMETER_INTEGER: "integer",
+            ParameterType.PARAMETER_DOUBLE: "double", ParameterType.PARAMETER_BOOL: "bool",
+            ParameterType.PARAMETER_STRING_ARRAY: "string array"}.get(ptype, str(ptype))

@@ -29,6 +29,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
+from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.preprocess import letterbox
 from flashrt_ros import conversions, params
 from flashrt_ros.capsule_services import CapsuleServices
@@ -90,8 +91,11 @@ class PolicyNode(LifecycleNode):
     # ----------------------------------------------------------------- lifecycle
     def _autostart(self):
         self._autostart_timer.cancel()
-        if self.trigger_configure() == TransitionCallbackReturn.SUCCESS:
-            self.trigger_activate()
+        ok = self.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        ok = ok and self.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        if not ok and self.get_parameter("exit_on_failure").value:
+            # (flashrt run: a process that cannot run its policy ends, with the reason logged above)
+            raise SystemExit(f"policy_node {self.get_fully_qualified_name()}: {self.health.last_error or 'failed'}")
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
@@ -247,10 +251,10 @@ class PolicyNode(LifecycleNode):
         try:
             rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
                    conversions.image_to_rgb(msg))
-        except conversions.ConversionError as exc:
+            rgb = letterbox(rgb, *self._frame_shape[:2])
+        except (conversions.ConversionError, InputError) as exc:
             self._refuse(topic, "image", str(exc))
             return
-        rgb = letterbox(rgb, *self._frame_shape[:2])
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
             if self._check_stamp(topic, stamp):
@@ -274,7 +278,7 @@ class PolicyNode(LifecycleNode):
         try:
             values = conversions.state_vector(msg, self._state_dim)
         except conversions.ConversionError as exc:
-            self._refuse(self._state_source, "joint_state", str(exc))
+            self._refuse(self._state_source, "state_vector", str(exc))
             return
         self._store_state(values, self.get_clock().now().nanoseconds)
 
@@ -505,6 +509,9 @@ def main(args=None):
     # Ctrl-C stays Python's KeyboardInterrupt, so that the inference thread is stopped while the context is
     # still valid (rclpy's SIGINT handler shuts the context down at once, under a chunk being published).
     # rclpy handles SIGTERM: a publish on the context it shut down ends the inference thread quietly.
+    # (a process started in the background by a non-interactive shell inherits SIGINT ignored: take it back,
+    # so that Ctrl-C and `kill -INT` stop the node wherever it was started)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.SIGTERM)
     node = PolicyNode()
     executor = SingleThreadedExecutor()

@@ -46,16 +46,22 @@ def node_parameters(args) -> dict:
     return {param: getattr(args, flag) for flag, param in _FLAGS.items() if getattr(args, flag) is not None}
 
 
+# parameters a params file may set beside the node's own: the capsule ones (flashrt_ros.capsule_params) and rclpy's
+CAPSULE_PARAMETERS = {"capsule_budget_mb", "capsule_eviction", "capsule_dir"}
+ROS_PARAMETERS = {"use_sim_time"}
+
+
 def _ros_value(v) -> str:
-    """A `-p name:=value` value: rcl reads it as YAML, and JSON strings, lists and numbers are valid YAML."""
-    return json.dumps(v)
+    """A `-p name:=value` value: rcl reads it as YAML, and JSON strings, lists and numbers are valid YAML (not
+    escaped to ASCII: a surrogate pair is no YAML)."""
+    return json.dumps(v, ensure_ascii=False)
 
 
 def ros_arguments(args) -> list[str]:
     out = ["--ros-args", "-r", f"__node:={args.node_name}"]
     if args.params_file:
         out += ["--params-file", args.params_file]
-    for name, value in {**node_parameters(args), "autostart": True}.items():
+    for name, value in {**node_parameters(args), "autostart": True, "exit_on_failure": True}.items():
         out += ["-p", f"{name}:={_ros_value(value)}"]
     return out
 
@@ -79,9 +85,8 @@ def _file_parameters(path: str | None, node_name: str) -> dict:
 def dry_run(args) -> int:
     from flashrt_core.contract.plan import describe_run, format_run
     from flashrt_core.errors import FlashRTError
-    from flashrt_ros.params import PARAMETERS
+    from flashrt_ros.params import PARAMETERS, validate
     from flashrt_ros.runtime_loader import runtime_arguments
-    from flashrt_ros.params import NodeParams
 
     values = {name: default for name, (default, *_rest) in PARAMETERS.items()}
     try:
@@ -90,12 +95,14 @@ def dry_run(args) -> int:
         print(f"flashrt run: --params-file: {exc}", file=sys.stderr)
         return 1
     values.update(node_parameters(args))
-    values["joint_names"] = [n for n in values["joint_names"] if n]
-    values["camera_topics"] = [t for t in values["camera_topics"] if t]
+    unknown = sorted(set(values) - set(PARAMETERS) - CAPSULE_PARAMETERS - ROS_PARAMETERS)
     try:
-        p = NodeParams(**{k: values[k] for k in NodeParams.__dataclass_fields__})
+        if unknown:
+            raise ValueError(f"parameter {unknown[0]!r} is not a policy_node parameter")
+        p = validate({k: values[k] for k in PARAMETERS})
         kwargs = runtime_arguments(p, len(p.camera_topics))
-        info = describe_run(kwargs.pop("path"), device=p.device, tokenizer=kwargs.pop("tokenizer"), **kwargs)
+        info = describe_run(kwargs.pop("path"), device=p.device, tokenizer=kwargs.pop("tokenizer"),
+                            prompt=p.prompt or None, **kwargs)
     except (FlashRTError, ValueError, OSError) as exc:
         print(f"flashrt run --dry-run: would fail at configure: {exc}", file=sys.stderr)
         return 1

@@ -121,7 +121,8 @@ class Rig:
             return
         t = time.time() - self.t0
         for i, pub in enumerate(self.cams):
-            h, w = (H + 8, W + 24) if self.mode == "other_size" else (H, W)  # letterboxed by the node
+            h, w = {"other_size": (H + 8, W + 24),  # letterboxed by the node
+                    "thin_frame": (600, 2)}.get(self.mode, (H, W))  # too thin to letterbox: refused
             if self.compressed:
                 msg = self._compressed_frame(i, camera_frame(i, t, h, w))
             else:

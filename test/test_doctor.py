@@ -64,5 +64,50 @@ def test_run_passes_the_flags_given_as_node_parameters_over_the_params_file():
     assert ros[:5] == ["--ros-args", "-r", "__node:=policy_node", "--params-file", "robot.yaml"]
     params = dict(ros[i + 1].split(":=", 1) for i in range(5, len(ros), 2))
     assert params == {"checkpoint": '"/m/pi05"', "camera_topics": '["/a", "/b/compressed"]',
-                      "prompt": '"it\'s the red cube"', "act_rate_hz": "30.0", "autostart": "true"}
+                      "prompt": '"it\'s the red cube"', "act_rate_hz": "30.0", "autostart": "true",
+                      "exit_on_failure": "true"}
     assert all(ros[i] == "-p" for i in range(5, len(ros), 2))  # flags given after the file: they win
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--camera-topics", "/a", "/a"], "lists a topic twice"),
+    (["--camera-topics", "/cam high/image"], "parameter 'camera_topics': Invalid topic name"),
+    (["--joint-names", "a", "a", "c", "d", "e", "f"], "lists a joint twice"),
+    (["--act-rate", "5000"], "must lie in [0.0, 1000.0]"),
+    (["--dtype", "fp16"], "parameter 'dtype' must be float32"),
+    (["--device", "gpu"], "parameter 'device' must be cpu, cuda"),
+    (["--device", "cuda"], "no CUDA device"),
+    (["--prompt", "pick " * 70], "more than the prompt buffer holds"),
+    (["--prompt", "pick up the " * 20], "more than prompt_len = 48"),
+])
+def test_dry_run_refuses_what_configure_would_refuse(tmp_path, args, reason):
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+    base = ["run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
+            "--camera-topics", "/a", "/b"]
+    run = flashrt(*base, *args, env=env)
+    assert run.returncode == 1 and reason in run.stderr, run.stdout + run.stderr
+
+
+def test_dry_run_reads_the_params_file_with_the_node_types(tmp_path):
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+    params = tmp_path / "robot.yaml"
+    params.write_text("/**:\n  ros__parameters:\n    act_rate_hz: 20\n")  # an integer: the node refuses it too
+    run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
+                  "--camera-topics", "/a", "--params-file", str(params), env=env)
+    assert run.returncode == 1 and "parameter 'act_rate_hz' must be of type double" in run.stderr, run.stderr
+
+
+def test_run_exits_with_status_1_when_configure_fails(tmp_path):
+    """flashrt run (autostart + exit_on_failure): a node that cannot configure ends instead of idling."""
+    env = {"HF_HUB_CACHE": str(tmp_path / "empty"), "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path)}
+    run = flashrt("run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu", "--camera-topics", "/a",
+                  env=env)
+    assert run.returncode == 1 and "configure failed" in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+def test_prompt_with_non_ascii_text_reaches_the_node_parameter():
+    from flashrt_ros.cli import build_parser
+    from flashrt_ros.run_cli import ros_arguments
+
+    ros = ros_arguments(build_parser().parse_args(["run", "--prompt", "falte das Handtuch \U0001F9FA \u00f1"]))
+    assert '-p' in ros and 'prompt:="falte das Handtuch \U0001F9FA \u00f1"' in ros

@@ -169,3 +169,22 @@ def test_gpu_defaults_fused_bf16_match_lerobot(env):
     cos, rel = _cosine_rel(rt.step(1).actions, c["actions"][0].numpy())
     assert cos >= 0.999 and rel <= 2e-2, (cos, rel)
 
+
+
+def test_a_stats_file_the_processor_names_must_be_there(env):
+    (env[0] / "policy_postprocessor_step_0_unnormalizer_processor.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="names its statistics file policy_postprocessor_step_0"):
+        pi05.load(env[0])
+
+
+def test_action_names_must_cover_the_action_columns(env):
+    _edit_json(env[0] / "policy_preprocessor.json",
+               lambda d: d["steps"][2]["config"].update(action_names=["shoulder_pan", "gripper"]))
+    with pytest.raises(CheckpointError, match="2 action names .* for 6 action columns"):
+        read_processors(env[0])
+
+
+def test_a_frame_too_thin_to_letterbox_is_an_input_error(policy):
+    c = CASES[0]
+    with pytest.raises(InputError, match="too thin"):
+        policy.predict_chunk([np.zeros((3000, 10, 3), np.uint8), None], c["state"][0], c["task"])

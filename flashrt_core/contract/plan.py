@@ -15,13 +15,25 @@ from flashrt_core.contract.spec import configured_contract
 
 
 def resolve_device(device: str | None) -> str:
+    """"auto" -> cuda when available, else cpu; other names checked (ValueError) and that CUDA exists."""
     if device in (None, "", "auto"):
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a device (cpu, cuda, cuda:N or auto): {exc}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r}, but this torch has no CUDA device "
+                         f"({'a CPU-only build' if torch.version.cuda is None else 'none visible'})")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r}, but there are {torch.cuda.device_count()} CUDA devices")
     return str(device)
 
 
-def describe_run(path, device: str | None = "auto", tokenizer=None, **overrides) -> dict[str, Any]:
-    """-> {contract, model, checkpoint, device, dtype, stages, dims, ...what the binding adds}."""
+def describe_run(path, device: str | None = "auto", tokenizer=None, prompt: str | None = None,
+                 **overrides) -> dict[str, Any]:
+    """-> {contract, model, checkpoint, device, dtype, stages, dims, ...what the binding adds}; `prompt`,
+    when given, is checked as set_prompt checks it."""
     from flashrt_core.contract.bindings import resolve_binding
 
     device = resolve_device(device)
@@ -35,7 +47,7 @@ def describe_run(path, device: str | None = "auto", tokenizer=None, **overrides)
     }
     plan = getattr(binding, "plan", None)
     if plan is not None:
-        info.update(plan(contract.model, contract.dims, torch.device(device), tokenizer))
+        info.update(plan(contract.model, contract.dims, torch.device(device), tokenizer, prompt=prompt))
     return info
 
 

@@ -67,12 +67,14 @@ class Pi0Binding(Pi05Binding):
         return pi0.Pi0Policy(config, weights, pi0.reference.make_engine(weights), self.device, self.dtype,
                              seed=self.seed, tokenizer=tokenizer, processors=processors)
 
-    def check_prompt(self, text: str) -> None:
+    @classmethod
+    def prompt_fits(cls, tokenizer, dims, text: str) -> None:
         """InputError when the task does not fit prompt_len tokens (refused at set_prompt, never cut)."""
         try:
-            tokenize_prompt(self.policy.tokenizer, pi0.pi0_prompt(text), self.dims["prompt_len"], truncate=False)
+            tokenize_prompt(tokenizer, pi0.pi0_prompt(text), dims["prompt_len"], truncate=False)
         except InputError as exc:
-            raise InputError(f"{exc} (shorten the task or raise model.options.prompt_len)") from None
+            raise InputError(f"{exc} (shorten the task, or raise model.options.prompt_len: the checkpoint's "
+                             "tokenizer_max_length)") from None
 
     # ---- stages ----------------------------------------------------------------------------------------
     def host(self, stage, io):

@@ -185,12 +185,20 @@ class Pi05Binding(ModelBinding):
                                 procs)
 
     @classmethod
-    def plan(cls, model, dims, device, tokenizer=None) -> dict:
-        """What `__init__` would build, without reading weights (flashrt run --dry-run)."""
+    def plan(cls, model, dims, device, tokenizer=None, prompt: str | None = None) -> dict:
+        """What `__init__` would build, without reading weights (flashrt run --dry-run); with `prompt`, also
+        whether it fits (the check set_prompt makes)."""
         config = model_config(model, cls.name)
         procs = checkpoint_processors(model)
         engine = cls.engine_for(model, device)
         tok = cls.tokenizer_for(model, config, procs, tokenizer)
+        pieces = getattr(tok, "vocab_size", None)
+        if pieces is not None and pieces > config.vocab_size:
+            raise InputError(f"tokenizer: {pieces} pieces but the model's vocabulary has {config.vocab_size} "
+                             "(a tokenizer of another model?)")
+        if prompt is not None:
+            encode_prompt(prompt, dims["prompt_bytes"])
+            cls.prompt_fits(tok, dims, prompt)
         vision = model.options.get("vision_dtype", "model" if engine == "fused" else "float32")
         out = {"engine": engine, "vision dtype": model.dtype if vision == "model" else "float32",
                "sizes": f"prefix width {config.vlm.width} x {config.vlm.depth} layers, expert width "
@@ -243,18 +251,22 @@ class Pi05Binding(ModelBinding):
                                seed=self.seed, tokenizer=tokenizer, processors=processors)
 
     def check_prompt(self, text: str) -> None:
+        self.prompt_fits(self.policy.tokenizer, self.dims, text)
+
+    @classmethod
+    def prompt_fits(cls, tokenizer, dims, text: str) -> None:
         """InputError when the task with a state of three-digit bins (the longest text a state gives) does not
         fit in prompt_len tokens, so that set_prompt refuses it rather than every observe after it. (Token
         counts of digits depend on the tokenizer: the observe stage still refuses any prompt that does not
         fit, never truncating it.)"""
         task = clean_task(text)
-        widest = np.full(self.dims["state_dim"], 1.0, dtype=np.float32)  # bin 255
+        widest = np.full(dims["state_dim"], 1.0, dtype=np.float32)  # bin 255
         try:
-            pi05.tokenize_prompt(self.policy.tokenizer, pi05.format_prompt(task, widest), self.dims["prompt_len"],
-                                 truncate=False)
+            pi05.tokenize_prompt(tokenizer, pi05.format_prompt(task, widest), dims["prompt_len"], truncate=False)
         except InputError as exc:
-            raise InputError(f"{exc} (task of {len(task)} characters with {self.dims['state_dim']} state "
-                             f"values; shorten the task or raise model.options.prompt_len)") from None
+            raise InputError(f"{exc} (task of {len(task)} characters with {dims['state_dim']} state values; "
+                             "shorten the task, or raise model.options.prompt_len: the checkpoint's "
+                             "tokenizer_max_length)") from None
 
     # ---- stages ----------------------------------------------------------------------------------------
     def host(self, stage, io):

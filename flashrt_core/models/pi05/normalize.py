@@ -117,8 +117,28 @@ class Normalizer:
         return cls(state=state, action=action, source=", ".join(sources) if sources else "identity")
 
 
+def _declared_state_file(config_file: pathlib.Path, step: str) -> str | None:
+    """The `state_file` the pipeline JSON names for `step` (None without a JSON, a step entry or the field)."""
+    if not config_file.is_file():
+        return None
+    try:
+        steps = json.loads(config_file.read_text())["steps"]
+        entry = next((s for s in steps if s.get("registry_name") == step), None)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{config_file}: malformed processor config ({e})") from e
+    name = entry.get("state_file") if isinstance(entry, dict) else None
+    if name is not None and (not isinstance(name, str) or "/" in name or "\\" in name):
+        raise CheckpointError(f"{config_file}: {step}.state_file must be a file name, got {name!r}")
+    return name
+
+
 def _load_feature(folder: pathlib.Path, pipeline: str, step: str, key: str, dim: int | None):
-    files = sorted(folder.glob(f"{pipeline}_step_*_{step}.safetensors"))
+    declared = _declared_state_file(folder / f"{pipeline}.json", step)
+    if declared is not None and not (folder / declared).is_file():  # never silently un-normalized
+        raise CheckpointError(f"{folder / (pipeline + '.json')}: {step} names its statistics file {declared}, "
+                              f"which is not in {folder}")
+    files = [folder / declared] if declared is not None else \
+        sorted(folder.glob(f"{pipeline}_step_*_{step}.safetensors"))
     if not files:
         return FeatureNorm(), None
     if len(files) > 1:

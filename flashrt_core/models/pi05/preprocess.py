@@ -25,6 +25,9 @@ def resize_with_pad(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     h, w = img.shape[-2:]
     ratio = max(w / width, h / height)
     new_h, new_w = int(h / ratio), int(w / ratio)
+    if new_h < 1 or new_w < 1:
+        raise InputError(f"image: a {w}x{h} frame is too thin to fit {width}x{height} with its aspect kept "
+                         f"(it would be {new_w}x{new_h} pixels)")
     out = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
     top, left = (height - new_h) // 2, (width - new_w) // 2
     return F.pad(out, (left, width - new_w - left, top, height - new_h - top), value=0.0)

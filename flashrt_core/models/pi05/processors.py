@@ -48,6 +48,7 @@ class Processors:
     tokenizer_max_length: int | None
     normalizer: Normalizer
     source: str
+    exclude_joints: tuple[str, ...] = ()  # LeRobot's relative_exclude_joints (names matched as substrings)
 
     @property
     def relative(self) -> bool:
@@ -56,9 +57,12 @@ class Processors:
     def describe_relative(self) -> str:
         if not self.relative:
             return "off"
+        unmatched = [x for x in self.exclude_joints
+                     if self.action_names and not any(str(x).lower() in n.lower() for n in self.action_names)]
+        note = f"; excluded {', '.join(unmatched)} matches no action name" if unmatched else ""
         absolute = [self._col(i) for i, m in enumerate(self.relative_mask) if not m]
         return ("on, columns " + ", ".join(self._col(i) for i, m in enumerate(self.relative_mask) if m)
-                + " (absolute: " + (", ".join(absolute) or "none") + ")")
+                + " (absolute: " + (", ".join(absolute) or "none") + note + ")")
 
     def describe(self) -> str:
         n = self.normalizer
@@ -160,6 +164,9 @@ def read_processors(folder) -> Processors:
     names = (rel_conf or {}).get("action_names", cfg.get("action_feature_names"))
     if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
         raise CheckpointError(f"{folder}: action_feature_names must be a list of strings, got {names!r}")
+    if names is not None and action_dim is not None and len(names) != action_dim:
+        raise CheckpointError(f"{folder}: {len(names)} action names ({', '.join(names)}) for {action_dim} action "
+                              "columns: the chunk's columns and the relative-action mask would be mislabelled")
     exclude = (rel_conf or {}).get("exclude_joints", cfg.get("relative_exclude_joints", []))
     mask = None
     if enabled:
@@ -182,4 +189,5 @@ def read_processors(folder) -> Processors:
                       action_names=tuple(names) if names else None, relative_mask=mask,
                       tokenizer_name=(str(tok.get("tokenizer_name") or PALIGEMMA_TOKENIZER)
                                       if "tokenizer_processor" in pre else None),
-                      tokenizer_max_length=max_len, normalizer=normalizer, source=str(folder))
+                      tokenizer_max_length=max_len, normalizer=normalizer, source=str(folder),
+                      exclude_joints=tuple(str(x) for x in exclude or []) if enabled else ())
