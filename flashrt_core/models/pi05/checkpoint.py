@@ -148,7 +148,9 @@ def weights_file(path: str | os.PathLike) -> pathlib.Path:
     path = pathlib.Path(path)
     file = path / WEIGHTS_FILE if path.is_dir() else path
     if not file.is_file():
-        raise CheckpointError(f"{file}: checkpoint file not found")
+        inner = path / "pretrained_model" / WEIGHTS_FILE if path.is_dir() else None
+        hint = f" (a training run's checkpoint folder: give {inner.parent})" if inner and inner.is_file() else ""
+        raise CheckpointError(f"{file}: checkpoint file not found{hint}")
     return file
 
 
