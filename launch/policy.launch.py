@@ -20,13 +20,15 @@ ENGINES = ("auto", "fused", "reference")
 # launch argument -> (node parameter, type, description); '' (the default of each) = the params_file's value.
 OVERRIDES = {
     "config": ("contract", str, "execution contract YAML (stages, rates, buffers, model)"),
-    "checkpoint": ("checkpoint", str, "LeRobot pi0.5 checkpoint directory"),
+    "checkpoint": ("checkpoint", str, "LeRobot pi0.5 / pi0 checkpoint folder (as save_pretrained writes it)"),
     "camera_topics": ("camera_topics", list,
-                      "camera topics in model slot order, a YAML list (a /compressed suffix = CompressedImage)"),
+                      "camera topics in the checkpoint's camera-feature order, a YAML list (a /compressed suffix = "
+                      "CompressedImage)"),
     "joint_state_topic": ("joint_state_topic", str, "sensor_msgs/JointState topic"),
+    "state_topic": ("state_topic", str, "std_msgs/Float64MultiArray state topic instead of joint states"),
     "device": ("device", str, "cpu | cuda | cuda:N | auto"),
-    "image_height": ("image_height", int, "camera image height; 0 = the contract's (other sizes are rejected)"),
-    "image_width": ("image_width", int, "camera image width; 0 = the contract's (other sizes are rejected)"),
+    "image_height": ("image_height", int, "height frames are letterboxed to; 0 = the contract's"),
+    "image_width": ("image_width", int, "width frames are letterboxed to; 0 = the contract's"),
     "engine": ("engine", str, "auto | fused | reference (auto: fused on CUDA)"),
     "tokenizer": ("tokenizer", str, "tokenizer file or folder; the checkpoint's named tokenizer otherwise"),
 }
