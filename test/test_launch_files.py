@@ -73,13 +73,15 @@ def test_given_arguments_override_with_the_node_parameter_types(policy):
     given = {"config": "/robot/contract.yaml", "checkpoint": "/models/pi05",
              "camera_topics": "['/cam_high/image_raw', '/cam_wrist/image_raw/compressed']",
              "joint_state_topic": "/arm/joint_states", "device": "cuda:1", "image_height": "240",
-             "image_width": "320", "engine": "fused", "tokenizer": "/models/paligemma/tokenizer.model"}
+             "image_width": "320", "engine": "fused", "tokenizer": "/models/paligemma/tokenizer.model",
+             "state_topic": "/arm/ee_pose"}
     assert set(given) == set(policy.OVERRIDES)
     got = policy.node_parameters(given)
     assert got == {"contract": "/robot/contract.yaml", "checkpoint": "/models/pi05",
                    "camera_topics": ["/cam_high/image_raw", "/cam_wrist/image_raw/compressed"],
                    "joint_state_topic": "/arm/joint_states", "device": "cuda:1", "image_height": 240,
-                   "image_width": 320, "engine": "fused", "tokenizer": "/models/paligemma/tokenizer.model"}
+                   "image_width": 320, "engine": "fused", "tokenizer": "/models/paligemma/tokenizer.model",
+                   "state_topic": "/arm/ee_pose"}
     python_type = {ParameterType.PARAMETER_STRING: str, ParameterType.PARAMETER_INTEGER: int,
                    ParameterType.PARAMETER_STRING_ARRAY: list, ParameterType.PARAMETER_BOOL: bool}
     for name, value in got.items():  # every override is a declared node parameter, of its declared type
