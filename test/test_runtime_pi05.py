@@ -307,16 +307,14 @@ def test_a_plan_of_observe_and_act_runs_as_one_engine_decision():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "one_stream"])
-def test_a_plan_of_observe_and_act_on_cuda_is_one_engine_graph(overlap):
-    """The same on CUDA: the combined ticks replay the engine's decision graph (observe and act overlapped, or
-    one after the other without overlap_decision; the contract copies inside), the others its act graph;
-    actions as with per-stage graphs (two runtimes tune their kernels apart: `deferred_vs_inline`)."""
+def test_a_plan_of_observe_and_act_on_cuda_is_one_engine_graph():
+    """The same on CUDA: the combined ticks replay the engine's decision graph (observe and act overlapped;
+    the contract copies inside), the others its act graph; actions as with per-stage graphs (two runtimes tune
+    their kernels apart: `deferred_vs_inline`)."""
     out = {}
     for graphs in ("stage", "plan"):
         rt = _fused_runtime(graphs, device="cuda")
         engine = rt.binding.policy.engine
-        engine.overlap_decision = overlap
         if graphs == "plan":  # configure time captures the decision graph too (the buffers are put back)
             before = {n: t.clone() for n, t in rt.buffers.tensors.items()}
             rt.warmup()

@@ -349,8 +349,8 @@ class Pi05Binding(ModelBinding):
 
     def _decision_in_engine(self, b) -> None:
         """`observe` then `act` in one tick (contract graphs: plan) as one engine decision graph: act reads the
-        prefix observe just wrote into the engine's buffers (the same values observe copies out), so with the
-        engine's overlap_decision its first flow step runs beside the observe stage."""
+        prefix observe just wrote into the engine's buffers (the same values observe copies out), so its first
+        flow step runs beside the observe stage."""
         from flashrt_core.models.pi05.engine import DecisionHooks
 
         (observe_pre, observe_post), (act_pre, act_post) = self._observe_hooks(b), self._act_hooks(b, prefix=False)
