@@ -6,6 +6,11 @@ import tempfile
 
 import pytest
 
+# Triton reads TRITON_INTERPRET when a kernel module is first imported, and collection imports every test module
+# (some import engine modules that import the kernels) before any test runs: the CPU interpreter is chosen here,
+# first. A GPU run exports TRITON_INTERPRET=0 (scripts/gpu_round.sh) and keeps its compiled kernels.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
