@@ -97,8 +97,6 @@ def dry_run(args) -> int:
     values.update(node_parameters(args))
     unknown = sorted(set(values) - set(PARAMETERS) - CAPSULE_PARAMETERS - ROS_PARAMETERS)
     try:
-        if unknown:
-            raise ValueError(f"parameter {unknown[0]!r} is not a policy_node parameter")
         p = validate({k: values[k] for k in PARAMETERS})
         kwargs = runtime_arguments(p, len(p.camera_topics))
         info = describe_run(kwargs.pop("path"), device=p.device, tokenizer=kwargs.pop("tokenizer"),
@@ -110,6 +108,9 @@ def dry_run(args) -> int:
         f"from {p.joint_state_topic} (JointState; joints {', '.join(p.joint_names) or 'in message order'})"
     print(format_run(info, camera_topics=p.camera_topics))
     print(f"{'state input:':<22}{state}")
+    for name in unknown:  # (a typo, most likely: ROS ignores an override of an undeclared parameter)
+        print(f"{'warning:':<22}parameter {name!r} in {args.params_file} is not a policy_node parameter; the node "
+              "ignores it")
     print("dry run: ok (nothing was loaded)")
     return 0
 

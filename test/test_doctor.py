@@ -111,3 +111,14 @@ def test_prompt_with_non_ascii_text_reaches_the_node_parameter():
 
     ros = ros_arguments(build_parser().parse_args(["run", "--prompt", "falte das Handtuch \U0001F9FA \u00f1"]))
     assert '-p' in ros and 'prompt:="falte das Handtuch \U0001F9FA \u00f1"' in ros
+
+
+def test_dry_run_warns_about_a_parameter_the_node_would_ignore(tmp_path):
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+    params = tmp_path / "robot.yaml"
+    params.write_text("/**:\n  ros__parameters:\n    act_rate: 20.0\n    act_rate_hz: 20.0\n")
+    run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
+                  "--camera-topics", "/a", "--params-file", str(params), env=env)
+    assert run.returncode == 0, run.stderr
+    assert "parameter 'act_rate' in" in run.stdout and "the node ignores it" in run.stdout
+    assert "act 20 Hz" in run.stdout
