@@ -91,9 +91,10 @@ class CapsuleServices:
         response.capsule_id = runtime.snapshot(request.name or "snapshot", tier=request.tier or "device")
         response.message = f"snapshot '{request.name}' -> {response.capsule_id}" + _dropped(runtime)
 
-    @staticmethod
-    def _restore(runtime, request, response):
+    def _restore(self, runtime, request, response):
         runtime.restore(request.capsule_id, rewind_time=request.rewind_time)
+        if request.rewind_time:  # the node's per-topic stamp checks rewind too (re-sent messages are accepted)
+            self.node.rewound(runtime.runtime_meta().get("last_stamp_ns"))
         response.message = f"restored {request.capsule_id} " + (
             "(rewind: rate clocks and the observation-stamp watermark are the snapshot's)" if request.rewind_time
             else "(live: the rate grid and observation stamps go on from now)")

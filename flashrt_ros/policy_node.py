@@ -453,6 +453,19 @@ class PolicyNode(LifecycleNode):
         self.get_logger().warning(f"the clock jumped back by {back_ms:.1f} ms (a simulation reset?): rate clocks "
                                   "and stamps start again; waiting for observations on the new clock")
 
+    def rewound(self, watermark_ns: int | None) -> None:
+        """After a restore with rewind_time (runtime lock held): the node's own stamp checks rewind with the
+        runtime's, so observations stamped after the snapshot (re-sent by a replay or a reset simulation) are
+        accepted again; held sensor messages newer than the snapshot's watermark are dropped."""
+        w = -1 if watermark_ns is None else int(watermark_ns)
+        with self._sensor_lock:
+            self._images = {i: v for i, v in self._images.items() if v[1] <= w}
+            if self._joints is not None and self._joints[1] > w:
+                self._joints = None
+            self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= w}
+            self._dirty = bool(self._images) or self._joints is not None
+        self._fed_stamp = w
+
     def _publish_safely(self, result):
         """on_actions: publish; a failure is reported as such (the step itself went on and committed)."""
         try:

@@ -131,8 +131,8 @@ class Rig:
                 msg.encoding = "yuv422"
             if self.mode == "short_data" and not self.compressed:
                 msg.data = bytes(msg.data)[: len(msg.data) // 2]
-            if self.mode == "backwards":
-                msg.header.stamp = self._stamp(back_s=0.2)
+            if self.mode in ("backwards", "replayed"):  # replayed: as a replay re-sends them after a rewind
+                msg.header.stamp = self._stamp(back_s=0.2 if self.mode == "backwards" else 3.0)
             pub.publish(msg)
 
     def _compressed_frame(self, i: int, rgb) -> CompressedImage:
@@ -158,7 +158,7 @@ class Rig:
         msg = JointState(name=names, position=pos)
         # backwards: behind the last stamp, within the age limit; old: 5 s behind (before the node started);
         # future: a clock a minute ahead
-        back = {"backwards": 0.2, "old": 5.0, "future": -60.0}.get(self.mode, 0.0)
+        back = {"backwards": 0.2, "replayed": 3.0, "old": 5.0, "future": -60.0}.get(self.mode, 0.0)
         msg.header.stamp = self._stamp(back_s=back)
         if self.mode == "zero_stamp":
             msg.header.stamp.sec, msg.header.stamp.nanosec = 0, 0

@@ -168,6 +168,31 @@ def test_capsule_services_end_to_end(rig_factory):
     assert rig.wait(lambda: len(rig.chunks) >= n + 3, 20), "node stopped publishing after service errors"
 
 
+def test_a_rewind_restore_rewinds_the_nodes_stamp_checks_too(rig_factory):
+    """restore with rewind_time through the service: sensor messages stamped after the snapshot but before the
+    node's latest ones (a replay sending them again) are accepted, not refused as stamps going back."""
+    from flashrt_ros.srv import RestoreCapsule, SnapshotCapsule
+
+    rig = rig_factory("rewind_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ, max_age_ms=8000.0)
+    assert rig.wait(lambda: len(rig.chunks) >= 5, 60), rig.log()
+    snap = rig.call(SnapshotCapsule, "snapshot", SnapshotCapsule.Request(name="t0", tier="host"))
+    assert snap.ok, snap.message
+    rig.wait(lambda: False, 4.0)  # the node's stamps move on, 4 s past the snapshot
+    # from now on every sensor message is stamped 3 s back (after the snapshot, before the node's latest):
+    # refused as going back for 3 s without a rewind
+    rig.mode = "replayed"
+    assert rig.wait(lambda: int(_values(rig.last_status()).get("rejected.stamp_backwards", 0)) > 0, 10)
+    restored = rig.call(RestoreCapsule, "restore", RestoreCapsule.Request(capsule_id=snap.capsule_id,
+                                                                         rewind_time=True))
+    assert restored.ok and "rewind" in restored.message, restored.message
+    since = time.monotonic()
+    rig.wait(lambda: False, 0.5)  # (a status published before the restore may still arrive)
+    refused = int(_values(rig.last_status()).get("rejected.stamp_backwards", 0))
+    rig.wait(lambda: False, 1.5)  # still inside the 3 s the re-sent stamps would be refused without the rewind
+    assert int(_values(rig.last_status()).get("rejected.stamp_backwards", 0)) <= refused + 1, rig.last_status()
+    assert len(rig.chunks_since(since)) >= 4, rig.log()
+
+
 @pytest.mark.parametrize("modes", [
     # (mode, diagnostics key that must count it)
     [("short_data", "rejected.image"), ("thin_frame", "rejected.image"), ("bad_encoding", "rejected.image"), ("nan_joints", "rejected.joint_state"),
