@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashrt_core.contract.bindings.pi05 import Pi05Binding, prefix_cache
+from flashrt_core.contract.bindings.pi05 import (Pi05Binding, observe_reads, prefix_cache, prefix_signature,
+                                                prompt_signature, token_writes)
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
@@ -33,19 +34,11 @@ class Pi0Binding(Pi05Binding):
 
     @classmethod
     def signatures(cls, d, model) -> dict[str, StageSignature]:
-        kv = ((d["layers"], d["kv_heads"], d["prefix_len"], d["head_dim"]), model.dtype)
         chunk = ((d["chunk"], d["max_action_dim"]), "float32")
-        prefix = {"prefix_k": kv, "prefix_v": kv, "prefix_mask": ((d["prefix_len"],), "bool"),
-                  "prefix_valid": ((1,), "int64")}
+        prefix = prefix_signature(d, model)
         return {
-            "prompt": StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
-                                     writes={"task": ((d["prompt_bytes"],), "uint8")}),
-            "observe": StageSignature(
-                reads={"task": ((d["prompt_bytes"],), "uint8"),
-                       "images": ((d["views"], d["image_height"], d["image_width"], 3), "uint8"),
-                       "image_mask": ((d["views"],), "bool")},
-                writes={"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool"),
-                        **prefix}),
+            "prompt": prompt_signature(d),
+            "observe": StageSignature(reads=observe_reads(d), writes={**token_writes(d), **prefix}),
             "act": StageSignature(
                 reads={**prefix, "state": ((d["state_dim"],), "float32")},
                 writes={"act_state": ((d["max_state_dim"],), "float32"),

@@ -148,20 +148,14 @@ class Pi05Binding(ModelBinding):
 
     @classmethod
     def signatures(cls, d, model) -> dict[str, StageSignature]:
-        kv = ((d["layers"], d["kv_heads"], d["prefix_len"], d["head_dim"]), model.dtype)
         chunk = ((d["chunk"], d["max_action_dim"]), "float32")
         offset = ((d["action_dim"],), "float32")
-        prefix = {"prefix_k": kv, "prefix_v": kv, "prefix_mask": ((d["prefix_len"],), "bool"),
-                  "prefix_valid": ((1,), "int64"), "action_offset": offset}
+        prefix = {**prefix_signature(d, model), "action_offset": offset}
         return {
-            "prompt": StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
-                                     writes={"task": ((d["prompt_bytes"],), "uint8")}),
+            "prompt": prompt_signature(d),
             "observe": StageSignature(
-                reads={"task": ((d["prompt_bytes"],), "uint8"),
-                       "images": ((d["views"], d["image_height"], d["image_width"], 3), "uint8"),
-                       "image_mask": ((d["views"],), "bool"), "state": ((d["state_dim"],), "float32")},
-                writes={"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool"),
-                        "state_offset": offset, **prefix}),
+                reads={**observe_reads(d), "state": ((d["state_dim"],), "float32")},
+                writes={**token_writes(d), "state_offset": offset, **prefix}),
             "act": StageSignature(reads=prefix, writes={"noise": chunk, "prev_chunk": chunk,
                                                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
@@ -381,6 +375,29 @@ class Pi05Binding(ModelBinding):
 
     def weights(self):
         return list(named_tensors(self.policy.weights, "w"))
+
+
+def prefix_signature(d, model) -> dict:
+    """The persistent prefix buffers observe writes and act reads (both models)."""
+    kv = ((d["layers"], d["kv_heads"], d["prefix_len"], d["head_dim"]), model.dtype)
+    return {"prefix_k": kv, "prefix_v": kv, "prefix_mask": ((d["prefix_len"],), "bool"),
+            "prefix_valid": ((1,), "int64")}
+
+
+def prompt_signature(d) -> StageSignature:
+    return StageSignature(reads={"prompt": ((d["prompt_bytes"],), "uint8")},
+                          writes={"task": ((d["prompt_bytes"],), "uint8")})
+
+
+def observe_reads(d) -> dict:
+    """The task and the camera frames (every model's observe reads them)."""
+    return {"task": ((d["prompt_bytes"],), "uint8"),
+            "images": ((d["views"], d["image_height"], d["image_width"], 3), "uint8"),
+            "image_mask": ((d["views"],), "bool")}
+
+
+def token_writes(d) -> dict:
+    return {"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool")}
 
 
 def prefix_cache(b) -> pi05.PrefixCache:
