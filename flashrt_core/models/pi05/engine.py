@@ -112,6 +112,7 @@ class Pi05Engine:
     `act()`, which replay the CUDA graphs (captured on first use on CUDA, or with `capture()`)."""
 
     name = "fused"
+    Buffers = EngineBuffers  # the static buffers' class (a model with more inputs extends it)
 
     def __init__(self, weights: Pi05Weights, device=None, dtype: torch.dtype | None = None, *,
                  vision_dtype: torch.dtype | None = None, batch: int = 1, backend: str | None = None,
@@ -159,7 +160,7 @@ class Pi05Engine:
             self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
         self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache)
-        self.buffers = EngineBuffers.allocate(w, batch, device, dtype, self.vision_dtype)
+        self.buffers = self.Buffers.allocate(w, batch, device, dtype, self.vision_dtype)
         self._staging: dict[tuple, tuple] = {}  # set_observation's views of `buffers` (_staging_views; _resize clears)
         self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
@@ -487,7 +488,7 @@ class Pi05Engine:
     # ---- staged API (copies into the static buffers) --------------------------------------------------
     def _resize(self, batch: int) -> None:
         if batch != self.batch:  # a new batch size needs new buffers and therefore new graphs
-            self.buffers = EngineBuffers.allocate(self.weights, batch, self.device, self.dtype, self.vision_dtype)
+            self.buffers = self.Buffers.allocate(self.weights, batch, self.device, self.dtype, self.vision_dtype)
             self._graphs.clear()
             self._staging.clear()
 
