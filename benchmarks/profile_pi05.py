@@ -95,7 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from flashrt_core.models.pi05 import convert, engine_gemm
+    from flashrt_core.engine import gemm as engine_gemm
+    from flashrt_core.models.pi05 import convert
     from flashrt_core.models.pi05.engine import Pi05Engine
 
     if args.gemm_configs:

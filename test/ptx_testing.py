@@ -65,7 +65,7 @@ import pkgutil  # noqa: E402
 import flashrt_core.kernels as K  # noqa: E402
 from flashrt_core.kernels import flash_attention as fa  # noqa: E402
 from flashrt_core.kernels import skinny_gemm  # noqa: E402
-from flashrt_core.models.pi05 import engine_gemm  # noqa: E402
+from flashrt_core.engine import gemm as engine_gemm  # noqa: E402
 
 # Every kernel is compiled as the H200 launches it (with PDL), and CPU tensors go to the compile-only kernels.
 for _info in pkgutil.iter_modules(K.__path__):
@@ -139,7 +139,7 @@ def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cac
 
 
 def gemm_case(m, n, k, config, *, geglu=False) -> dict:
-    """The skinny GEMM with one `engine_gemm.CONFIGS`-style configuration."""
+    """The skinny GEMM with one `flashrt_core.engine.gemm.CONFIGS`-style configuration."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = torch.randn((2 if geglu else 1) * n, k, generator=g).to(torch.bfloat16)
@@ -173,7 +173,7 @@ CASES = {
     # the expert's norms: modulation vectors read after / before the PDL wait
     "norm_mod_after_wait": lambda: norm_case(False),
     "norm_mod_before_wait": lambda: norm_case(True),
-    # the one-stage attention candidates at the expert's shape (engine_attention.CANDIDATES)
+    # the one-stage attention candidates at the expert's shape (flashrt_core.engine.attention.CANDIDATES)
     "attention_expert_16x128_1stage": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 8, 1), second=50,
                                                              mask=True, cache=True),
     "attention_expert_32x128_1stage": lambda: attention_case((1, 50, 8, 256), 1, 560, (32, 128, 8, 8, 1), second=50,

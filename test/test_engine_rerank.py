@@ -1,9 +1,9 @@
-"""engine_rerank: the act stage's deferred GEMMs ranked again by the act graph's own time, on a stand-in picker
+"""flashrt_core.engine.rerank: the act stage's deferred GEMMs ranked again by the act graph's own time, on a stand-in picker
 whose "act graph" cost disagrees with its isolated timings (as the down projection's did on the H200)."""
 import torch
 
-from flashrt_core.models.pi05 import engine_rerank as R
-from flashrt_core.models.pi05.engine_tuning import TuningCache
+from flashrt_core.engine import rerank as R
+from flashrt_core.engine.tuning import TuningCache
 
 A, B, C, D, E = (64, 512, 0, 8, 1), (64, 128, 4, 4, 4), (32, 128, 8, 4, 4), (32, 512, 0, 4, 1), (16, 128, 0, 4, 1)
 DOWN = (50, (1024, 4096), False, False, torch.bfloat16, "defer")

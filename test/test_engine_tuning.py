@@ -14,9 +14,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from flashrt_core.kernels.reference import attention_ref  # noqa: E402
-from flashrt_core.models.pi05 import engine_tuning as T  # noqa: E402
-from flashrt_core.models.pi05.engine_attention import CANDIDATES, AttentionPicker  # noqa: E402
-from flashrt_core.models.pi05.engine_gemm import CONFIGS, LinearPicker  # noqa: E402
+from flashrt_core.engine import tuning as T  # noqa: E402
+from flashrt_core.engine.attention import CANDIDATES, AttentionPicker  # noqa: E402
+from flashrt_core.engine.gemm import CONFIGS, LinearPicker  # noqa: E402
 from kernel_testing import dev  # noqa: E402,F401
 
 TOL = {
@@ -83,7 +83,7 @@ def test_default_directory_follows_the_environment(monkeypatch, tmp_path):
 
 def test_sources_hash_changes_with_the_kernel_sources(tmp_path, monkeypatch):
     assert len(T.sources_hash()) == 16 and T.sources_hash() == T.sources_hash()
-    monkeypatch.setattr(T, "__file__", str(tmp_path / "flashrt_core" / "models" / "pi05" / "engine_tuning.py"))
+    monkeypatch.setattr(T, "__file__", str(tmp_path / "flashrt_core" / "engine" / "tuning.py"))
     kernel = tmp_path / "k.py"
     kernel.write_text("BLOCK = 16\n")
     before = T.sources_hash(("k.py",))
@@ -94,7 +94,7 @@ def test_sources_hash_changes_with_the_kernel_sources(tmp_path, monkeypatch):
 def test_the_key_hashes_no_benchmark_code():
     """Editing a benchmark (the LeRobot comparison in flashrt_core/bench.py, benchmarks/) must not make every
     robot tune again: the context hashes kernel and picker sources only, and each of them exists."""
-    root = Path(T.__file__).resolve().parents[3]
+    root = Path(T.__file__).resolve().parents[2]
     assert T._SOURCES and not [s for s in T._SOURCES if "bench" in s]
     assert all((root / s).is_file() for s in T._SOURCES)
 
@@ -156,7 +156,7 @@ def test_linear_picker_uses_a_checked_cached_choice_and_retunes_a_stale_one(dev,
 
 @pytest.mark.interpret
 def test_linear_picker_retunes_a_cached_choice_that_computes_wrong(dev, tmp_path, monkeypatch):
-    from flashrt_core.models.pi05 import engine_gemm
+    from flashrt_core.engine import gemm as engine_gemm
 
     g = torch.Generator().manual_seed(12)
     x, w = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72)))
@@ -239,7 +239,7 @@ def test_attention_picker_retunes_a_cached_choice_that_computes_wrong(dev, monke
 def test_tuning_a_gemm_that_adds_into_the_residual_stream_leaves_the_stream_alone(dev, tmp_path):
     """The picker's trial calls of a fused residual GEMM (cache check, and on a GPU the timing of every
     candidate) add into a copy: the engine's residual stream is only changed by the real call."""
-    from flashrt_core.models.pi05.engine_gemm import Fusion, GatedResidual
+    from flashrt_core.engine.gemm import Fusion, GatedResidual
 
     g = torch.Generator().manual_seed(14)
     x, w, res, gate = (torch.randn(*s, generator=g).to(dev) + 0.1 for s in ((50, 72), (40, 72), (50, 40), (40,)))

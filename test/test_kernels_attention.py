@@ -224,7 +224,7 @@ def test_every_tuning_candidate_computes_the_expert_attention(dev):
     expert-like shape (8 query heads over one kv head, padded cached prefix + the queries' own keys): the
     picker also checks a choice before timing it, this keeps unusable candidates out of the list."""
     from flashrt_core.kernels.flash_attention import attention as attention_kernel
-    from flashrt_core.models.pi05.engine_attention import CANDIDATES
+    from flashrt_core.engine.attention import CANDIDATES
 
     b, sp, ts, hq, dh = 1, 45, 9, 8, 16
     q = randn(b, ts, hq, dh, dev=dev, seed=50, std=2.0)

@@ -85,7 +85,7 @@ def test_norm_reads_constant_modulation_before_the_pdl_wait(ptx):
 
 
 def test_one_stage_attention_candidates_halve_the_shared_memory_without_spills(ptx):
-    """engine_attention's one-stage forms of the one-key-tile configurations: two programs fit an SM's
+    """flashrt_core.engine.attention's one-stage forms of the one-key-tile configurations: two programs fit an SM's
     228 KB (the two-stage (16, 128, 8, 4) takes 140 KB), and no register spills (stack 0)."""
     two_stage = ptx["attention_expert"]["shared_bytes"]
     for case in ("attention_expert_16x128_1stage", "attention_expert_32x128_1stage"):

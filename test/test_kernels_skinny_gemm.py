@@ -10,7 +10,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from flashrt_core.kernels._common import KernelInputError, interpreting  # noqa: E402
 from flashrt_core.kernels.skinny_gemm import GatedResidual, skinny_linear  # noqa: E402
-from flashrt_core.models.pi05.engine_gemm import CONFIGS, LinearPicker, _kwargs, splits  # noqa: E402
+from flashrt_core.engine.gemm import CONFIGS, LinearPicker, _kwargs, splits  # noqa: E402
 
 TOL = {
     "gemm_fp32": 1e-5,  # skinny GEMM vs F.linear, fp32 (relative to the output's max)

@@ -24,7 +24,7 @@ from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfi
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
 from flashrt_core.kernels import reference as KR  # noqa: E402
 from flashrt_core.kernels.skinny_gemm import GatedResidual  # noqa: E402
-from flashrt_core.models.pi05.engine_gemm import NO_FUSION, Fusion, LinearPicker  # noqa: E402
+from flashrt_core.engine.gemm import NO_FUSION, Fusion, LinearPicker  # noqa: E402
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 
 TOL = {
@@ -83,7 +83,7 @@ def test_patch_embed_is_the_strided_convolution():
     """SigLIP's patch embedding as one GEMM over gathered patches equals conv2d + flatten on
     odd shapes (4 channels, 5x5 patches, a 15x10 image: 3x2 patches), fp32, relative to the output's max."""
     from flashrt_core.kernels._common import KernelInputError
-    from flashrt_core.models.pi05.engine_blas import patch_embed, patch_matrix
+    from flashrt_core.engine.blas import patch_embed, patch_matrix
     g = torch.Generator().manual_seed(3)
     pixels = torch.randn(3, 4, 15, 10, generator=g)
     w = torch.randn(7, 4, 5, 5, generator=g) * 0.2
@@ -104,7 +104,7 @@ def test_patch_embed_is_the_strided_convolution():
 
 
 def test_linear_bias_gelu_tanh_on_cpu_is_linear_then_bias_gelu():
-    from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh
+    from flashrt_core.engine.blas import linear_bias_gelu_tanh
     g = torch.Generator().manual_seed(4)
     x, w, b = torch.randn(2, 9, 24, generator=g), torch.randn(40, 24, generator=g) * 0.3, torch.randn(40, generator=g)
     want = KR.bias_gelu_ref(F.linear(x, w), b)
@@ -116,7 +116,7 @@ def test_linear_bias_gelu_tanh_on_cpu_is_linear_then_bias_gelu():
 def test_linear_bias_gelu_tanh_on_cuda_is_the_tanh_gelu():
     """The cuBLASLt bias + GELU epilogue computes SigLIP's tanh GELU (not the erf form): fp32, where the two
     forms differ by up to ~5e-4 and the GEMM's own error is ~1e-6."""
-    from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh
+    from flashrt_core.engine.blas import linear_bias_gelu_tanh
     if interpreting():
         pytest.skip("needs CUDA (TRITON_INTERPRET=0)")
     g = torch.Generator().manual_seed(5)
@@ -382,7 +382,7 @@ def test_linear_picker_torch_route_adds_the_residual():
 def test_deferred_tuning_offers_only_short_reductions():
     """With defer the picker offers the candidates of at most DEFER_MAX_SPLITS splits at the call's K (its
     reader loads every partial); `splits` counts them as skinny_linear lays them out."""
-    from flashrt_core.models.pi05.engine_gemm import CONFIGS, DEFER_MAX_SPLITS, splits
+    from flashrt_core.engine.gemm import CONFIGS, DEFER_MAX_SPLITS, splits
 
     picker = LinearPicker("cpu")
     assert picker.candidates == CONFIGS  # (weight tiles requested before the PDL wait included)

@@ -10,7 +10,7 @@ Besides the plain product it can
   * add its result into a residual stream in place (`GatedResidual`; the flow step's Euler update into the
     fp32 state);
   * leave its split-K partials unreduced for the kernel that reads the result (defer=True, `Partials`).
-`engine_gemm.LinearPicker` chooses between cuBLAS and this kernel's launch configurations per shape.
+`flashrt_core.engine.gemm.LinearPicker` chooses between cuBLAS and this kernel's launch configurations per shape.
 Importable without Triton (CPU-only installs): `skinny_linear` then raises KernelUnavailableError.
 Reference: `F.linear` (and `kernels.geglu` / `kernels.gated_residual` after it).
 """

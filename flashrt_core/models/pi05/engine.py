@@ -11,12 +11,12 @@ What makes it fast (each decision and its measured effect: docs/performance-hist
   gated residual, GeGLU, bias + GELU, LayerNorm (+ residual), QKV split + RoPE + K/V write, attention with
   padding / over the cached prefix; GEMMs run on merged weights (q|k|v, gate|up) through cuBLAS or the
   skinny Triton GEMM (`kernels.skinny_gemm`), whichever measured faster for that shape on this GPU
-  (`engine_gemm.LinearPicker`); SigLIP's patch embedding is one GEMM over the gathered patches and its
-  fc1 + bias + GELU one cuBLASLt GEMM with an epilogue (`engine_blas`);
+  (`flashrt_core.engine.gemm.LinearPicker`); SigLIP's patch embedding is one GEMM over the gathered patches and its
+  fc1 + bias + GELU one cuBLASLt GEMM with an epilogue (`flashrt_core.engine.blas`);
 - the action expert's split-K GEMMs (QKV, o, down) hand their fp32 partial sums to the kernel that reads
   their result anyway (split/rotate, gated residual + AdaRMS), which adds them up in split order as it loads
   the row (`kernels.Partials`): no in-kernel reduction at the end of those GEMMs; once per engine those
-  GEMMs' candidates are ranked again by the act graph's own time (`engine_rerank`);
+  GEMMs' candidates are ranked again by the act graph's own time (`flashrt_core.engine.rerank`);
 - with PDL each Triton kernel reads what no kernel of the chain writes (weights, the AdaRMS modulation
   table, the act stage's positions and RoPE rows) before it waits for the kernel before it;
 - each flow step's Euler update x_t += dt * velocity is the action-out GEMM's epilogue, and the next step's
@@ -41,11 +41,11 @@ from flashrt_core import kernels as K
 from flashrt_core.engine.timing import cuda_samples
 from flashrt_core.errors import InputError
 from flashrt_core.kernels.skinny_gemm import GatedResidual
-from flashrt_core.models.pi05.engine_attention import AttentionPicker
-from flashrt_core.models.pi05.engine_blas import linear_bias_gelu_tanh, patch_embed, patch_matrix
-from flashrt_core.models.pi05.engine_gemm import LinearPicker
-from flashrt_core.models.pi05.engine_rerank import rerank
-from flashrt_core.models.pi05.engine_tuning import TuningCache
+from flashrt_core.engine.attention import AttentionPicker
+from flashrt_core.engine.blas import linear_bias_gelu_tanh, patch_embed, patch_matrix
+from flashrt_core.engine.gemm import LinearPicker
+from flashrt_core.engine.rerank import rerank
+from flashrt_core.engine.tuning import TuningCache
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.pi05.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
@@ -454,7 +454,7 @@ class Pi05Engine:
 
     def _act_graph_ms(self, iters: int = 15) -> float:
         """ms of one replay of a fresh act graph (captured with the pickers' current choices, then dropped),
-        median of `iters`: what `engine_rerank` compares. (A capture that fails part-way is not recoverable in
+        median of `iters`: what `flashrt_core.engine.rerank` compares. (A capture that fails part-way is not recoverable in
         this process on the H200 with torch 2.11: every later capture fails, "already recording to mempool_id",
         and so do other engines' (benchmarks/results/gpu_tests_h200_7a3ec9c_failed_capture.log). Each candidate runs
         eagerly first and the body is the one the main capture records, so none is expected to fail here.)"""

@@ -2,7 +2,7 @@
 
 `LinearPicker` times cuBLAS and the skinny GEMM's launch configurations (`CONFIGS`, `kernels.skinny_gemm`) per
 shape during the engine's warm-up (never inside graph capture) and keeps the fastest (remembered across
-processes by `engine_tuning.TuningCache`); on CPU it is plain torch. A call may also add its result into a
+processes by `flashrt_core.engine.tuning.TuningCache`); on CPU it is plain torch. A call may also add its result into a
 residual stream (`GatedResidual`) or leave a split-K GEMM's partial sums to the kernel that reads the result
 (`defer`): both are fused into the skinny GEMM, or done around cuBLAS when that measures faster.
 Reference: `F.linear` (and `kernels.geglu` / `kernels.gated_residual` after it).
@@ -19,7 +19,7 @@ from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
-from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
+from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
 MATCH_REL = 3e-2  # a candidate's outputs vs cuBLAS's, relative to their largest entry
 ROTATE_BYTES = 96 * 2 ** 20  # weight copies cycled while tuning: more than the H200's 50 MB L2
@@ -102,7 +102,7 @@ class LinearPicker:
     tests)."""
 
     def __init__(self, device, mode: str = "auto", cache=None):
-        """cache: an `engine_tuning.TuningCache` whose choices are used (after one check against cuBLAS)
+        """cache: an `flashrt_core.engine.tuning.TuningCache` whose choices are used (after one check against cuBLAS)
         instead of timing the candidates again; new choices are put into it."""
         if mode not in ("auto", "torch", "triton"):
             raise ValueError(f"gemm: one of auto, torch, triton; got {mode!r}")

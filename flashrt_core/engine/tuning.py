@@ -38,7 +38,7 @@ ENV = "FLASHRT_TUNING_CACHE"
 # not make every robot tune again.
 _SOURCES = ("flashrt_core/kernels/skinny_gemm.py", "flashrt_core/kernels/flash_attention.py",
             "flashrt_core/kernels/_tickets.py", "flashrt_core/kernels/_pdl.py", "flashrt_core/kernels/_common.py",
-            "flashrt_core/models/pi05/engine_gemm.py", "flashrt_core/models/pi05/engine_attention.py")
+            "flashrt_core/engine/gemm.py", "flashrt_core/engine/attention.py")
 
 
 def default_directory() -> Path | None:
@@ -51,7 +51,7 @@ def default_directory() -> Path | None:
 
 
 def sources_hash(sources=_SOURCES) -> str:
-    root = Path(__file__).resolve().parents[3]
+    root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
     for rel in sources:
         digest.update(rel.encode())

@@ -6,7 +6,7 @@ K/V head and only 50 tokens, so its 400 query rows must be split over keys to fi
 (BLOCK_M, BLOCK_N, splits, warps) differs between GPUs (H200, Thor). `AttentionPicker` times the kernel's
 own heuristic and a few alternatives once per shape during the engine's warm-up (CUDA-graph timing, as in
 a decision; never inside capture) and keeps the fastest whose output matches the heuristic's (remembered
-across processes by `engine_tuning.TuningCache`, and checked against the heuristic once when read). On CPU it is
+across processes by `flashrt_core.engine.tuning.TuningCache`, and checked against the heuristic once when read). On CPU it is
 `kernels.attention` unchanged. Reference: `kernels.reference.attention_ref`.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from flashrt_core import kernels as K
 from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import precompile
-from flashrt_core.models.pi05.engine_tuning import agrees, reuse_or_tune
+from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
 # (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) tried besides the kernel's heuristic
 # (None). The last rows are aimed at the expert's 400 GQA rows over ~610 keys of head dim 256 (its

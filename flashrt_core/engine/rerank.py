@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from flashrt_core.models.pi05.engine_gemm import Fusion
-from flashrt_core.models.pi05.engine_tuning import TuningCache
+from flashrt_core.engine.gemm import Fusion
+from flashrt_core.engine.tuning import TuningCache
 
 log = logging.getLogger(__name__)
 
