@@ -1,21 +1,29 @@
-"""`flashrt bench --model pi05 ...`: the fused engine against LeRobot 0.6.1 in one process, same weights and noise.
+"""`flashrt bench --model pi05|pi0 ...`: the fused engine against LeRobot 0.6.1 in one process, same weights,
+noise (and, for pi0, robot state).
 
-Full-size pi0.5 with every parameter drawn from normal(0, 0.02) directly on the GPU (no checkpoint). Systems:
+Full-size pi0.5 or pi0 with every parameter drawn from normal(0, 0.02) directly on the GPU (no checkpoint). Systems:
   flashrt           one whole decision through the public API (inputs copied into the static buffers,
-                    observe + act graph replays, actions copied out)
-  flashrt-act-only  one action tick that reuses the cached prefix (noise in, 10 flow steps, actions out)
-  lerobot-eager     `PI05Policy(cfg).model.sample_actions(..., noise=noise)` in bf16 mode
+                    observe + act graph replays, actions copied out): `engine.sample_actions(images,
+                    image_masks, lang_tokens, lang_mask[, state], noise)`
+  flashrt-act-only  one action tick that reuses the cached prefix (noise in, 10 flow steps, actions out):
+                    `engine.denoise(prefix[, state], noise)`; pi0's act reads the robot state, a different
+                    one each call
+  lerobot-eager     `PI05Policy(cfg).model.sample_actions(..., noise=noise)` (pi0: `PI0Policy`, with the state
+                    before the noise) in bf16 mode
   lerobot-compile   the same under `torch.compile` (mode "default": LeRobot's own default, max-autotune, did
                     not finish compiling within 8 minutes on the H200, docs/gpu-machine.md)
 Each: p50/p90/p99 ms over CUDA events (3 warm-ups, 20+ timed calls, one decision per timing), and the peak
 GPU memory the system allocated on top of the shared random state. Per stage (observe, act) the achieved
 TFLOP/s and GB/s next to the measured H200 ceilings. With --parity: actions of the bf16 engine against the
-project's fp32 reference and against LeRobot (cosine, relative L2).
+project's fp32 reference and against LeRobot (cosine, relative L2; pi0 also against LeRobot in float32).
+The LeRobot side is `flashrt_core.bench_lerobot`. pi0's fused engine (`flashrt_core.models.pi0.engine.Pi0Engine`)
+is imported when the bench runs; where it cannot be, the pi0 reference engine stands in and the JSON says so.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 import os
@@ -29,20 +37,27 @@ import torch.nn.functional as F
 
 # the engine's own timing, re-exported: the benchmarks time with the same functions
 from flashrt_core.engine.timing import cuda_samples, graph_ms  # noqa: F401
+# the LeRobot side, re-exported (benchmarks/ import these names from here)
+from flashrt_core.bench_lerobot import bench_compiled, build_lerobot, lerobot_call, run_baselines  # noqa: F401
 
 # Measured on the H200 (docs/gpu-machine.md): the ceilings the per-stage numbers are compared with.
 CEILINGS = {"bf16_gemm_tflops": 694.0, "prefix_gemm_tflops": 625.0, "copy_tbps": 4.22}
 PARITY_TARGETS = {"cosine_min": 0.999, "rel_l2_max": 2e-2}
 WEIGHT_STD = 0.02
 SYSTEMS = ("flashrt", "flashrt-act-only", "lerobot-eager", "lerobot-compile")
+MODELS = {"pi05": "pi0.5", "pi0": "pi0"}  # --model -> the name tables print
+# the inputs of a whole decision and of an act tick after the prefix, in the engines' argument order
+OBSERVATION = ("images", "image_masks", "lang_tokens", "lang_mask")
 
 
 # ---- workload ---------------------------------------------------------------------------------------------
-def workload_config(views: int, prompt_len: int, steps: int, chunk: int):
+def workload_config(views: int, prompt_len: int, steps: int, chunk: int, kind: str = "pi05", base=None):
+    """Full-size pi0.5 or pi0 (kind "pi0": the same SigLIP, Gemma 2B and 300M expert, pi0's action expert);
+    `base`: other model sizes (the CPU tests' tiny model)."""
     from flashrt_core.models.pi05 import Pi05Config
 
-    return dataclasses.replace(Pi05Config.full(), num_image_slots=views, tokenizer_max_length=prompt_len,
-                               num_steps=steps, chunk_size=chunk)
+    return dataclasses.replace(base or Pi05Config.full(), num_image_slots=views, tokenizer_max_length=prompt_len,
+                               num_steps=steps, chunk_size=chunk, kind=kind)
 
 
 def random_state(config, seed: int, device, std: float = WEIGHT_STD) -> dict[str, torch.Tensor]:
@@ -56,32 +71,73 @@ def random_state(config, seed: int, device, std: float = WEIGHT_STD) -> dict[str
 
 def random_inputs(config, seed: int, device, valid_tokens: int | None = None) -> dict[str, torch.Tensor]:
     """Images in [-1, 1] for every slot (all cameras present), a prompt with `valid_tokens` real tokens
-    (default: all but a few, like a padded real prompt), and noise."""
+    (default: all but a few, like a padded real prompt), and noise; for pi0 also a normalized robot state
+    [1, max_state_dim] ~ normal(0, 1) (drawn last: pi0.5's inputs of a seed are what they always were)."""
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     size, views, n = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
     valid = valid_tokens if valid_tokens is not None else max(1, n - n // 8)
-    return {
+    inputs = {
         "images": torch.rand(1, views, 3, size, size, generator=gen, device=device) * 2 - 1,
         "image_masks": torch.ones(1, views, dtype=torch.bool, device=device),
         "lang_tokens": torch.randint(0, config.vocab_size, (1, n), generator=gen, device=device),
         "lang_mask": torch.arange(n, device=device)[None] < valid,
         "noise": torch.randn(1, config.chunk_size, config.action_dim, generator=gen, device=device),
     }
+    if config.kind == "pi0":
+        inputs["state"] = torch.randn(1, config.state_dim, generator=gen, device=device)
+    return inputs
+
+
+def fresh_states(config, seed: int, device, n: int = 4) -> list[torch.Tensor]:
+    """n robot states [1, max_state_dim] for act ticks that each read another one (pi0's act-only timing)."""
+    gen = torch.Generator(device=device).manual_seed(seed + 2)
+    return [torch.randn(1, config.state_dim, generator=gen, device=device) for _ in range(n)]
+
+
+def decision_args(inputs: dict) -> tuple:
+    """(images, image_masks, lang_tokens, lang_mask[, state], noise): a whole decision's arguments."""
+    return tuple(inputs[k] for k in OBSERVATION) + act_args(inputs)
+
+
+def act_args(inputs: dict, state: torch.Tensor | None = None) -> tuple:
+    """([state,] noise): what an act tick takes after the prefix (`state` replaces the inputs' own)."""
+    if "state" not in inputs:
+        return (inputs["noise"],)
+    return (inputs["state"] if state is None else state, inputs["noise"])
 
 
 # ---- measuring ------------------------------------------------------------------------------------------------
-def phase_samples(phases: dict, warmup: int = 3, iters: int = 20) -> dict:
+class HostEvent:
+    """A CUDA event's interface over the host clock (timings off CUDA: the CPU tests of the benchmark)."""
+
+    def __init__(self, enable_timing: bool = True):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1e3
+
+
+def phase_samples(phases: dict, warmup: int = 3, iters: int = 20, device="cuda") -> dict:
     """p50 ms of each phase of a call made of several host calls (name -> fn, run in order): a CUDA event is
     recorded before the first and after each, with a sync after the last, so a phase's time is what it adds
     to the whole call, host gaps included (where the GPU waited for the host to launch work)."""
+    cuda = torch.device(device).type == "cuda"
+    new_event = torch.cuda.Event if cuda else HostEvent
     names = list(phases)
     for _ in range(warmup):
         for fn in phases.values():
             fn()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     samples = {name: [] for name in names}
     for _ in range(iters):
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+        events = [new_event(enable_timing=True) for _ in range(len(names) + 1)]
         events[0].record()
         for event, fn in zip(events[1:], phases.values()):
             fn()
@@ -92,9 +148,22 @@ def phase_samples(phases: dict, warmup: int = 3, iters: int = 20) -> dict:
     return {name: statistics.median(ms) for name, ms in samples.items()}
 
 
-def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
-    """p50/p90/p99/mean ms of `cuda_samples`."""
-    ms = sorted(cuda_samples(fn, warmup, iters))
+def host_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
+    """Host wall-clock ms of each call (where there is no GPU: the CPU tests of the benchmark's plumbing)."""
+    for _ in range(warmup):
+        fn()
+    ms = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return ms
+
+
+def time_cuda(fn, warmup: int = 3, iters: int = 20, device="cuda") -> dict:
+    """p50/p90/p99/mean ms of `cuda_samples` (of `host_samples` for a device other than CUDA)."""
+    samples = cuda_samples if torch.device(device).type == "cuda" else host_samples
+    ms = sorted(samples(fn, warmup, iters))
 
     def pct(p):
         return ms[min(len(ms) - 1, max(0, math.ceil(p / 100 * len(ms)) - 1))]
@@ -104,15 +173,23 @@ def time_cuda(fn, warmup: int = 3, iters: int = 20) -> dict:
 
 
 class PeakMemory:
-    """Peak GPU memory allocated inside the `with` block beyond what was allocated when it began."""
+    """Peak GPU memory allocated inside the `with` block beyond what was allocated when it began (0 off CUDA)."""
+
+    def __init__(self, device="cuda"):
+        self.cuda = torch.device(device).type == "cuda"
+        self.gib = 0.0
 
     def __enter__(self):
+        if not self.cuda:
+            return self
         torch.cuda.synchronize()
         self.base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         return self
 
     def __exit__(self, *exc):
+        if not self.cuda:
+            return False
         torch.cuda.synchronize()
         self.gib = (torch.cuda.max_memory_allocated() - self.base) / 2 ** 30
         return False
@@ -145,10 +222,21 @@ def stage_costs(config, weight_bytes: int = 2, vision_bytes: int = 2) -> dict:
                "bytes": vis_params * vision_bytes + vlm_params * weight_bytes + kv_bytes
                + config.tokenizer_max_length * g.width * weight_bytes}
     c = config.chunk_size
-    exp_params = e.depth * (qkv(e) + o(e) + mlp(e)) + 2 * config.action_dim * e.width
-    step_flops = 2 * c * exp_params + e.depth * 4 * c * (p + c) * e.heads * e.head_dim
-    act = {"flops": config.num_steps * step_flops,
-           "bytes": config.num_steps * (exp_params * weight_bytes + kv_bytes)}
+    layer_params = e.depth * (qkv(e) + o(e) + mlp(e))
+    io_params = 2 * config.action_dim * e.width
+    attend = e.depth * 4 * e.heads * e.head_dim  # per query and key
+    once = 0  # what an act computes once, not per step
+    if config.kind == "pi0":
+        # pi0's action tokens pass the action-time MLP: its input half over the action embedding (the time
+        # half is a per-step constant) and its output, w x w each; they attend to the prefix, the state token
+        # and each other. The state token depends on the state and the prefix only: once per act.
+        io_params += 2 * e.width * e.width
+        step_flops = 2 * c * (layer_params + io_params) + attend * c * (p + 1 + c)
+        once = 2 * layer_params + attend * (p + 1) + 2 * config.state_dim * e.width
+    else:  # (pi0.5's per-step time MLP and AdaRMS projections are left out)
+        step_flops = 2 * c * (layer_params + io_params) + attend * c * (p + c)
+    act = {"flops": config.num_steps * step_flops + once,
+           "bytes": config.num_steps * ((layer_params + io_params) * weight_bytes + kv_bytes)}
     return {"observe": observe, "act": act}
 
 
@@ -160,176 +248,186 @@ def achieved(cost: dict, ms: float) -> dict:
             "gbps_vs_ceiling": gbps / (CEILINGS["copy_tbps"] * 1e3)}
 
 
-# ---- LeRobot ------------------------------------------------------------------------------------------------------
-def build_lerobot(config, state: dict, dtype: str = "bfloat16"):
-    """LeRobot 0.6.1 PI05Policy with `state` copied in by key name (lm_head keys are the only ones left out)."""
-    from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi05.configuration_pi05 import PI05Config
-    from lerobot.policies.pi05.modeling_pi05 import PI05Policy
-
-    size = config.vision.image_size
-    cams = {f"observation.images.cam{i}": PolicyFeature(type=FeatureType.VISUAL, shape=(3, size, size))
-            for i in range(config.num_image_slots)}
-    cfg = PI05Config(dtype=dtype, device="cuda", chunk_size=config.chunk_size, n_action_steps=config.chunk_size,
-                     num_inference_steps=config.num_steps, tokenizer_max_length=config.tokenizer_max_length,
-                     max_action_dim=config.action_dim, max_state_dim=config.state_dim,
-                     input_features=cams,
-                     output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(config.action_dim,))})
-    with torch.device("cuda"):  # HF random init on the CPU would take minutes
-        policy = PI05Policy(cfg)
-    missing, unexpected = policy.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith("lm_head.weight")]
-    if missing or unexpected:
-        raise RuntimeError(f"LeRobot state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    return policy.eval()
-
-
-def lerobot_call(policy, inputs, fn=None):
-    fn = fn or policy.model.sample_actions
-    views = inputs["images"].shape[1]
-    images = [inputs["images"][:, i] for i in range(views)]
-    masks = [inputs["image_masks"][:, i] for i in range(views)]
-
-    def call():
-        with torch.no_grad():
-            return fn(images, masks, inputs["lang_tokens"], inputs["lang_mask"], noise=inputs["noise"])
-    return call
-
-
 # ---- the benchmark ------------------------------------------------------------------------------------------------
-def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselines=("lerobot-eager",
-               "lerobot-compile"), iters=20, warmup=3, seed=0, compile_mode="default", parity=True,
-               vision_dtype=None, log=print, shared: dict | None = None, timing: bool = True) -> dict:
-    """One workload; timing=False checks parity only (one decision per system, no latency numbers)."""
-    from flashrt_core.models.pi05 import convert
-    from flashrt_core.models.pi05 import reference as R
-    from flashrt_core.models.pi05.engine import Pi05Engine
+def model_parts(kind: str):
+    """(convert, the fp32 reference's sample_actions, its ReferenceEngine class, the fused engine's import)
+    of `kind`; the fused engine is imported by the caller, when it runs (pi0's is new: see `build_engine`)."""
+    import importlib
+
+    if kind not in MODELS:
+        raise ValueError(f"model: one of {', '.join(MODELS)}, got {kind!r}")
+    model = importlib.import_module(f"flashrt_core.models.{kind}")
+    reference = importlib.import_module(f"flashrt_core.models.{kind}.reference")
+    fused = {"pi05": ("flashrt_core.models.pi05.engine", "Pi05Engine"),
+             "pi0": ("flashrt_core.models.pi0.engine", "Pi0Engine")}[kind]
+    return model.convert, reference.sample_actions, reference.ReferenceEngine, fused
+
+
+def whole_decision(engine):
+    """The engine's `sample_actions`; for a reference engine (which has none) its two stages in a row."""
+    if hasattr(engine, "sample_actions"):
+        return engine.sample_actions
+    return lambda *args: engine.denoise(engine.encode_prefix(*args[:len(OBSERVATION)]), *args[len(OBSERVATION):])
+
+
+def build_engine(kind, w32, inputs, engine: str, device, torch_dtype, vis_dtype, log) -> tuple:
+    """-> (engine after one whole decision, extra). engine "fused": full options first; should graph capture
+    or the Triton GEMMs fail on this GPU, the numbers of the fallback are still worth having, and the JSON
+    says which options ran and why. Engine "reference", and pi0's fused engine where it cannot be imported
+    (it is being written), run the model's eager reference in `torch_dtype` (extra["engine"] says which ran;
+    a missing pi0.5 engine is an error)."""
+    import importlib
+
+    _, _, reference_engine, (module, name) = model_parts(kind)
+    extra = {}
+    if engine == "fused":
+        try:
+            engine_class = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            if kind != "pi0":
+                raise
+            extra["engine_fallback"] = f"{module}.{name} not importable ({type(exc).__name__}: {exc})"
+            log(f"[bench] {extra['engine_fallback']}")
+            engine = "reference"
+    if engine == "reference":
+        built = reference_engine(w32.to(device=device, dtype=torch_dtype, vision_dtype=vis_dtype))
+        whole_decision(built)(*decision_args(inputs))
+        extra.update(engine=f"{kind} reference (eager torch, {torch_dtype})", engine_kind="reference")
+        return built, extra
+    if engine != "fused":
+        raise ValueError(f"engine: fused or reference, got {engine!r}")
+    errors = []
+    for opts in ({}, {"pdl": False}, {"gemm": "torch", "pdl": False},
+                 {"gemm": "torch", "graphs": False, "pdl": False}):
+        try:
+            built = engine_class(w32, device=device, dtype=torch_dtype, vision_dtype=vis_dtype, **opts)
+            built.sample_actions(*decision_args(inputs))
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+            break
+        except Exception as exc:
+            errors.append(f"{opts or 'default'}: {type(exc).__name__}: {exc}")
+            log(f"[bench] engine {opts or 'default'} failed: {errors[-1]}")
+            built = None
+    if built is None:
+        raise RuntimeError("flashrt engine failed with every option: " + " | ".join(errors))
+    extra.update(engine=f"{module}.{name}", engine_kind="fused")
+    extra["engine_options"] = opts or "default (graphs, gemm auto, PDL where supported, attention tuned)"
+    if errors:
+        extra["engine_errors"] = errors
+    return built, extra
+
+
+def bench_model(kind="pi05", views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16",
+                baselines=("lerobot-eager", "lerobot-compile"), iters=20, warmup=3, seed=0, compile_mode="default",
+                parity=True, vision_dtype=None, log=print, shared: dict | None = None, timing: bool = True,
+                engine: str = "fused", lerobot_fp32_parity: bool | None = None, device="cuda",
+                base_config=None) -> dict:
+    """One workload of pi0.5 or pi0 (`kind`); timing=False checks parity only (one decision per system, no
+    latency numbers). engine: "fused" or "reference" (the eager model, e.g. for a baseline of the baseline).
+    lerobot_fp32_parity (default: for pi0) also compares with LeRobot in float32. device other than CUDA and
+    base_config (model sizes other than full size): the CPU tests' tiny runs."""
     from flashrt_core.models.pi05.policy import parse_dtype
 
-    if not torch.cuda.is_available():
+    cuda = torch.device(device).type == "cuda"
+    if cuda and not torch.cuda.is_available():
         raise RuntimeError("flashrt bench needs a CUDA GPU")
+    convert, reference_sample, _, _ = model_parts(kind)
     torch_dtype = parse_dtype(dtype)
     vis_dtype = parse_dtype(vision_dtype) if vision_dtype else torch_dtype
-    config = workload_config(views, prompt_len, steps, chunk)
-    workload = {"model": "pi05", "views": views, "prompt_len": prompt_len, "valid_prompt_tokens": None,
+    shared = {} if shared is None else shared
+    config = workload_config(views, prompt_len, steps, chunk, kind, base_config)
+    lerobot_fp32_parity = (kind == "pi0") if lerobot_fp32_parity is None else lerobot_fp32_parity
+    workload = {"model": kind, "views": views, "prompt_len": prompt_len, "valid_prompt_tokens": None,
                 "steps": steps, "chunk": chunk, "dtype": str(torch_dtype).replace("torch.", ""),
                 "vision_dtype": str(vis_dtype).replace("torch.", ""), "batch": 1, "weights": f"normal(0, {WEIGHT_STD})",
                 "seed": seed, "image_size": config.vision.image_size, "prefix_len": config.prefix_len,
-                "timing": f"CUDA events, {warmup} warm-ups, {iters} timed calls, sync after each call"}
+                "timing": f"{'CUDA events' if cuda else 'host clock'}, {warmup} warm-ups, {iters} timed calls, "
+                          "sync after each call"}
+    if kind == "pi0":
+        workload.update(state_dim=config.state_dim, act_only_states="4 states in turn, one per call")
     results, notes, extra = {}, [], {}
     # `shared` carries the random weights (and a built LeRobot policy) between workloads of one process:
     # neither depends on the number of views or the prompt length.
-    shared = {} if shared is None else shared
     t0 = time.time()
-    if shared.get("seed") != seed:
+    if shared.get("seed") != (kind, seed):
         shared.clear()
-        shared["seed"] = seed
-        shared["state"] = random_state(config, seed, "cuda")
+        shared["seed"] = (kind, seed)
+        shared["state"] = random_state(config, seed, device)
         shared["w32"] = convert(config, shared["state"])
     state = shared["state"]
     w32 = dataclasses.replace(shared["w32"], config=config)
-    inputs = random_inputs(config, seed, "cuda")
+    inputs = random_inputs(config, seed, device)
     workload["valid_prompt_tokens"] = int(inputs["lang_mask"].sum())
     log(f"[bench] random weights + convert: {time.time() - t0:.1f} s")
 
     # -- flashrt
     t0 = time.time()
-    with PeakMemory() as mem:
-        # Full options first; should graph capture or the Triton GEMMs fail on this GPU, the numbers of
-        # the fallback are still worth having, and the JSON says which options ran and why.
-        errors = []
-        for opts in ({}, {"pdl": False}, {"gemm": "torch", "pdl": False},
-                     {"gemm": "torch", "graphs": False, "pdl": False}):
-            try:
-                engine = Pi05Engine(w32, device="cuda", dtype=torch_dtype, vision_dtype=vis_dtype, **opts)
-                engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask",
-                                                            "noise")))
-                torch.cuda.synchronize()
-                break
-            except Exception as exc:
-                errors.append(f"{opts or 'default'}: {type(exc).__name__}: {exc}")
-                log(f"[bench] engine {opts or 'default'} failed: {errors[-1]}")
-                engine = None
-        if engine is None:
-            raise RuntimeError("flashrt engine failed with every option: " + " | ".join(errors))
-        extra["engine_options"] = opts or "default (graphs, gemm auto, PDL where supported, attention tuned)"
-        if errors:
-            extra["engine_errors"] = errors
+    with PeakMemory(device) as mem:
+        eng, built = build_engine(kind, w32, inputs, engine, device, torch_dtype, vis_dtype, log)
+        extra.update(built)
         extra["flashrt_build_s"] = time.time() - t0
         if not timing:
             iters, warmup = 1, 0
-        whole = time_cuda(lambda: engine.sample_actions(inputs["images"], inputs["image_masks"],
-                                                        inputs["lang_tokens"], inputs["lang_mask"], inputs["noise"]),
-                          warmup, iters)
-        prefix = engine.encode_prefix(inputs["images"], inputs["image_masks"], inputs["lang_tokens"],
-                                      inputs["lang_mask"])
-        act_only = time_cuda(lambda: engine.denoise(prefix, inputs["noise"]), warmup, iters)
-        # Where a whole decision's time goes: the eager input copies, then its graph (`decision()`: one graph
-        # with act beside observe; the noise is already in its buffer)
-        phases = phase_samples({
-            "set_observation": lambda: engine.set_observation(inputs["images"], inputs["image_masks"],
-                                                              inputs["lang_tokens"], inputs["lang_mask"]),
-            "decision": engine.decision}, warmup, iters)
-        stage_ms = {"observe": time_cuda(engine.observe, warmup, iters)["p50_ms"],
-                    "act": time_cuda(engine.act, warmup, iters)["p50_ms"]}
-    results["flashrt"] = {**whole, "peak_mem_gib": mem.gib, "captures": engine.captures,
-                          "phases_p50_ms": phases}
+        decide = whole_decision(eng)
+        whole = time_cuda(lambda: decide(*decision_args(inputs)), warmup, iters, device)
+        prefix = eng.encode_prefix(*(inputs[k] for k in OBSERVATION))
+        states = itertools.cycle(fresh_states(config, seed, device) if "state" in inputs else [None])
+        act_only = time_cuda(lambda: eng.denoise(prefix, *act_args(inputs, next(states))), warmup, iters, device)
+        fused = hasattr(eng, "decision")  # (a reference engine has no stages or buffers)
+        if fused:
+            # Where a whole decision's time goes: the eager input copies, then its graph (`decision()`: one
+            # graph with act beside observe; the noise is already in its buffer, pi0's state goes in apart)
+            inputs_in = {"set_observation": lambda: eng.set_observation(*(inputs[k] for k in OBSERVATION))}
+            if "state" in inputs:
+                inputs_in["set_state"] = lambda: eng.set_state(inputs["state"])
+            eng.buffers.noise.copy_(inputs["noise"])
+            phases = phase_samples({**inputs_in, "decision": eng.decision}, warmup, iters, device)
+            stage_ms = {"observe": time_cuda(eng.observe, warmup, iters, device)["p50_ms"],
+                        "act": time_cuda(eng.act, warmup, iters, device)["p50_ms"]}
+    results["flashrt"] = {**whole, "peak_mem_gib": mem.gib}
     results["flashrt-act-only"] = {**act_only, "peak_mem_gib": mem.gib}
-    costs = stage_costs(config, torch_dtype.itemsize, vis_dtype.itemsize)
-    extra["stages"] = {s: achieved(costs[s], stage_ms[s]) for s in ("observe", "act")}
-    extra["ceilings"] = CEILINGS
-    extra["gemm_choices"] = engine.linear.report()
-    extra["attention_choices"] = engine.attend.report()
-    log(f"[bench] flashrt p50 {whole['p50_ms']:.2f} ms, act-only {act_only['p50_ms']:.2f} ms "
-        f"(observe {stage_ms['observe']:.2f} / act {stage_ms['act']:.2f}), build {extra['flashrt_build_s']:.1f} s")
-    log("[bench] a decision's phases, p50: " + ", ".join(f"{k} {v:.3f} ms" for k, v in phases.items()))
+    if fused:
+        results["flashrt"].update(captures=eng.captures, phases_p50_ms=phases)
+        costs = stage_costs(config, torch_dtype.itemsize, vis_dtype.itemsize)
+        extra["stages"] = {s: achieved(costs[s], stage_ms[s]) for s in ("observe", "act")}
+        extra["ceilings"] = CEILINGS
+        extra["gemm_choices"] = eng.linear.report()
+        extra["attention_choices"] = eng.attend.report()
+        log(f"[bench] observe {stage_ms['observe']:.2f} / act {stage_ms['act']:.2f} ms; a decision's phases, p50: "
+            + ", ".join(f"{k} {v:.3f} ms" for k, v in phases.items()))
+    log(f"[bench] flashrt p50 {whole['p50_ms']:.2f} ms, act-only {act_only['p50_ms']:.2f} ms, "
+        f"build {extra['flashrt_build_s']:.1f} s")
 
+    truths = {}
     if parity:
-        ours = engine.sample_actions(inputs["images"], inputs["image_masks"], inputs["lang_tokens"],
-                                     inputs["lang_mask"], inputs["noise"])
+        truths["flashrt"] = decide(*decision_args(inputs))
         with torch.no_grad():
-            ref32 = R.sample_actions(w32, inputs["images"], inputs["image_masks"], inputs["lang_tokens"],
-                                     inputs["lang_mask"], inputs["noise"])
-        extra["parity"] = {"targets": PARITY_TARGETS, "flashrt_vs_reference_fp32": compare(ours, ref32)}
-    del engine, prefix
-    torch.cuda.empty_cache()
+            truths["reference_fp32"] = reference_sample(w32, *decision_args(inputs))
+        extra["parity"] = {"targets": PARITY_TARGETS,
+                           "flashrt_vs_reference_fp32": compare(truths["flashrt"], truths["reference_fp32"])}
+        if "state" in inputs:  # how much another state moves the fp32 actions: what parity can resolve of it
+            other = fresh_states(config, seed, device)[0]
+            with torch.no_grad():
+                moved = reference_sample(w32, *decision_args(inputs)[:len(OBSERVATION)], *act_args(inputs, other))
+            extra["parity"]["state_effect_reference_fp32"] = {
+                "rel_l2": ((moved - truths["reference_fp32"]).norm() / truths["reference_fp32"].norm()).item(),
+                "note": "relative change of the fp32 reference's actions for another state; where it is below "
+                        "the engine's rel_l2 to the reference, these random weights cannot show a wrong state path"}
+    del eng, prefix
+    if cuda:
+        torch.cuda.empty_cache()
 
     # -- LeRobot baselines
     wanted = [b for b in baselines if b]
     if wanted or parity:
-        try:
-            t0 = time.time()
-            lr_dtype = "bfloat16" if torch_dtype == torch.bfloat16 else "float32"
-            with PeakMemory() as mem:
-                built_here = shared.get("lerobot_dtype") != lr_dtype
-                if built_here:
-                    shared.pop("lerobot", None)
-                    shared["lerobot"] = build_lerobot(config, state, lr_dtype)
-                    shared["lerobot_dtype"] = lr_dtype
-                policy = shared["lerobot"]
-                extra["lerobot_build_s"] = time.time() - t0
-                call = lerobot_call(policy, inputs)
-                if parity:
-                    theirs = call()
-                    extra["parity"]["flashrt_vs_lerobot"] = compare(ours, theirs)
-                    extra["parity"]["reference_fp32_vs_lerobot"] = compare(ref32, theirs)
-                if "lerobot-eager" in wanted:
-                    results["lerobot-eager"] = time_cuda(call, warmup, iters)
-            if "lerobot-eager" in results:
-                # The policy's own weights count only when this workload built it (else they predate `mem`).
-                results["lerobot-eager"]["peak_mem_gib"] = mem.gib
-                results["lerobot-eager"]["peak_mem_includes_weights"] = built_here
-                log(f"[bench] lerobot-eager p50 {results['lerobot-eager']['p50_ms']:.1f} ms")
-            if "lerobot-compile" in wanted:
-                results["lerobot-compile"] = bench_compiled(policy, inputs, compile_mode, warmup, iters, log)
-                notes.append("lerobot-compile uses torch.compile mode '%s'; LeRobot's default max-autotune is not "
-                             "measured: it did not finish compiling within 8 minutes on the H200 "
-                             "(docs/gpu-machine.md)" % compile_mode)
-        except Exception as exc:  # a baseline that cannot run is reported, not hidden
-            extra["lerobot_error"] = f"{type(exc).__name__}: {exc}"
-            for b in wanted:
-                results.setdefault(b, {"error": f"{type(exc).__name__}: {exc}"})
-            log(f"[bench] LeRobot failed: {type(exc).__name__}: {exc}")
+        lr_results, lr_extra, lr_notes = run_baselines(
+            config, state, inputs, torch_dtype, wanted, extra.get("parity"), truths, shared,
+            fp32_parity=lerobot_fp32_parity, compile_mode=compile_mode, warmup=warmup, iters=iters, device=device,
+            log=log)
+        results.update(lr_results)
+        extra.update(lr_extra)
+        notes += lr_notes
     for b in wanted:
         if b in results and "p50_ms" in results[b]:
             results[b]["flashrt_speedup"] = results[b]["p50_ms"] / results["flashrt"]["p50_ms"]
@@ -337,27 +435,14 @@ def bench_pi05(views=2, prompt_len=48, steps=10, chunk=50, dtype="bf16", baselin
     return {"workload": workload, "results": results, "extra": extra}
 
 
-def bench_compiled(policy, inputs, mode, warmup, iters, log) -> dict:
-    # LeRobot sets this itself when compile_model=True; restore it so nothing after sees TF32 matmuls.
-    old = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
-    try:
-        with PeakMemory() as mem:
-            compiled = torch.compile(policy.model.sample_actions, mode=mode)
-            call = lerobot_call(policy, inputs, compiled)
-            t0 = time.time()
-            call()
-            torch.cuda.synchronize()
-            first = time.time() - t0
-            log(f"[bench] lerobot-compile first call (compilation) {first:.0f} s")
-            out = time_cuda(call, warmup, iters)
-        # The policy's weights were allocated before `mem` began: this is what compilation and calls add.
-        out.update({"peak_mem_gib": mem.gib, "peak_mem_includes_weights": False, "compile_s": first,
-                    "compile_mode": mode})
-        log(f"[bench] lerobot-compile p50 {out['p50_ms']:.1f} ms")
-        return out
-    finally:
-        torch.set_float32_matmul_precision(old)
+def bench_pi05(**kwargs) -> dict:
+    """`bench_model` of pi0.5 (W2 by default)."""
+    return bench_model("pi05", **kwargs)
+
+
+def bench_pi0(**kwargs) -> dict:
+    """`bench_model` of pi0 (W2 shapes by default: 2 views, 48-token prompt, 10 steps, chunk 50, bf16)."""
+    return bench_model("pi0", **kwargs)
 
 
 # ---- output ---------------------------------------------------------------------------------------------------------
@@ -380,8 +465,10 @@ def document(run: dict) -> dict:
 
 def print_table(doc: dict, out=print) -> None:
     w = doc["workload"]
-    out(f"pi0.5 {w['views']} views, prompt {w['prompt_len']}, {w['steps']} steps, chunk {w['chunk']}, {w['dtype']} "
-        f"on {doc['gpu']}")
+    out(f"{MODELS.get(w.get('model'), w.get('model'))} {w['views']} views, prompt {w['prompt_len']}, {w['steps']} "
+        f"steps, chunk {w['chunk']}, {w['dtype']} on {doc['gpu']}")
+    if doc.get("engine_kind") == "reference":  # (the flashrt rows are not the fused engine's)
+        out(f"flashrt rows: {doc['engine']}: {doc.get('engine_fallback', 'asked for')}")
     out(f"{'system':<18} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'peak GiB':>9} {'speed-up':>9}")
     for name, r in doc["results"].items():
         if "p50_ms" not in r:
@@ -395,19 +482,21 @@ def print_table(doc: dict, out=print) -> None:
             f"{CEILINGS['copy_tbps'] * 1e3:.0f})")
     for name, p in doc.get("parity", {}).items():
         if isinstance(p, dict) and "cosine" in p:
-            out(f"parity {name:<28} cosine {p['cosine']:.6f}  rel L2 {p['rel_l2']:.2e}  {'PASS' if p['pass'] else 'FAIL'}")
+            out(f"parity {name:<32} cosine {p['cosine']:.6f}  rel L2 {p['rel_l2']:.2e}  max abs {p['max_abs']:.2e}  "
+                f"{'PASS' if p['pass'] else 'FAIL'}")
 
 
 def run_cli(args) -> int:
-    if args.model != "pi05":
-        raise SystemExit(f"--model: only pi05 is supported, got {args.model!r}")
+    if args.model not in MODELS:
+        raise SystemExit(f"--model: one of {', '.join(MODELS)}, got {args.model!r}")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     unknown = [b for b in baselines if b not in SYSTEMS[2:]]
     if unknown:
         raise SystemExit(f"--baselines: unknown {unknown[0]!r} (one of {', '.join(SYSTEMS[2:])})")
-    run = bench_pi05(views=args.views, prompt_len=args.prompt_len, steps=args.steps, chunk=args.chunk,
-                     dtype=args.dtype, baselines=baselines, iters=args.iters, warmup=args.warmup, seed=args.seed,
-                     compile_mode=args.compile_mode, parity=not args.no_parity, vision_dtype=args.vision_dtype)
+    run = bench_model(args.model, views=args.views, prompt_len=args.prompt_len, steps=args.steps, chunk=args.chunk,
+                      dtype=args.dtype, baselines=baselines, iters=args.iters, warmup=args.warmup, seed=args.seed,
+                      compile_mode=args.compile_mode, parity=not args.no_parity, vision_dtype=args.vision_dtype,
+                      engine=args.engine)
     doc = document(run)
     print_table(doc)
     if args.json:
@@ -419,7 +508,9 @@ def run_cli(args) -> int:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="pi05", help="model to benchmark (pi05)")
+    p.add_argument("--model", default="pi05", choices=list(MODELS), help="model to benchmark, default pi05")
+    p.add_argument("--engine", default="fused", choices=("fused", "reference"),
+                   help="flashrt rows: the fused engine (default) or the eager reference in --dtype")
     p.add_argument("--views", type=int, default=2, help="camera views (image slots), default 2")
     p.add_argument("--prompt-len", type=int, default=48, help="prompt buffer length in tokens, default 48")
     p.add_argument("--steps", type=int, default=10, help="flow-matching steps, default 10")

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see docs/gpu-machine.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime|pi0] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
-# lerobot-compile baseline (issue 3; ~7 min). Each needs a device call of its own.
+# lerobot-compile baseline (issue 3; ~7 min). pi0: bench_pi0 W2 with parity (vs the fp32 reference and LeRobot
+# fp32 / bf16) and both LeRobot baselines (~7.5 min with the pi0.5 tuning cache carried, more cold: compile
+# alone ~300 s; FLASHRT_PI0_SKIP_COMPILE=1 leaves it out, ~2-4 min). Each needs a device call of its own.
+# (scripts/before_after.sh: the pi0.5 W2 before/after of an old source tree, a call of its own too.)
 # Device call: carry [".whl"] (LeRobot 0.6.1 and its pinned wheels, see docs/gpu-machine.md; the LeRobot
 # golden fixtures are tracked in test/fixtures/ and travel with the tree). The device tool returns at
 # most 8 files: by default this writes 8 (W2 only; FLASHRT_WORKLOADS=w2,views1,views3 adds two: then run
@@ -77,6 +80,9 @@ if [[ "$what" == w2 ]]; then  # W2 without the compiled baseline (~4 min with tu
 fi
 if [[ "$what" == compile ]]; then
   bench bench_pi05 570 --out-dir "$OUT" --workloads w2
+fi
+if [[ "$what" == pi0 ]]; then  # pi0_w2.json + pi0_parity.json
+  bench bench_pi0 570 --out-dir "$OUT" --workloads w2 --parity ${FLASHRT_PI0_SKIP_COMPILE:+--skip-compile}
 fi
 if [[ "$what" == runtime ]]; then  # the contract runtime (both observe modes) and the capsules (~4 min with the cache)
   bench bench_runtime 400 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
