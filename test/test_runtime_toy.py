@@ -485,3 +485,64 @@ def test_reset_clock_after_the_clock_jumped_back():
     rt.reset_clock()
     r = rt.step(30 * MS)
     assert r.actions is None and "in the future" in r.reason
+
+
+def test_warmup_freezes_the_collector_heap_and_close_lets_it_go():
+    """warmup() ends with gc.freeze(): what is alive then (weights, buffers, graphs) is never walked by a
+    later collection, so no tick pays for a full one. Objects made afterwards are still collected; a runtime
+    dropped without close() is still freed (by reference counting); close() of the last runtime that froze
+    the heap unfreezes it, and one still warm keeps it frozen."""
+    import gc
+    import weakref
+
+    from flashrt_core.contract import runtime as runtime_module
+
+    runtime_module._GC_FROZEN.clear()  # (runtimes of other tests)
+    gc.unfreeze()
+    try:
+        rt = make_runtime()
+        rt.warmup(freeze_gc=False)
+        assert gc.get_freeze_count() == 0
+        rt.warmup()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0  # the binding's weights are among the frozen objects: no collection walks them
+        assert not any(o is rt.binding.w for o in gc.get_objects())
+        rng = np.random.default_rng(0)
+        rt.set_prompt("stack the cups")
+        rt.set_observation(*observation(rng), stamp_ns=0)
+        assert rt.step(0).actions is not None  # the runtime works as before
+        cycle = [None]
+        cycle[0] = cycle
+        del cycle
+        assert gc.collect() >= 1  # garbage made after the warm-up is collected as before
+
+        other = make_runtime(seed=1)
+        other.warmup()
+        gone = weakref.ref(other), weakref.ref(other.binding), weakref.ref(other.binding.w["a"])
+        del other  # dropped without close(): reference counting frees it all, frozen or not
+        assert all(w() is None for w in gone)
+
+        second = make_runtime(seed=2)
+        second.warmup()
+        weights = weakref.ref(rt.binding.w["a"])
+        rt.close()  # another runtime is still warm: the heap stays frozen
+        assert weights() is None and gc.get_freeze_count() > 0
+        second.close()  # the last one: unfrozen
+        assert gc.get_freeze_count() == 0
+    finally:
+        runtime_module._GC_FROZEN.clear()
+        gc.unfreeze()
+
+
+def test_step_reports_each_stage_host_part():
+    """host_latency_ms: the host part of every stage that ran (a deferred one's too, run after the actions),
+    each within its stage_latency_ms entry."""
+    rt = make_runtime(deferred=True)
+    rng = np.random.default_rng(1)
+    rt.set_prompt("fold the towel")
+    for t in (0, 20, 40, 60, 80, 100):
+        rt.set_observation(*observation(rng), stamp_ns=t * MS)
+        r = rt.step(t * MS)
+        assert set(r.host_latency_ms) == set(r.ran)
+        assert all(0 <= r.host_latency_ms[s] <= r.stage_latency_ms[s] for s in r.ran)
+    assert r.deferred == ["observe"] and "observe" in r.host_latency_ms

@@ -9,9 +9,11 @@ them on the same stream, and their outputs count from the next step (the schedul
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -24,6 +26,10 @@ from flashrt_core.contract.graphs import GraphCache
 from flashrt_core.contract.schedule import Scheduler
 from flashrt_core.contract.spec import Contract, configured_contract
 from flashrt_core.errors import InputError
+
+# Runtimes whose warmup froze the collector's heap (gc.freeze) and that are not closed yet: the last one to
+# close leaves the heap unfrozen (see Runtime.warmup / close).
+_GC_FROZEN: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
 
 
 @dataclass
@@ -44,6 +50,8 @@ class StepResult:
     # deferred_latency_ms: on CUDA by a later step (the first one that synchronizes), on CPU by this one.
     deferred_latency_ms: dict[str, float] = field(default_factory=dict)
     actions_ms: float | None = None  # host wall time until the actions were on the host (the critical path)
+    host_latency_ms: dict[str, float] = field(default_factory=dict)  # host part of each stage that ran
+    # (inputs staged, tokenize, noise; included in its stage_latency_ms entry)
 
     def completed_stage_ms(self) -> dict[str, float]:
         """Latency of every stage (or graph group) that completed by the end of this step: those it ran in
@@ -208,7 +216,8 @@ class Runtime:
         plan = self.scheduler.plan(now_ns, ledger)
         cuda = self.device.type == "cuda"
         stage_ms: dict[str, float] = {}
-        self._host_parts([s for s in plan.runs if s not in plan.deferred], stage_ms)
+        host_ms: dict[str, float] = {}
+        self._host_parts([s for s in plan.runs if s not in plan.deferred], stage_ms, host_ms)
         device_stages = [s for s in plan.runs if self._device_parts[s] is not None]
         inline = [s for s in device_stages if s not in plan.deferred]
         events = self._launch(inline, stage_ms)
@@ -238,7 +247,7 @@ class Runtime:
                             stage_latency_ms=stage_ms, skipped=dict(plan.skipped), now_ns=now_ns,
                             observation_stamp_ns=plan.stamps.get(out_stage), prefix_id=prefix_id,
                             deferred=list(plan.deferred), deferred_latency_ms=deferred_ms,
-                            actions_ms=to_actions_ms if actions is not None else None)
+                            actions_ms=to_actions_ms if actions is not None else None, host_latency_ms=host_ms)
         callback_error = None
         if on_actions is not None and actions is not None:
             self._in_on_actions = threading.get_ident()
@@ -255,7 +264,7 @@ class Runtime:
         for s in list(plan.deferred):
             if s in plan.deferred:
                 try:
-                    self._host_parts([s], stage_ms)
+                    self._host_parts([s], stage_ms, host_ms)
                 except Exception as exc:  # noqa: BLE001 (any failure: the stage did not run; say why)
                     self.scheduler.drop(plan, s, f"failed in its host part: {type(exc).__name__}: {exc}")
         self.scheduler.commit(plan, ledger)
@@ -276,13 +285,13 @@ class Runtime:
             raise callback_error
         return result
 
-    def _host_parts(self, stages: list[str], stage_ms: dict[str, float]) -> None:
+    def _host_parts(self, stages: list[str], stage_ms: dict[str, float], host_ms: dict[str, float]) -> None:
         """Stage inputs and run the host parts (they never read device results) of `stages`, in order."""
         for s in stages:
             t = time.perf_counter()
             self.buffers.refresh_inputs(self.contract.stages[s].reads)
             self.binding.host(s, self._io)
-            stage_ms[s] = (time.perf_counter() - t) * 1e3
+            stage_ms[s] = host_ms[s] = (time.perf_counter() - t) * 1e3
 
     def _launch(self, stages: list[str], stage_ms: dict[str, float]) -> list:
         """Run the device parts of `stages` (grouped per stage or per plan, as CUDA graphs where enabled).
@@ -331,11 +340,20 @@ class Runtime:
         self._deferred_events = pending
         return out
 
-    def warmup(self) -> None:
+    def warmup(self, freeze_gc: bool = True) -> None:
         """Capture the graphs of the usual plans now (configure time) rather than at their first tick, and
         make the capsule store ready (weights digest, spare slabs, copy paths: capsule.runtime_verbs.prepare)
         so that the first snapshot is as fast as the later ones. `warmup_s` says how long it took (Triton
-        compiles and kernel tuning of a first start on a GPU)."""
+        compiles and kernel tuning of a first start on a GPU).
+
+        freeze_gc (default): last, one full garbage collection and then `gc.freeze()`, so that the objects
+        alive now (torch, Triton, the weights, graphs, buffers: hundreds of thousands in a GPU process) are
+        never walked by Python's cyclic collector again. Otherwise a generation-2 collection, which CPython
+        starts on its own when enough objects survived, walks all of them inside some tick (tens of ms on a
+        full-size model's process). Frozen objects are still freed by reference counting as usual; only a
+        reference cycle among them would wait for `close()`, which unfreezes the heap (and collects) when the
+        last runtime that froze it closes. This is process-wide: objects made after the warm-up (a tick's,
+        the capsules') are collected as before."""
         started = time.perf_counter()
         stages = [s for s in self.contract.stages if self._device_parts[s] is not None]
         bufs = self.buffers.tensors
@@ -369,6 +387,10 @@ class Runtime:
             from flashrt_core.capsule import runtime_verbs
 
             runtime_verbs.prepare(self)
+            if freeze_gc:
+                gc.collect()  # (garbage made so far is freed, not frozen)
+                gc.freeze()
+                _GC_FROZEN.add(self)
         self.warmup_s = time.perf_counter() - started
 
     # ---- state for capsules ----------------------------------------------------------------------------
@@ -445,6 +467,12 @@ class Runtime:
             self.buffers.tensors.clear()
             self.binding = None
             self._device_parts = {}
+            if self in _GC_FROZEN:  # the warm-up froze the heap (see warmup): cycles among what was dropped
+                _GC_FROZEN.discard(self)  # here are found again; a runtime still warm keeps it frozen
+                gc.unfreeze()
+                gc.collect()
+                if _GC_FROZEN:
+                    gc.freeze()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
