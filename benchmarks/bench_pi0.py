@@ -11,8 +11,6 @@ workload is done:
                         reference (flashrt_core.models.pi0.reference) and against LeRobot in bf16 and in float32
                         (same weights, noise and state); targets cosine >= 0.999, relative L2 <= 2e-2
 flashrt-act-only is `engine.denoise(prefix, state, noise)` over the cached prefix, another state each call.
-Until `flashrt_core.models.pi0.engine.Pi0Engine` exists, the flashrt rows are pi0's eager reference in bf16
-(the JSON's engine / engine_fallback say so).
 
     python benchmarks/bench_pi0.py --out-dir benchmarks/results --workloads w2 [--skip-compile] [--no-parity]
 """

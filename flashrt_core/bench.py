@@ -16,8 +16,7 @@ Each: p50/p90/p99 ms over CUDA events (3 warm-ups, 20+ timed calls, one decision
 GPU memory the system allocated on top of the shared random state. Per stage (observe, act) the achieved
 TFLOP/s and GB/s next to the measured H200 ceilings. With --parity: actions of the bf16 engine against the
 project's fp32 reference and against LeRobot (cosine, relative L2; pi0 also against LeRobot in float32).
-The LeRobot side is `flashrt_core.bench_lerobot`. pi0's fused engine (`flashrt_core.models.pi0.engine.Pi0Engine`)
-is imported when the bench runs; where it cannot be, the pi0 reference engine stands in and the JSON says so.
+The LeRobot side is `flashrt_core.bench_lerobot`.
 """
 from __future__ import annotations
 
@@ -273,22 +272,13 @@ def whole_decision(engine):
 def build_engine(kind, w32, inputs, engine: str, device, torch_dtype, vis_dtype, log) -> tuple:
     """-> (engine after one whole decision, extra). engine "fused": full options first; should graph capture
     or the Triton GEMMs fail on this GPU, the numbers of the fallback are still worth having, and the JSON
-    says which options ran and why. Engine "reference", and pi0's fused engine where it cannot be imported
-    (it is being written), run the model's eager reference in `torch_dtype` (extra["engine"] says which ran;
-    a missing pi0.5 engine is an error)."""
+    says which options ran and why. Engine "reference" runs the model's eager reference in `torch_dtype`
+    (extra["engine"] says which ran)."""
     import importlib
 
     _, _, reference_engine, (module, name) = model_parts(kind)
     extra = {}
-    if engine == "fused":
-        try:
-            engine_class = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            if kind != "pi0":
-                raise
-            extra["engine_fallback"] = f"{module}.{name} not importable ({type(exc).__name__}: {exc})"
-            log(f"[bench] {extra['engine_fallback']}")
-            engine = "reference"
+    engine_class = getattr(importlib.import_module(module), name) if engine == "fused" else None
     if engine == "reference":
         built = reference_engine(w32.to(device=device, dtype=torch_dtype, vision_dtype=vis_dtype))
         whole_decision(built)(*decision_args(inputs))

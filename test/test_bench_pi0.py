@@ -184,19 +184,12 @@ def test_bench_pi0_reports_how_much_the_state_moves_the_reference_actions(fake_l
     assert 0 < effect["rel_l2"] < 1e-2
 
 
-def test_bench_pi0_falls_back_to_the_reference_where_pi0engine_cannot_be_imported(fake_lerobot, monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashrt_core.models.pi0.engine", None)  # import -> ImportError
-    run = tiny_run(engine="fused", parity=False)
-    extra = run["extra"]
-    assert extra["engine_kind"] == "reference" and "Pi0Engine not importable" in extra["engine_fallback"]
-    assert "stages" not in extra and "phases_p50_ms" not in run["results"]["flashrt"]
-
-
-def test_pi05_has_no_reference_fallback(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flashrt_core.models.pi05.engine", None)
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_a_missing_fused_engine_is_an_error_not_a_fallback(monkeypatch, kind):
+    monkeypatch.setitem(sys.modules, f"flashrt_core.models.{kind}.engine", None)
     with pytest.raises(ImportError):
-        bench.bench_pi05(**SHAPES, dtype="fp32", baselines=(), parity=False, iters=1, warmup=0, device="cpu",
-                         base_config=TINY, log=lambda *a: None)
+        bench.bench_model(kind, **SHAPES, dtype="fp32", baselines=(), parity=False, iters=1, warmup=0,
+                          device="cpu", base_config=TINY, log=lambda *a: None)
 
 
 def test_bench_pi0_drives_the_fused_engine_with_a_fresh_state_per_act_tick(fake_lerobot, monkeypatch):
@@ -339,12 +332,11 @@ def test_flashrt_bench_cli_takes_model_pi0(monkeypatch, tmp_path):
 
 
 def test_bench_pi0_with_the_fused_pi0engine_on_the_cpu(fake_lerobot):
-    """The real Pi0Engine where it is importable (it is being written beside this bench): the tiny model in
-    fp32 on the CPU, every parity check passing and the stages reported."""
-    pytest.importorskip("flashrt_core.models.pi0.engine")
+    """The real Pi0Engine: the tiny model in fp32 on the CPU, every parity check passing and the stages
+    reported."""
     run = tiny_run(engine="fused", iters=2, warmup=1)
     extra = run["extra"]
-    assert extra["engine_kind"] == "fused", extra.get("engine_fallback")
+    assert extra["engine_kind"] == "fused"
     assert list(run["results"]["flashrt"]["phases_p50_ms"]) == ["set_observation", "set_state", "decision"]
     assert set(extra["stages"]) == {"observe", "act"}
     for name, p in extra["parity"].items():

@@ -47,7 +47,59 @@ def test_pi0_contract_needs_a_pi0_checkpoint(fixtures_dir):
     with pytest.raises(ContractError, match="is a pi0 checkpoint"):
         Runtime.from_config(REPO / "config" / "pi05.yaml", checkpoint=str(FIXTURE), dtype="float32")
     with pytest.raises(ContractError, match="not available for pi0"):
-        Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), options={"engine": "fused"})
+        Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), options={"engine": "turbo"})
+
+
+def drive(rt, seed: int, ticks: int, period: int = PERIOD):
+    """Two cameras and a new state every tick (act reads it), observe every 5th tick: the StepResults."""
+    rng = np.random.default_rng(seed)
+    frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    rt.set_prompt("stack the cups")
+    out = []
+    for k in range(ticks):
+        if k % 5 == 0:
+            frames = [np.roll(f, 7, axis=1) for f in frames]
+        rt.set_observation(images=frames, state=rng.uniform(-1, 1, 8).astype(np.float32), stamp_ns=1 + k * period)
+        out.append(rt.step(1 + k * period))
+    return out
+
+
+def test_the_fused_engine_through_the_contract_matches_the_reference_engine():
+    """engine: fused (pi0.5's stage hooks with pi0's act inputs: the state and the noise into the engine's
+    buffers) gives the reference engine's chunks tick for tick, the state read at every act tick."""
+    out = {}
+    for engine in ("reference", "fused"):
+        rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), device="cpu",
+                                 num_cameras=2, seed=4, options={"engine": engine})
+        assert rt.binding.engine_name == engine
+        out[engine] = drive(rt, seed=2, ticks=7)
+    assert [r.ran for r in out["fused"]] == [r.ran for r in out["reference"]]
+    assert all(r.actions is not None for r in out["fused"])
+    for ref, fused in zip(out["reference"], out["fused"]):
+        np.testing.assert_allclose(fused.actions, ref.actions, atol=TOL, rtol=0)
+    assert np.abs(out["fused"][1].actions - out["fused"][2].actions).max() > 1e-3
+
+
+@pytest.mark.gpu
+def test_fused_pi0_on_cuda_with_deferred_observe_matches_the_reference_engine():
+    """config/pi0.yaml as shipped on CUDA (engine auto: fused, graphs per stage with their hooks, observe
+    deferred behind act) in float32 against the reference engine inline: equal from the tick after each
+    observe (a deferred observe's prefix counts from the next tick)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = {}
+    for engine, deferred in (("reference", False), ("auto", True)):
+        rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), device="cuda",
+                                 dtype="float32", num_cameras=2, seed=4, options={"engine": engine},
+                                 deferred={"observe": deferred}, max_observation_age_ms=1000.0)
+        rt.warmup(freeze_gc=False)
+        out[engine] = drive(rt, seed=2, ticks=12)
+        if engine == "auto":
+            assert rt.binding.engine_name == "fused" and rt.binding.policy.engine.hook_capture_errors == {}
+    for k, (ref, fused) in enumerate(zip(out["reference"], out["auto"])):
+        if k % 5 == 0 and k > 0:
+            continue  # (the deferred observe tick acts on the previous prefix)
+        np.testing.assert_allclose(fused.actions, ref.actions, atol=2e-3, rtol=0, err_msg=f"tick {k}")
 
 
 def test_the_node_loader_picks_the_contract_from_the_checkpoint_type():

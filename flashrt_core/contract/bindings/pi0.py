@@ -7,7 +7,8 @@ act at 50 Hz uses fresh proprioception over a 10 Hz prefix: the point of the fas
 - act: host part normalizes the state (the checkpoint's statistics), pads it to max_state_dim (`act_state`),
   stages the absolute-actions offset of that state (`action_offset`) and draws the noise; device part: the
   flow steps over the cached prefix with that state, un-normalized actions plus the offset.
-Everything else (options, processors, tokenizer, relative actions) is pi0.5's binding.
+Everything else (options, processors, tokenizer, relative actions, the fused engine's stage graphs with their
+hooks, the whole decision as one graph) is pi0.5's binding; pi0 states only what differs.
 """
 from __future__ import annotations
 
@@ -48,17 +49,17 @@ class Pi0Binding(Pi05Binding):
 
     @classmethod
     def engine_for(cls, model, device) -> str:
-        name = model.options.get("engine", "auto")
-        if name not in pi0.policy.ENGINES:
-            raise ContractError(f"model.options.engine: {name!r} is not available for pi0 (one of "
-                                f"{', '.join(pi0.policy.ENGINES)}: no fused pi0 engine yet)")
-        return "reference"
+        """The engine `model.options.engine` names for `device` (auto: fused on CUDA, reference elsewhere)."""
+        try:
+            return pi0.policy.resolve_engine(model.options.get("engine", "auto"), device)
+        except ValueError as e:
+            raise ContractError(f"model.options.{e}") from None
 
     def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
         weights = pi0.convert(config, state).to(device=self.device, dtype=self.dtype,
                                                 vision_dtype=torch.float32 if vision == "float32" else None)
-        return pi0.Pi0Policy(config, weights, pi0.reference.make_engine(weights), self.device, self.dtype,
-                             seed=self.seed, tokenizer=tokenizer, processors=processors)
+        return pi0.Pi0Policy(config, weights, pi0.policy.make_engine(engine_name, weights), self.device,
+                             self.dtype, seed=self.seed, tokenizer=tokenizer, processors=processors)
 
     @classmethod
     def prompt_fits(cls, tokenizer, dims, text: str) -> None:
@@ -88,10 +89,16 @@ class Pi0Binding(Pi05Binding):
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
 
     def device_part(self, stage):
+        if hasattr(self.policy.engine, "run_stage"):  # the fused engine: pi0.5's hooks, with pi0's act inputs
+            return super().device_part(stage)
         return {"observe": self._prefix_into, "act": self._act}.get(stage)
 
-    def device_plan(self, stages):
-        return None
+    def _after_observe(self, b) -> None:
+        """(pi0's absolute-actions offset comes from the act stage's state, not from the observation)"""
+
+    def _act_inputs(self, engine, b) -> None:
+        engine.buffers.state.copy_(b["act_state"][None])
+        engine.buffers.noise.copy_(b["noise"][None])
 
     def _act(self, b) -> None:
         chunk = self.policy.denoise(prefix_cache(b), b["act_state"][None], b["noise"][None])[0]

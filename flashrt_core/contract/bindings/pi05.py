@@ -314,8 +314,16 @@ class Pi05Binding(ModelBinding):
             b["prefix_v"].copy_(buf.prefix_v[:, 0])
             b["prefix_mask"].copy_(buf.pad_mask[0])
             b["prefix_valid"].copy_(buf.n_valid)
-            b["action_offset"].copy_(b["state_offset"])
+            self._after_observe(b)
         return pre, post
+
+    def _after_observe(self, b) -> None:
+        """What the observe stage does besides the prefix (pi0.5: this observation's absolute-actions offset)."""
+        b["action_offset"].copy_(b["state_offset"])
+
+    def _act_inputs(self, engine, b) -> None:
+        """The act stage's inputs besides the prefix into the engine's buffers (pi0.5: the noise)."""
+        engine.buffers.noise.copy_(b["noise"][None])
 
     def _act_hooks(self, b, prefix: bool = True):
         """(pre, post) of the `act` device part in the engine: the prefix (unless the engine's buffers already
@@ -325,7 +333,7 @@ class Pi05Binding(ModelBinding):
         def pre():
             if prefix:
                 engine.set_prefix(prefix_cache(b))
-            engine.buffers.noise.copy_(b["noise"][None])
+            self._act_inputs(engine, b)
 
         def post():
             chunk = engine.buffers.actions[0]
@@ -362,7 +370,7 @@ class Pi05Binding(ModelBinding):
 
     def _observe(self, b) -> None:
         self._prefix_into(b)
-        b["action_offset"].copy_(b["state_offset"])
+        self._after_observe(b)
 
     def _act(self, b) -> None:
         cache = prefix_cache(b)

@@ -20,7 +20,26 @@ from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, parse_
 from flashrt_core.models.pi05.processors import read_processors
 from flashrt_core.models.pi05.prompt import tokenize_prompt
 
-ENGINES = ("auto", "reference")  # a fused pi0 engine is not written yet: auto is the reference everywhere
+ENGINES = ("auto", "fused", "reference")  # auto: fused on CUDA, the reference elsewhere (`resolve_engine`)
+
+
+def resolve_engine(name: str | None, device) -> str:
+    """"auto" (or None) -> "fused" on CUDA, "reference" elsewhere (pi0.5's rule); other names are checked and kept."""
+    if name in (None, "", "auto"):
+        return "fused" if torch.device(device).type == "cuda" else "reference"
+    if name not in ENGINES:
+        raise ValueError(f"engine: {name!r} is not available for pi0 (one of {', '.join(ENGINES)})")
+    return name
+
+
+def make_engine(name: str, weights):
+    """The engine `name` ("auto", "fused", "reference") over `weights`, on their device and dtype. The fused
+    engine's module is imported only when asked for."""
+    if resolve_engine(name, weights.action_in_w.device) == "fused":
+        from flashrt_core.models.pi0 import engine as fused
+
+        return fused.make_engine(weights)
+    return reference.make_engine(weights)
 
 
 def pi0_prompt(task: str) -> str:
@@ -60,7 +79,12 @@ class Pi0Policy(Pi05Policy):
         if img_masks is None:
             raise InputError("img_masks: missing (None); give [B, S] bools or a list of S [B] bools")
         check_model_inputs(self.config, images, img_masks, lang_tokens, lang_mask)
-        return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), state, noise)
+        whole = getattr(self.engine, "sample_actions", None)  # the fused engine's one-graph decision
+        if whole is None:
+            return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), state, noise)
+        if noise is None:
+            noise = self.make_noise(images.shape[0])
+        return whole(images, img_masks, lang_tokens, lang_mask, state.to(self.device), noise)
 
     def decide(self, images, image_masks, state_normalized: torch.Tensor, task: str, noise=None) -> torch.Tensor:
         tokens, mask = self.tokenize(task, truncate=False)
@@ -71,10 +95,10 @@ def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = 
          tokenizer=None) -> Pi0Policy:
     """Load a LeRobot pi0 checkpoint folder (as `save_pretrained` writes it, processors included).
 
-    dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine: "auto" or "reference" (no fused pi0 engine
-    yet); `tokenizer`: a path or a Tokenizer (default: the one the pre-processor names, from the hub cache)."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine: {engine!r} is not available for pi0 (one of {', '.join(ENGINES)})")
+    dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine "auto" = fused on CUDA, reference elsewhere
+    ("fused": `engine.Pi0Engine`, "reference": the eager model); `tokenizer`: a path or a Tokenizer (default:
+    the one the pre-processor names, from the hub cache)."""
+    name = resolve_engine(engine, device)
     torch_dtype = parse_dtype(dtype, device)
     config, state = load_checkpoint(ckpt_dir)
     if config.kind != "pi0":
@@ -83,8 +107,8 @@ def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = 
     folder = folder if folder.is_dir() else folder.parent
     processors = read_processors(folder)
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
-    return Pi0Policy(config, weights, reference.make_engine(weights), device, torch_dtype, seed=seed,
+    return Pi0Policy(config, weights, make_engine(name, weights), device, torch_dtype, seed=seed,
                      tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors)
 
 
-__all__ = ["Pi0Policy", "load", "pi0_prompt"]
+__all__ = ["ENGINES", "Pi0Policy", "load", "make_engine", "pi0_prompt", "resolve_engine"]

@@ -1,0 +1,239 @@
+"""The fused pi0 engine: pi0.5's fused engine (`Pi05Engine`) with pi0's act stage.
+
+Same staged API as pi0's eager reference (`reference.py`), so `Pi0Policy` and the runtime drive either:
+  encode_prefix(images, image_masks, lang_tokens, lang_mask) -> PrefixCache   (stage `observe`, pi0.5's)
+  denoise(prefix, state, noise) -> actions                                    (stage `act`)
+The prefix is pi0.5's unchanged (`_observe_body` is inherited: same static buffers, kernels, CUDA graphs).
+
+pi0's act stage (LeRobot 0.6.1 `PI0Pytorch.denoise_step`) runs the expert over a suffix of 1 + chunk tokens,
+[state token, action tokens], at RoPE positions n_valid + 0 .. n_valid + chunk, under a block-causal mask: the
+state token sees the valid prefix and itself, never the actions; the action tokens see the valid prefix, the
+state token and each other. So the state token's hidden states, and its K/V at every layer, depend on the
+prefix and the state only, not on the flow step or x_t: the reference recomputes the same values at every
+Euler step. Here they are computed ONCE per act (a 1-token pass through the expert: state_proj, then per
+layer RMSNorm -> QKV + RoPE at position n_valid -> attention over [valid prefix, itself] -> o + residual ->
+RMSNorm -> GeGLU MLP + residual; of the last layer only its K/V) into slot 0 of a per-layer suffix K/V buffer
+of 1 + chunk rows, and each Euler step runs the chunk's action tokens only (positions n_valid + 1 ..., their
+K/V written into slots 1 ..), attending to the valid prefix (pad mask) and all 1 + chunk suffix keys. This is
+exact, the reference's own math, not an approximation: the masked action keys the reference's state query
+skips carry an additive -2.4e38 and get an exactly zero softmax weight. (Floating point: the state token's
+GEMMs run on 1 row instead of inside 51, so cuBLAS may sum in another order: bf16 rounding level.)
+
+The state pass's layer i runs just before the first flow step's layer i, so in the decision graph (act on a
+second stream beside observe) the first flow step still waits only for each prefix layer's K/V in turn.
+
+Action tokens: a = action_in(x_t); h = silu(action_time_in([a, time_emb[step]])); token = action_time_out(h).
+The time half of action_time_in is a per-step constant, folded once per engine into a [num_steps, width] bias
+(time_emb[step] rounded to the model dtype, as the reference concatenates it, times W_in[:, width:]^T plus
+b_in, summed in fp32 and rounded to the model dtype), so the GEMM is a @ W_in[:, :width]^T + bias[step]. In
+fp32 that changes only the summation order (~1e-7); in bf16 the bias is rounded once more before it is added
+(the reference rounds the whole sum once): a difference at bf16 rounding level.
+The final norm's output (the action rows only) goes through action_out in fp32, as the reference computes it,
+and the Euler update x_t += dt * v is that GEMM's epilogue (`GatedResidual` into the fp32 flow state).
+Fused kernels as in pi0.5: residual + RMSNorm (`add_rms_norm`), QKV split + RoPE + K/V write
+(`qkv_rope_cache`, reading the QKV GEMM's split-K partials), attention over the cached prefix + the suffix,
+GeGLU in the gate|up GEMM; the SiLU of the action-time MLP is plain torch (no kernel of its own).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core import kernels as K
+from flashrt_core.errors import InputError
+from flashrt_core.kernels.skinny_gemm import GatedResidual
+from flashrt_core.models.pi0.weights import Pi0Weights
+from flashrt_core.models.pi05.engine import Pi05Engine
+from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
+from flashrt_core.models.pi05.reference import PrefixCache
+
+
+def check_state(config, state, batch: int) -> None:
+    """state [batch, n <= max_state_dim] floats (and finite, where that needs no device sync); InputError
+    otherwise. Shorter states are zero padded by the engine, as LeRobot's pi0 pads them."""
+    if not isinstance(state, torch.Tensor):
+        raise InputError(f"state: expected a torch.Tensor, got {type(state).__name__}")
+    if state.ndim != 2:
+        raise InputError(f"state: expected [B, state_dim], got shape {tuple(state.shape)}")
+    if state.shape[0] != batch:
+        raise InputError(f"state: batch {state.shape[0]}, expected {batch}")
+    if state.shape[1] > config.state_dim:
+        raise InputError(f"state: {state.shape[1]} values but the model takes at most {config.state_dim} "
+                         "(max_state_dim)")
+    if not state.is_floating_point():
+        raise InputError(f"state: expected floats, got {state.dtype}")
+    if state.device.type == "cpu" and not torch.isfinite(state).all():
+        raise InputError("state: NaN or infinite values")
+
+
+@dataclass(kw_only=True)
+class Pi0Buffers(Pi05Engine.Buffers):
+    """pi0.5's static buffers plus what pi0's act stage reads and writes."""
+
+    state: torch.Tensor  # [B, max_state_dim] fp32: the normalized robot state, zero padded
+    suffix_k: torch.Tensor  # [depth, B, kv_heads, 1 + chunk, head_dim]: row 0 the state token's, RoPE applied
+    suffix_v: torch.Tensor
+
+    @classmethod
+    def allocate(cls, w: Pi0Weights, batch: int, device, dtype, vision_dtype) -> "Pi0Buffers":
+        base = Pi05Engine.Buffers.allocate(w, batch, device, dtype, vision_dtype)
+        c, e = w.config, w.config.expert
+        kv = (e.depth, batch, e.kv_heads, 1 + c.chunk_size, e.head_dim)
+        return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
+                   state=torch.zeros(batch, c.state_dim, dtype=torch.float32, device=device),
+                   suffix_k=torch.zeros(kv, dtype=dtype, device=device),
+                   suffix_v=torch.zeros(kv, dtype=dtype, device=device))
+
+
+class Pi0Engine(Pi05Engine):
+    """pi0 over static buffers (constructor: `Pi05Engine`'s). `encode_prefix` / `denoise` / `sample_actions` /
+    `set_state` copy inputs into the buffers and run the stages; a runtime that owns the buffers can fill
+    `buffers` (state included) itself and call `observe()` / `act()` / `decision()`."""
+
+    Buffers = Pi0Buffers
+
+    def __init__(self, weights: Pi0Weights, *args, **kwargs):
+        if weights.config.kind != "pi0":
+            raise ValueError(f"Pi0Engine: a {weights.config.kind} model (pi0.5's engine is Pi05Engine)")
+        super().__init__(weights, *args, **kwargs)
+        w, c, e = self.weights, self.config, self.config.expert
+        # the suffix reaches position n_valid + chunk <= prefix_len + chunk: one row more than pi0.5 needs
+        self.cos, self.sin = K.rope_cos_sin(c.prefix_len + 1 + c.chunk_size, c.vlm.head_dim, c.rope_theta,
+                                            device=self.device)
+        width = e.width
+        # action_time_in over [a, time_emb[step]] = a @ W[:, :width]^T + (time_emb[step] @ W[:, width:]^T + b)
+        self._time_in_w = w.action_time_in_w[:, :width].contiguous()
+        t = w.time_emb.to(self.dtype).float()  # (rounded as the reference's concatenation rounds it)
+        bias = t @ w.action_time_in_w[:, width:].float().T + w.action_time_in_b.float()
+        self._time_bias = bias.to(self.dtype).contiguous()  # [num_steps, width]
+        # action_out in fp32, as the reference computes it
+        self._out_w = w.action_out_w.float().contiguous()
+        self._out_b = w.action_out_b.float().contiguous()
+
+    # ---- the act stage ----------------------------------------------------------------------------------
+    def _state_input(self):
+        """state buffer -> (the state token's residual stream [B, 1, width], its first RMSNorm)."""
+        w, c = self.weights, self.config
+        s = self.linear(self.buffers.state[:, None], w.state_w, w.state_b)  # (fp32 rounded to the weights' dtype)
+        return s, K.rms_norm(s, w.expert_layers[0].attn_norm, c.rms_eps, weight_offset=0.0, backend=self.backend)
+
+    def _state_layer(self, i: int, s, h, positions, wait):
+        """Expert layer i for the state token: its K/V into suffix row 0; the attention over [valid prefix,
+        itself] and the MLP (not in the last layer, whose output nothing reads). wait(i) before the prefix read."""
+        w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
+        e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
+        L = layers[i]
+        q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],
+                             buf.suffix_v[i], 0, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
+                             constant_positions=True, backend=be)
+        wait(i)
+        if i == len(layers) - 1:
+            return s, h
+        a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=buf.suffix_k[i][:, :, :1],
+                        v2=buf.suffix_v[i][:, :, :1], backend=be)
+        s, h = K.add_rms_norm(lin(a.flatten(2), L.o_w), s, L.mlp_norm, eps, weight_offset=0.0, residual_out=s,
+                              backend=be)
+        d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
+        return K.add_rms_norm(d, s, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=s, backend=be)
+
+    def _action_tokens(self, x_t, step: int):
+        """Flow state x_t [B, chunk, action_dim] fp32 -> (action tokens [B, chunk, width], their first RMSNorm)."""
+        w, c, lin = self.weights, self.config, self.linear
+        a = lin(x_t, w.action_in_w, w.action_in_b)  # (the fp32 state is rounded to the weights' dtype on load)
+        hidden = F.silu(lin(a, self._time_in_w, self._time_bias[step]))
+        x = lin(hidden, w.action_time_out_w, w.action_time_out_b)
+        return x, K.rms_norm(x, w.expert_layers[0].attn_norm, c.rms_eps, weight_offset=0.0, backend=self.backend)
+
+    def _action_layer(self, i: int, x, h, positions):
+        """Expert layer i for the action tokens: K/V into suffix rows 1 .., attention over [valid prefix, the
+        whole suffix], o + residual, MLP + residual; h the next layer's (or the final) RMSNorm of x."""
+        w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
+        e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
+        L = layers[i]
+        # defer=True: the QKV GEMM may leave its split-K partials to the split/rotate kernel (it adds them up
+        # as it loads the row); the o and down GEMMs feed add_rms_norm, which reads finished rows only.
+        q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],
+                             buf.suffix_v[i], 1, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
+                             constant_positions=True, backend=be)
+        a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=buf.suffix_k[i],
+                        v2=buf.suffix_v[i], backend=be)
+        x, h = K.add_rms_norm(lin(a.flatten(2), L.o_w), x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x,
+                              backend=be)
+        d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
+        norm = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
+        return K.add_rms_norm(d, x, norm, eps, weight_offset=0.0, residual_out=x, backend=be)
+
+    def _act_body(self, prefix_wait=None) -> None:
+        """noise + state + prefix buffers -> the state token's K/V once, then `num_steps` Euler steps over the
+        action tokens -> actions (the `act` stage). prefix_wait(i) is called before the first read of prefix
+        layer i's K/V (-1: of the valid count), each once."""
+        c, buf = self.config, self.buffers
+        waited = set()
+
+        def wait(i):
+            if prefix_wait is not None and i not in waited:
+                waited.add(i)
+                prefix_wait(i)
+        wait(-1)
+        # Positions are computed by torch before the first Triton kernel (constant_positions: the kernels of
+        # the stage's PDL chain read them before waiting for the kernel before them).
+        state_pos = buf.n_valid[:, None].contiguous()
+        action_pos = buf.n_valid[:, None] + torch.arange(1, 1 + c.chunk_size, device=self.device)
+        x_t = buf.noise.clone()  # the fp32 flow state
+        s, hs = self._state_input()
+        for step in range(c.num_steps):
+            x, h = self._action_tokens(x_t, step)
+            for i in range(c.expert.depth):
+                if step == 0:  # the state token's layer i first: its K/V are suffix row 0 of that layer
+                    s, hs = self._state_layer(i, s, hs, state_pos, wait)
+                x, h = self._action_layer(i, x, h, action_pos)
+            # x_t += dt * velocity in the fp32 action-out GEMM (h is the final norm, in the model dtype)
+            self.linear(h.float(), self._out_w, self._out_b, residual=GatedResidual(x_t, self._dt))
+        buf.actions.copy_(x_t)
+
+    # ---- staged API (copies into the static buffers) ------------------------------------------------------
+    def _write_state(self, state: torch.Tensor) -> None:
+        n = state.shape[1]
+        self.buffers.state[:, :n].copy_(state)
+        if n < self.config.state_dim:
+            self.buffers.state[:, n:].zero_()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        """Copy the normalized robot state [B, <= max_state_dim] into the state buffer, zero padded (the act
+        stage reads it). Checked before anything is written."""
+        check_state(self.config, state, self.batch)
+        self._write_state(state)
+
+    def denoise(self, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """state [B, <= max_state_dim] normalized, noise [B, chunk, action_dim] -> actions [B, chunk, action_dim]
+        fp32 (a fresh tensor). Prefix, state and noise are checked before the engine changes anything."""
+        b = check_prefix(self.config, prefix, self.config.prefix_len)
+        check_noise(self.config, noise, b)
+        check_state(self.config, state, b)
+        self._resize(b)  # a cache from elsewhere may bring its own batch size (the engine's own: a no-op)
+        self._copy_prefix(prefix)
+        self._write_state(state)
+        self.buffers.noise.copy_(noise)
+        self.act()
+        return self.buffers.actions.clone()
+
+    def sample_actions(self, images, image_masks, lang_tokens, lang_mask, state, noise) -> torch.Tensor:
+        """One whole decision (`decision()`): observation + state + noise -> actions [B, chunk, action_dim] fp32
+        (a fresh tensor). Everything is checked before anything is written."""
+        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
+        b = images.shape[0]
+        check_noise(self.config, noise, b)
+        check_state(self.config, state, b)
+        self._write_observation(images, image_masks, lang_tokens, lang_mask)
+        self._write_state(state)
+        self.buffers.noise.copy_(noise)
+        self.decision()
+        return self.buffers.actions.clone()
+
+
+def make_engine(weights: Pi0Weights) -> Pi0Engine:
+    """The `Pi0Policy` engine hook: the fused engine on the weights' own device and dtype."""
+    return Pi0Engine(weights)
