@@ -327,3 +327,41 @@ def test_a_plan_of_observe_and_act_on_cuda_is_one_engine_graph():
     for s, p in zip(out["stage"], out["plan"]):
         assert s.ran == p.ran
         np.testing.assert_allclose(p.actions, s.actions, atol=TOL["deferred_vs_inline"], rtol=0)
+
+
+def test_the_fused_engine_works_in_the_contracts_prefix_buffers():
+    """The contract's persistent prefix buffers are the engine's own (Pi05Binding.attach_buffers ->
+    Pi05Engine.share_prefix): observe writes into them, act reads them, no tick copies a prefix either way,
+    and a capsule restore of them is what the next act tick reads."""
+    rt = _fused_runtime("stage")
+    engine, b = rt.binding.policy.engine, rt.buffers
+    for mine, theirs in (("prefix_k", "prefix_k"), ("prefix_v", "prefix_v"), ("prefix_mask", "pad_mask"),
+                         ("prefix_valid", "n_valid")):
+        assert getattr(engine.buffers, theirs).data_ptr() == b[mine].data_ptr(), mine
+    copies = []
+    real_copy = torch.Tensor.copy_
+
+    def counting_copy(dst, src, *a, **kw):
+        copies.append(tuple(dst.shape))
+        return real_copy(dst, src, *a, **kw)
+    torch.Tensor.copy_ = counting_copy
+    try:
+        out = drive(rt, seed=21, ticks=6)
+    finally:
+        torch.Tensor.copy_ = real_copy
+    kv = tuple(b["prefix_k"].shape)
+    assert not any(s in (kv, kv[:1] + (1,) + kv[1:]) for s in copies), "a prefix was copied"
+    assert all(r.actions is not None for r in out)
+    # a restore writes the contract's buffers, which the engine reads: the restored branch repeats
+    cid = rt.snapshot("here")
+    first = [rt.step((6 + k) * 20 * MS).actions for k in range(2)]
+    kept = b["prefix_k"].clone()
+    rng = np.random.default_rng(5)
+    rt.set_observation(images=frames(rng), state=state_vec(rng), stamp_ns=10 * 20 * MS)
+    assert "observe" in rt.step(10 * 20 * MS).ran  # a new prefix, in the engine's and the contract's buffer
+    assert not torch.equal(b["prefix_k"], kept)
+    rt.restore(cid, rewind_time=True)
+    assert torch.equal(engine.buffers.prefix_k, kept[:, None])
+    again = [rt.step((6 + k) * 20 * MS).actions for k in range(2)]
+    for a, c in zip(first, again):
+        np.testing.assert_array_equal(a, c)

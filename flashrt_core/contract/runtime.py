@@ -102,6 +102,7 @@ class Runtime:
         self.dtype = TORCH_DTYPES[contract.model.dtype]
         self.binding = binding_cls(contract.model, contract.dims, self.device, self.dtype, self.seed, tokenizer)
         self.buffers = BufferSet(contract, self.device)
+        self.binding.attach_buffers(self.buffers.tensors)  # (an engine that works in the contract's buffers)
         self.scheduler = Scheduler(contract)
         self.generator = torch.Generator().manual_seed(self.seed)  # host RNG: same noise on CPU and CUDA
         # A binding whose engine replays its own CUDA graphs (the fused pi0.5 engine) runs its stages

@@ -40,6 +40,11 @@ class ModelBinding:
     def __init__(self, model, dims: Mapping[str, int], device, dtype, seed: int, tokenizer=None):
         self.model, self.dims, self.device, self.dtype, self.seed = model, dict(dims), device, dtype, seed
 
+    def attach_buffers(self, bufs) -> None:
+        """Called once with the runtime's buffers ({name: tensor}, fixed addresses) before any stage runs: an
+        engine with static buffers of its own may take the contract's persistent ones as its own here, so
+        that no stage copies between the two (default: nothing)."""
+
     def host(self, stage: str, io) -> None:
         """Host part of a stage (default: nothing)."""
 

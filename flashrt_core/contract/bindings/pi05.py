@@ -299,6 +299,15 @@ class Pi05Binding(ModelBinding):
             return self._decision_in_engine
         return None
 
+    def attach_buffers(self, b) -> None:
+        """The runtime's persistent prefix buffers become the fused engine's own (`share_prefix`): observe
+        writes the prefix K/V, pad mask and valid count straight into the contract's buffers and act reads
+        them there, so no tick copies a prefix (~10 MB at full size) and a capsule restore is what the engine
+        reads next. (The reference engine takes the prefix as an argument: nothing to attach.)"""
+        engine = self.policy.engine
+        if hasattr(engine, "share_prefix"):
+            engine.share_prefix(prefix_cache(b))
+
     def _observe_hooks(self, b):
         """(pre, post) of the `observe` device part in the engine: frames -> SigLIP input and prompt tokens ->
         engine buffers; then the prefix out into the contract's buffers."""
@@ -310,10 +319,11 @@ class Pi05Binding(ModelBinding):
 
         def post():
             buf = engine.buffers
-            b["prefix_k"].copy_(buf.prefix_k[:, 0])
-            b["prefix_v"].copy_(buf.prefix_v[:, 0])
-            b["prefix_mask"].copy_(buf.pad_mask[0])
-            b["prefix_valid"].copy_(buf.n_valid)
+            if buf.prefix_k.data_ptr() != b["prefix_k"].data_ptr():  # (not shared: attach_buffers was not called)
+                b["prefix_k"].copy_(buf.prefix_k[:, 0])
+                b["prefix_v"].copy_(buf.prefix_v[:, 0])
+                b["prefix_mask"].copy_(buf.pad_mask[0])
+                b["prefix_valid"].copy_(buf.n_valid)
             self._after_observe(b)
         return pre, post
 

@@ -30,6 +30,7 @@ On a CPU the same code runs with the kernels' torch references (or Triton under 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -534,6 +535,24 @@ class Pi05Engine:
         self.observe()
         buf = self.buffers
         return PrefixCache(k=buf.prefix_k, v=buf.prefix_v, pad_mask=buf.pad_mask, n_valid=buf.n_valid)
+
+    def share_prefix(self, prefix: PrefixCache) -> None:
+        """Make the tensors of `prefix` (a caller's persistent buffers, e.g. a contract's: same shapes, dtypes
+        and device as the engine's) the engine's own prefix buffers: observe writes into them and act reads
+        them, with no copy either way. Graphs captured before are dropped (they hold the old addresses)."""
+        b = check_prefix(self.config, prefix, self.config.prefix_len)
+        if b != self.batch:
+            raise InputError(f"prefix.k: batch {b} but the engine holds batch {self.batch}")
+        buf = self.buffers
+        for name, src, dst in (("k", prefix.k, buf.prefix_k), ("v", prefix.v, buf.prefix_v),
+                               ("pad_mask", prefix.pad_mask, buf.pad_mask), ("n_valid", prefix.n_valid, buf.n_valid)):
+            if src.dtype != dst.dtype or src.device != dst.device or src.shape != dst.shape:
+                raise InputError(f"prefix.{name}: {tuple(src.shape)} {src.dtype} on {src.device}, the engine's is "
+                                 f"{tuple(dst.shape)} {dst.dtype} on {dst.device}")
+        self.buffers = dataclasses.replace(buf, prefix_k=prefix.k, prefix_v=prefix.v, pad_mask=prefix.pad_mask,
+                                           n_valid=prefix.n_valid)
+        self._graphs.clear()
+        self._staging.clear()
 
     def set_prefix(self, prefix: PrefixCache) -> None:
         """Make `prefix` the cached prefix (a no-op when it already views the engine's buffers). Every field is
