@@ -39,6 +39,14 @@ def test_actions_match_lerobot(weights, cases, name):
     assert err < TOL["actions_vs_lerobot"], f"{name}: max abs error {err:.3g}"
 
 
+def test_convert_keeps_the_tables_on_the_weights_device(fixtures_dir):
+    """step times, time embedding and RoPE frequencies are made where the state dict lives (a state dict
+    drawn on the GPU by the bench gave CPU tables before, and the reference failed on mixed devices)."""
+    config, state = pi05.load_checkpoint(fixtures_dir / "lerobot_pi0_tiny")
+    w = pi0.convert(config, {k: v.to("meta") for k, v in state.items()})
+    assert {t.device.type for t in (w.step_times, w.time_emb, w.rope_inv_freq, w.action_in_w)} == {"meta"}
+
+
 def test_act_reads_the_state_over_a_prefix_that_does_not(weights, cases):
     c = cases["two_views_padded_prompt"]
     engine = R.make_engine(weights)

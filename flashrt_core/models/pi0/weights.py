@@ -63,7 +63,8 @@ def convert(config: Pi05Config, sd: dict[str, torch.Tensor]) -> Pi0Weights:
     """The engine layout of a LeRobot-layout pi0 state dict (as `pi05.load_checkpoint` returns it)."""
     if config.kind != "pi0":
         raise ValueError(f"convert: a {config.kind} checkpoint is not pi0")
-    times = step_times(config.num_steps)
+    # the tables on the weights' device (a state dict drawn on the GPU gives GPU tables)
+    times = step_times(config.num_steps).to(sd["model.action_in_proj.weight"].device)
     c = config
     return Pi0Weights(
         **prefix_fields(config, sd),
