@@ -363,7 +363,7 @@ class Pi05Binding(ModelBinding):
         """`observe` then `act` in one tick (contract graphs: plan) as one engine decision graph: act reads the
         prefix observe just wrote into the engine's buffers (the same values observe copies out), so its first
         flow step runs beside the observe stage."""
-        from flashrt_core.models.pi05.engine import DecisionHooks
+        from flashrt_core.engine.staged import DecisionHooks
 
         (observe_pre, observe_post), (act_pre, act_post) = self._observe_hooks(b), self._act_hooks(b, prefix=False)
         self.policy.engine.run_decision(DecisionHooks(observe_pre, observe_post, act_pre, act_post), key="contract")
@@ -428,7 +428,6 @@ def device_images(frames: torch.Tensor, present: torch.Tensor, slots: int, size:
     """uint8 frames [views, H, W, 3] + present [views] bool (on device) -> SigLIP input [slots, 3, size, size]
     in [-1, 1] and masks [slots], as `pi05.preprocess_images` builds them (present cameras first, missing ones
     as -1 images with mask False), without reading the mask on the host."""
-    views = frames.shape[0]
     x = frames.permute(0, 3, 1, 2).float() / 255.0
     if tuple(x.shape[-2:]) != (size, size):
         x = resize_with_pad(x, size, size)

@@ -1,9 +1,9 @@
-"""The fused pi0 engine: pi0.5's fused engine (`Pi05Engine`) with pi0's act stage.
+"""The fused pi0 engine: the shared PaliGemma prefix stage (`PaliGemmaEngine`) with pi0's act stage.
 
 Same staged API as pi0's eager reference (`reference.py`), so `Pi0Policy` and the runtime drive either:
   encode_prefix(images, image_masks, lang_tokens, lang_mask) -> PrefixCache   (stage `observe`, pi0.5's)
   denoise(prefix, state, noise) -> actions                                    (stage `act`)
-The prefix is pi0.5's unchanged (`_observe_body` is inherited: same static buffers, kernels, CUDA graphs).
+The prefix is pi0.5's (`_observe_body` is `PaliGemmaEngine`'s: same static buffers, kernels, CUDA graphs).
 
 pi0's act stage (LeRobot 0.6.1 `PI0Pytorch.denoise_step`) runs the expert over a suffix of 1 + chunk tokens,
 [state token, action tokens], at RoPE positions n_valid + 0 .. n_valid + chunk, under a block-causal mask: the
@@ -30,7 +30,7 @@ fp32 that changes only the summation order (~1e-7); in bf16 the bias is rounded 
 (the reference rounds the whole sum once): a difference at bf16 rounding level.
 The final norm's output (the action rows only) goes through action_out in fp32, as the reference computes it,
 and the Euler update x_t += dt * v is that GEMM's epilogue (`GatedResidual` into the fp32 flow state).
-Fused kernels as in pi0.5: residual + RMSNorm (`add_rms_norm`), QKV split + RoPE + K/V write
+Fused kernels as in pi0.5's expert: residual + RMSNorm (`add_rms_norm`), QKV split + RoPE + K/V write
 (`qkv_rope_cache`, reading the QKV GEMM's split-K partials), attention over the cached prefix + the suffix,
 GeGLU in the gate|up GEMM; the SiLU of the action-time MLP is plain torch (no kernel of its own).
 """
@@ -46,9 +46,9 @@ from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.kernels.skinny_gemm import GatedResidual
 from flashrt_core.models.pi0.weights import Pi0Weights
-from flashrt_core.models.pi05.engine import Pi05Engine
+from flashrt_core.models.paligemma.engine import EngineBuffers, PaliGemmaEngine
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
-from flashrt_core.models.pi05.reference import PrefixCache
+from flashrt_core.models.paligemma.reference import PrefixCache
 
 
 def check_state(config, state, batch: int) -> None:
@@ -70,7 +70,7 @@ def check_state(config, state, batch: int) -> None:
 
 
 @dataclass(kw_only=True)
-class Pi0Buffers(Pi05Engine.Buffers):
+class Pi0Buffers(EngineBuffers):
     """pi0.5's static buffers plus what pi0's act stage reads and writes."""
 
     state: torch.Tensor  # [B, max_state_dim] fp32: the normalized robot state, zero padded
@@ -79,7 +79,7 @@ class Pi0Buffers(Pi05Engine.Buffers):
 
     @classmethod
     def allocate(cls, w: Pi0Weights, batch: int, device, dtype, vision_dtype) -> "Pi0Buffers":
-        base = Pi05Engine.Buffers.allocate(w, batch, device, dtype, vision_dtype)
+        base = EngineBuffers.allocate(w, batch, device, dtype, vision_dtype)
         c, e = w.config, w.config.expert
         kv = (e.depth, batch, e.kv_heads, 1 + c.chunk_size, e.head_dim)
         return cls(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
@@ -88,8 +88,8 @@ class Pi0Buffers(Pi05Engine.Buffers):
                    suffix_v=torch.zeros(kv, dtype=dtype, device=device))
 
 
-class Pi0Engine(Pi05Engine):
-    """pi0 over static buffers (constructor: `Pi05Engine`'s). `encode_prefix` / `denoise` / `sample_actions` /
+class Pi0Engine(PaliGemmaEngine):
+    """pi0 over static buffers (constructor: `PaliGemmaEngine`'s). `encode_prefix` / `denoise` / `sample_actions` /
     `set_state` copy inputs into the buffers and run the stages; a runtime that owns the buffers can fill
     `buffers` (state included) itself and call `observe()` / `act()` / `decision()`."""
 
@@ -123,7 +123,7 @@ class Pi0Engine(Pi05Engine):
     def _state_layer(self, i: int, s, h, positions, wait):
         """Expert layer i for the state token: its K/V into suffix row 0; the attention over [valid prefix,
         itself] and the MLP (not in the last layer, whose output nothing reads). wait(i) before the prefix read."""
-        w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
+        c, buf, be, lin = self.config, self.buffers, self.backend, self.linear
         e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
         L = layers[i]
         q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],

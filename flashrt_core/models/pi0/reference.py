@@ -1,7 +1,7 @@
 """Readable eager pi0 in plain torch, numerically following LeRobot 0.6.1 (`PI0Pytorch.sample_actions`).
 
-The prefix stage is pi0.5's (same SigLIP, projector and Gemma prefix: `pi05.reference.encode_prefix` runs on
-`Pi0Weights` unchanged). The act stage reads the robot state: every Euler step runs the expert over a
+The prefix stage is pi0.5's (same SigLIP, projector and Gemma prefix: `paligemma.reference.encode_prefix`
+runs on `Pi0Weights` unchanged). The act stage reads the robot state: every Euler step runs the expert over a
 suffix of 1 + chunk tokens, [state token, action tokens], with pi0's block-causal mask: the state token sees
 the valid prefix and itself, the action tokens see the valid prefix, the state and each other, and the
 prefix never sees the suffix. Suffix positions continue after the valid prefix tokens.
@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi0.weights import Pi0Weights
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
-from flashrt_core.models.pi05.reference import (PrefixCache, apply_rope, attention, encode_prefix, gelu_tanh, linear,
-                                                rms_normalize, rope_cos_sin, split_heads)
+from flashrt_core.models.paligemma.reference import (PrefixCache, apply_rope, attention, encode_prefix, gelu_tanh,
+                                                     linear, rms_normalize, rope_cos_sin, split_heads)
 
 
 def padded_state(w: Pi0Weights, state: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from flashrt_core.models.pi05.policy import Pi05Policy, load
 from flashrt_core.models.pi05.preprocess import preprocess_images, resize_with_pad
 from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, WordTokenizer,
                                              discretize_state, format_prompt, tokenize_prompt)
-from flashrt_core.models.pi05.reference import PrefixCache
+from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.tiny import build_tiny, tiny_checkpoint
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
 

@@ -27,7 +27,7 @@ from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.preprocess import preprocess_images
 from flashrt_core.models.pi05.processors import Processors, read_processors
 from flashrt_core.models.pi05.prompt import TinyTokenizer, Tokenizer, WordTokenizer, format_prompt, tokenize_prompt
-from flashrt_core.models.pi05.reference import PrefixCache
+from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.tiny import build_tiny
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
 

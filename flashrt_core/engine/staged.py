@@ -1,0 +1,310 @@
+"""What every staged engine shares: stages captured as CUDA graphs over static buffers, hooks around them.
+
+A model's engine (`models/paligemma/engine.py` and the action experts over it) writes two stage bodies,
+`_observe_body(prefix_done=None)` and `_act_body(prefix_wait=None)`, over buffers at fixed addresses; this class
+runs them:
+- `observe()` / `act()`: each stage captured once as a CUDA graph (after a warm-up that compiles the Triton
+  kernels and lets the GEMM and attention pickers time their candidates) and replayed;
+- `decision()`: a whole decision as one graph of its own, the act stage on a second stream beside observe,
+  each first-flow-step layer waiting only for its prefix layer (events announced by the bodies' callbacks);
+- `run_stage(stage, pre, post, key)` / `run_decision(DecisionHooks, key)`: the same with a caller's copies
+  recorded in the graph (one launch for a runtime's tick; hooks that cannot be captured run eagerly around
+  the stage graphs, `hook_capture_errors` says why);
+- the launch context of every kernel (no autograd, the stage's split-K ticket workspace, PDL on or off), one
+  graph memory pool per engine, and the act-graph ranking of the deferred GEMMs (`engine.rerank`).
+Without CUDA (or with graphs off) the same bodies run eagerly.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from flashrt_core import kernels as K
+from flashrt_core.engine.attention import AttentionPicker
+from flashrt_core.engine.gemm import LinearPicker
+from flashrt_core.engine.rerank import rerank
+from flashrt_core.engine.timing import cuda_samples
+from flashrt_core.engine.tuning import TuningCache
+
+
+@dataclass(frozen=True)
+class DecisionHooks:
+    """Callables (each optional) run around the stages of `Pi05Engine.run_decision`: fill the engine's buffers
+    before a stage (pre), copy its results out after it (post)."""
+
+    observe_pre: Callable[[], None] | None = None
+    observe_post: Callable[[], None] | None = None
+    act_pre: Callable[[], None] | None = None
+    act_post: Callable[[], None] | None = None
+
+
+def _call(fn) -> None:
+    if fn is not None:
+        fn()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """a is the very buffer b (same memory and layout): metadata only, no device read."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
+class StagedEngine:
+    """Stage graphs, hooks and launch settings over a subclass's stage bodies and static buffers (see the
+    module docstring). Subclasses set `prefix_layers` (how many prefix layers `_observe_body` announces) and
+    write `_observe_body` / `_act_body`."""
+
+    name = "fused"
+    prefix_layers = 0
+
+    def __init__(self, device: torch.device, *, backend: str | None = None, graphs: bool | None = None,
+                 gemm: str = "auto", pdl: bool = True, tune_attention: bool = True, tuning_cache="default"):
+        """device: where the buffers and graphs live. backend: kernel backend (None = Triton where it runs,
+        else the torch references; "torch"; "triton"). graphs: capture CUDA graphs (default: on CUDA; off is
+        the fallback where capture fails). gemm: "auto" (time cuBLAS against the skinny Triton GEMM's
+        configurations per shape on CUDA), "torch" (cuBLAS only: the fallback where the Triton GEMMs fail) or
+        "triton" (always the first skinny configuration where the rows are few: for tests). pdl: launch the
+        Triton kernels with programmatic dependent launch where the GPU supports it (sm_90+), so each
+        kernel's launch and weight loads overlap the one before (off: the fallback for GPUs or drivers where
+        it fails). tune_attention: time attention launch configurations per shape during warm-up (off: the
+        kernel's own heuristic). tuning_cache: directory where the tuned GEMM and attention choices are kept
+        per GPU and software ("default": $FLASHRT_TUNING_CACHE or ~/.cache/flashrt/tuning; None: tune in
+        every process), or a `TuningCache`."""
+        self.device = device
+        self.backend = backend
+        self.use_graphs = (device.type == "cuda") if graphs is None else bool(graphs)
+        if self.use_graphs and device.type != "cuda":
+            raise ValueError(f"graphs: CUDA graphs need a CUDA device, got {device}")
+        self.pdl = bool(pdl)
+        self.rerank_timings: dict = {}  # {GEMM key: {candidate: act graph ms}} of the ranking timed here
+        self._reranked = False
+        if isinstance(tuning_cache, TuningCache) or tuning_cache is None or tuning_cache is False:
+            self.tuning_cache = tuning_cache or None
+        else:  # choices tuned with PDL on are not those of PDL off: the setting is part of the context
+            self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
+        self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
+        self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache)
+        self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
+        # replay concurrently on different streams (observe beside act) and must not share them.
+        # (the decision graph has none of its own: its observe and act parts each enter their stage's)
+        self._tickets = {stage: K.new_semaphore_workspace(device) for stage in ("observe", "act")}
+        self._pool = None
+        self._act_stream = None  # the decision graph's second stream (created on the first decision)
+        self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
+        # graphs that could not be captured, and why: run_stage / run_decision hooks ((stage, key)), "decision"
+        self.hook_capture_errors: dict = {}
+
+    # ---- stage bodies (a model's engine writes them) ------------------------------------------------------
+    def _observe_body(self, prefix_done=None) -> None:
+        """The `observe` stage over the static buffers; prefix_done(i) once prefix layer i is final (-1 first:
+        what act reads before any layer)."""
+        raise NotImplementedError
+
+    def _act_body(self, prefix_wait=None) -> None:
+        """The `act` stage over the static buffers; prefix_wait(i) before its first read of prefix layer i."""
+        raise NotImplementedError
+
+    def _decision_body(self, hooks: DecisionHooks | None = None) -> None:
+        """observe then act, each between its hooks; on CUDA the act stage (and its hooks) runs on a second
+        stream that waits for each prefix layer's K/V only where its first flow step reads them (fork and
+        join: capturable), so that flow step fills the SMs the prefix's kernels leave idle."""
+        h = hooks or DecisionHooks()
+        if self.device.type != "cuda":
+            self._stage_between("observe", h.observe_pre, self._observe_body, h.observe_post)
+            self._stage_between("act", h.act_pre, self._act_body, h.act_post)
+            return
+        main = torch.cuda.current_stream(self.device)
+        if self._act_stream is None:
+            self._act_stream = torch.cuda.Stream(self.device)
+        side = self._act_stream
+        ready = [torch.cuda.Event() for _ in range(self.prefix_layers + 1)]  # [0]: valid count, [i + 1]: layer i
+        side.wait_stream(main)  # (fork: the buffers the caller filled before this decision)
+        try:
+            self._stage_between("observe", h.observe_pre,
+                                lambda: self._observe_body(prefix_done=lambda i: ready[i + 1].record(main)),
+                                h.observe_post)
+            with torch.cuda.stream(side):
+                self._stage_between("act", h.act_pre,
+                                    lambda: self._act_body(prefix_wait=lambda i: side.wait_event(ready[i + 1])),
+                                    h.act_post)
+        finally:  # (join, also when a hook or the body raised: nothing may stay queued on the side stream)
+            main.wait_stream(side)
+
+    def _stage_between(self, stage: str, pre, body, post) -> None:
+        """A stage's body between its hooks, under the stage's launch context."""
+        with self._launch_context(stage):
+            _call(pre)
+            body()
+            _call(post)
+
+    # ---- graphs ---------------------------------------------------------------------------------------
+    def _launch_context(self, stage: str) -> contextlib.ExitStack:
+        """What every kernel launch of a stage runs under: no autograd, the stage's ticket workspace, PDL on/off."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.no_grad())
+        if stage in self._tickets:
+            stack.enter_context(K.semaphore_workspace(self._tickets[stage]))
+        stack.enter_context(K.pdl_scope(self.pdl))
+        return stack
+
+    def _run(self, stage: str, body) -> None:
+        if not self.use_graphs:
+            with self._launch_context(stage):
+                body()
+            return
+        graph = self._graphs.get(stage)
+        if graph is None:
+            graph = self._capture(stage, body)
+        graph.replay()
+
+    def run_stage(self, stage: str, pre=None, post=None, key: str = "hooks") -> None:
+        """Run `observe` or `act` with `pre` (fill the engine's buffers from a caller's static buffers) and
+        `post` (copy the results out) recorded in the same CUDA graph as the stage: one launch for all of
+        it. pre / post may only launch device work on tensors that keep their addresses, never read values
+        on the host, and must do the same thing at every call for a given `key` (captured on first use).
+        Hooks that wait for the device (found by a warm-up under CUDA's sync debug mode) or whose capture
+        fails run eagerly around the stage's own graph from then on (`hook_capture_errors` says why); other
+        errors raised by pre / post in their first, eager run propagate."""
+        body = {"observe": self._observe_body, "act": self._act_body}[stage]
+
+        def eager():  # the hooks around the stage's own graph
+            _call(pre)
+            self._run(stage, body)
+            _call(post)
+        self._run_hooked(stage, (stage, key), lambda: self._stage_between(stage, pre, body, post), eager)
+
+    def run_decision(self, hooks: DecisionHooks, key: str = "hooks") -> None:
+        """A whole decision (observe, then act) with hooks around each stage (`DecisionHooks`), recorded in one
+        CUDA graph (`run_stage`'s rules for hooks apply to all four). The act stage reads the prefix the
+        observe stage just wrote into the engine's buffers. On CUDA act_pre, the act stage and
+        act_post run on the second stream beside observe_pre, the observe stage and observe_post, ordered only
+        by the prefix layers' events: the act hooks may neither read nor write anything the observe side
+        writes or reads (images, prompt, prefix K/V, pad mask, valid count, and whatever observe_pre reads /
+        observe_post writes), and the observe hooks may not touch the act side's (noise, actions). Filling the
+        noise in act_pre and copying the actions out in act_post is fine; copying a prefix in is not (the
+        engine's buffers already hold this decision's)."""
+        def eager():  # the hooks around the stage graphs
+            _call(hooks.observe_pre)
+            self._run("observe", self._observe_body)
+            _call(hooks.observe_post)
+            _call(hooks.act_pre)
+            self._run("act", self._act_body)
+            _call(hooks.act_post)
+        self._run_hooked("decision", ("decision", key), lambda: self._decision_body(hooks), eager)
+
+    def _run_hooked(self, stage: str, name, whole, eager) -> None:
+        """Replay the graph `name` of `whole` (`_hooked_graph`); where there is none, `eager()` runs the same
+        work around the stage graphs."""
+        graph = self._hooked_graph(stage, name, whole)
+        if graph is not None:
+            graph.replay()
+            return
+        with torch.no_grad():
+            eager()
+
+    def _hooked_graph(self, stage: str, name, whole) -> torch.cuda.CUDAGraph | None:
+        """The graph `name` of `whole` (a stage body with hooks, or the decision), captured on first use; None
+        where graphs are off or it could not be captured (`hook_capture_errors[name]` says why, once)."""
+        if not self.use_graphs or name in self.hook_capture_errors:
+            return None
+        if name not in self._graphs:
+            self._capture(stage, whole, name, tolerate=True)
+        return self._graphs.get(name)
+
+    def _capture(self, stage: str, body, name=None, tolerate: bool = False,
+                 keep: bool = True) -> torch.cuda.CUDAGraph | None:
+        """Warm up, then capture `body` as the graph `name` (default: `stage`); keep=False: return it without
+        keeping or counting it."""
+        # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
+        # times its candidates outside the capture (none of that may happen inside it).
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with self._launch_context(stage), torch.cuda.stream(side):
+            self.linear.tuning = self.attend.tuning = True
+            try:
+                body()
+            finally:
+                self.linear.tuning = self.attend.tuning = False
+                if self.tuning_cache is not None:
+                    self.tuning_cache.save()
+            refused = None
+            if tolerate:  # hooks that wait for the device (.item(), a blocking copy) cannot be captured:
+                # find out here, not by a failed capture (which can leave the allocator's pool capturing)
+                mode = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    body()
+                except RuntimeError as exc:
+                    refused = f"waits for the device: {exc}"
+                finally:
+                    torch.cuda.set_sync_debug_mode(mode)
+            else:
+                body()
+        caller = torch.cuda.current_stream(self.device)
+        caller.wait_stream(side)
+        if self._act_stream is not None:  # (a decision's act stream, joined into `side` already: belt and braces)
+            caller.wait_stream(self._act_stream)
+        if refused is not None:
+            self.hook_capture_errors[name] = refused
+            return None
+        if stage in ("act", "decision") and not self._reranked:
+            self._reranked = True  # (first: the ranking captures act graphs of its own)
+            self.rerank_timings = rerank(self.linear, self.tuning_cache, self._act_graph_ms)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        try:
+            with self._launch_context(stage), torch.cuda.graph(graph, pool=self._pool):
+                body()
+        except Exception as exc:
+            if not tolerate:
+                raise
+            torch.cuda.set_stream(caller)  # a capture_end that raises skips the capture stream's own exit
+            try:  # ... and the allocator's end of recording into the pool: end it, or later captures fail
+                torch._C._cuda_endAllocateToPool(self.device.index or torch.cuda.current_device(), self._pool)
+            except Exception:  # noqa: BLE001 (already ended, or a torch without this hook)
+                pass
+            self.hook_capture_errors[name] = f"{type(exc).__name__}: {exc}"
+            return None
+        if keep:
+            self._graphs[name or stage] = graph
+            self.captures += 1
+        return graph
+
+    def _act_graph_ms(self, iters: int = 15) -> float:
+        """ms of one replay of a fresh act graph (captured with the pickers' current choices, then dropped),
+        median of `iters`: what `flashrt_core.engine.rerank` compares. (A capture that fails part-way is not recoverable in
+        this process on the H200 with torch 2.11: every later capture fails, "already recording to mempool_id",
+        and so do other engines' (benchmarks/results/gpu_tests_h200_7a3ec9c_failed_capture.log). Each candidate runs
+        eagerly first and the body is the one the main capture records, so none is expected to fail here.)"""
+        graph = self._capture("act", self._act_body, keep=False)
+        return statistics.median(cuda_samples(graph.replay, warmup=1, iters=iters))
+
+    def capture(self) -> None:
+        """Capture both stage graphs and the decision graph now (otherwise each is captured on its first use)."""
+        for stage, body in (("observe", self._observe_body), ("act", self._act_body)):
+            if stage not in self._graphs:
+                self._capture(stage, body)
+        self._hooked_graph("decision", "decision", self._decision_body)
+
+    def observe(self) -> None:
+        """Run the `observe` stage on the current buffer contents (graph replay on CUDA)."""
+        self._run("observe", self._observe_body)
+
+    def act(self) -> None:
+        """Run the `act` stage: buffers.noise + prefix buffers -> buffers.actions."""
+        self._run("act", self._act_body)
+
+    def decision(self) -> None:
+        """A whole decision on the current buffers: images + prompt + noise -> prefix K/V and actions, as one
+        graph of its own in which the act stage overlaps the observe stage (`_decision_body`; without
+        graphs, or where it could not be captured, the two stages one after the other)."""
+        def stages():
+            self.observe()
+            self.act()
+        self._run_hooked("decision", "decision", self._decision_body, stages)  # (stages: where not captured)
+
