@@ -48,6 +48,7 @@ from _common import write_result  # noqa: E402
 from flashrt_core.contract.runtime import Runtime  # noqa: E402
 
 MS = 1_000_000
+STARTED_NS = time.perf_counter_ns()  # the script's start (--end-by counts from here)
 WARMUP_S = 30.0  # RSS and GPU memory are judged from here on
 SLOW_MS = 12.0  # the p99.9 target: ticks over it are summarized by what they had in common
 VERBS = ("snapshot", "restore", "fork", "drop")  # bit i of a tick's `verbs`: verb i ran just before it
@@ -261,7 +262,8 @@ def parse_rates(text: str | None) -> dict | None:
     return out
 
 
-def soak(minutes: float, device: str, log, config=None, rates=None, deferred=None, freeze_gc=True) -> dict:
+def soak(minutes: float, device: str, log, config=None, rates=None, deferred=None, freeze_gc=True,
+         end_by_s: float | None = None) -> dict:
     t0 = time.time()
     kw = {k: v for k, v in (("rates", rates), ("deferred", deferred)) if v}
     rt = Runtime.from_config(config or REPO / "config" / "pi05.yaml", device=device, **kw)
@@ -292,6 +294,8 @@ def soak(minutes: float, device: str, log, config=None, rates=None, deferred=Non
     gc.callbacks.append(gcw)
     start = time.perf_counter_ns()
     end = start + int(minutes * 60e9)
+    if end_by_s is not None:  # a time box for the whole script (a device call's limit): a shorter soak, reported
+        end = min(end, STARTED_NS + int(end_by_s * 1e9))
     next_tick, next_frame, next_snap, next_fork = start, start, start + 10 * 10**9, start + 30 * 10**9
     frames, shown, warm_marked, verbs_before, prev_deferred = pool[0], None, False, 0, False
     try:
@@ -379,7 +383,8 @@ def soak(minutes: float, device: str, log, config=None, rates=None, deferred=Non
     mem["end"] = memory()
     skipped = {k: rt.buffers.ledger.misses[k] - misses_before[k] for k in misses_before}
     gc_extra["collections_in_verbs"] = verb_gc
-    out = {"minutes": minutes, "engine": getattr(rt.binding, "engine_name", None),
+    out = {"minutes": round((time.perf_counter_ns() - start) / 60e9, 3),
+           "engine": getattr(rt.binding, "engine_name", None),
            "dtype": str(rt.dtype).removeprefix("torch."),
            "rates": {n: f"{v:g} Hz" + (", deferred" if rt.contract.stages[n].deferred else "") for n, v in hz.items()},
            "gc_frozen_at_warmup": freeze_gc,
@@ -421,6 +426,8 @@ def print_diagnosis(d: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=9.0)
+    ap.add_argument("--end-by", type=float, default=None,
+                    help="seconds after the script's start by which the soak ends (the JSON says how long it ran)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--config", default=None, help="contract file (default config/pi05.yaml: full size)")
     ap.add_argument("--rates", default=None, help="stage rate overrides, e.g. act=10,observe=2")
@@ -430,7 +437,7 @@ def main() -> int:
     args = ap.parse_args()
     deferred = {s.strip(): True for s in args.deferred.split(",")} if args.deferred else None
     res = soak(args.minutes, args.device, print, config=args.config, rates=parse_rates(args.rates),
-               deferred=deferred, freeze_gc=not args.no_gc_freeze)
+               deferred=deferred, freeze_gc=not args.no_gc_freeze, end_by_s=args.end_by)
     verbs = res["verbs"]
     checks = {
         "no_deadline_misses": res["deadline_misses"] == 0 and not any(res["scheduler_missed_periods"].values()),
@@ -444,13 +451,13 @@ def main() -> int:
              f"{args.config}" + (f", rates {args.rates}" if args.rates else "")
              + (f", deferred {args.deferred}" if args.deferred else ""))
     rates = ", ".join(f"{n} {v}" for n, v in res["rates"].items()) + ", cameras 30 Hz"
-    doc = write_result(args.json, workload={"model": model, "device": args.device, "minutes": args.minutes,
+    doc = write_result(args.json, workload={"model": model, "device": args.device, "minutes": res["minutes"],
                                             "rates": rates, "gc_freeze": not args.no_gc_freeze,
                                             "capsules": "device snapshot + restore every 10 s, fork every 30 s, "
                                                         "drop after 10 s"},
                        results={"runtime": res}, extra={"checks": checks})
     t = res["tick"]
-    print(f"\n{doc['gpu']}, commit {doc['commit']}, {doc['date']}: {res['ticks']} ticks in {args.minutes} min, "
+    print(f"\n{doc['gpu']}, commit {doc['commit']}, {doc['date']}: {res['ticks']} ticks in {res['minutes']} min, "
           f"engine {res['engine']} {res['dtype']}")
     print(f"deadline misses {res['deadline_misses']} (late {res['late_ticks']}, skipped {res['skipped_periods']}), "
           f"scheduler missed {res['scheduler_missed_periods']}")
