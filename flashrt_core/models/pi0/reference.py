@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi0.weights import Pi0Weights
+from flashrt_core.models.rtc import RTCInputs, guided_step
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import (PrefixCache, apply_rope, attention, encode_prefix, gelu_tanh,
                                                      linear, rms_normalize, rope_cos_sin, split_heads)
@@ -64,12 +65,15 @@ def velocity(w: Pi0Weights, prefix: PrefixCache, state_token: torch.Tensor, x_t:
     return linear(x[:, 1:].float(), w.action_out_w.float(), w.action_out_b.float())
 
 
-def denoise(w: Pi0Weights, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Euler-integrate from t=1 (noise [B, chunk, dim]) to t=0 with the robot state [B, <= max_state_dim]."""
+def denoise(w: Pi0Weights, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor,
+            rtc: RTCInputs | None = None) -> torch.Tensor:
+    """Euler-integrate from t=1 (noise [B, chunk, dim]) to t=0 with the robot state [B, <= max_state_dim];
+    with `rtc`, every step guided towards the previous chunk (`flashrt_core.models.rtc`, LeRobot's RTC)."""
     token = linear(padded_state(w, state), w.state_w, w.state_b)[:, None]
     x_t = noise.float()
     for step in range(w.config.num_steps):
-        x_t = x_t + w.dt * velocity(w, prefix, token, x_t, step)
+        v = velocity(w, prefix, token, x_t, step)
+        x_t = x_t + w.dt * v if rtc is None else guided_step(x_t, v, rtc, 1.0 + step * w.dt, w.dt)
     return x_t
 
 
@@ -92,12 +96,13 @@ class ReferenceEngine:
         return encode_prefix(self.weights, images, image_masks, lang_tokens, lang_mask)
 
     @torch.no_grad()
-    def denoise(self, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def denoise(self, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor,
+                rtc: RTCInputs | None = None) -> torch.Tensor:
         batch = check_prefix(self.weights.config, prefix)
         check_noise(self.weights.config, noise, batch)
         if state.shape[0] != batch:
             raise InputError(f"state: batch {state.shape[0]}, the prefix has {batch}")
-        return denoise(self.weights, prefix, state, noise)
+        return denoise(self.weights, prefix, state, noise, rtc)
 
 
 def make_engine(weights: Pi0Weights) -> ReferenceEngine:

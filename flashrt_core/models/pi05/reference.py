@@ -15,6 +15,7 @@ from flashrt_core.models.paligemma.reference import (PrefixCache, apply_rope, at
                                                      linear, rms_normalize, rope_cos_sin, split_heads)
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.pi05.weights import Pi05Weights
+from flashrt_core.models.rtc import RTCInputs, guided_step
 
 
 # ---- action expert ---------------------------------------------------------------------------------
@@ -51,11 +52,13 @@ def velocity(w: Pi05Weights, prefix: PrefixCache, x_t: torch.Tensor, step: int) 
     return linear(x, w.action_out_w, w.action_out_b).float()
 
 
-def denoise(w: Pi05Weights, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
-    """Euler-integrate the flow from t=1 (noise [B, chunk, dim]) to t=0 -> actions [B, chunk, dim] fp32."""
+def denoise(w: Pi05Weights, prefix: PrefixCache, noise: torch.Tensor, rtc: RTCInputs | None = None) -> torch.Tensor:
+    """Euler-integrate the flow from t=1 (noise [B, chunk, dim]) to t=0 -> actions [B, chunk, dim] fp32; with
+    `rtc`, every step guided towards the previous chunk (`flashrt_core.models.rtc`, LeRobot's RTC)."""
     x_t = noise.float()
     for step in range(w.config.num_steps):
-        x_t = x_t + w.dt * velocity(w, prefix, x_t, step)
+        v = velocity(w, prefix, x_t, step)
+        x_t = x_t + w.dt * v if rtc is None else guided_step(x_t, v, rtc, 1.0 + step * w.dt, w.dt)
     return x_t
 
 
@@ -78,9 +81,9 @@ class ReferenceEngine:
         return encode_prefix(self.weights, images, image_masks, lang_tokens, lang_mask)
 
     @torch.no_grad()
-    def denoise(self, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
+    def denoise(self, prefix: PrefixCache, noise: torch.Tensor, rtc: RTCInputs | None = None) -> torch.Tensor:
         check_noise(self.weights.config, noise, check_prefix(self.weights.config, prefix))
-        return denoise(self.weights, prefix, noise)
+        return denoise(self.weights, prefix, noise, rtc)
 
 
 def make_engine(weights: Pi05Weights) -> ReferenceEngine:

@@ -1,0 +1,117 @@
+"""Real-time chunking (flashrt_core.models.rtc) against LeRobot 0.6.1's own RTC outputs on the tiny pi0.5 and pi0
+fixtures (test/fixtures/lerobot_rtc, made by scripts/lerobot_golden/make_rtc_fixture.py), in the reference
+engines and the fused engines (the kernels' torch references on the CPU, the Triton kernels in the interpreter)."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
+
+import json  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+from flashrt_core.errors import InputError  # noqa: E402
+from flashrt_core.models import pi0, pi05, rtc  # noqa: E402
+from flashrt_core.models.pi0 import reference as R0  # noqa: E402
+from flashrt_core.models.pi05 import reference as R5  # noqa: E402
+from lerobot_cases import load_cases, model_inputs  # noqa: E402
+
+TOL = {"vs_lerobot": 1e-4}  # fp32 (absolute): our RTC vs LeRobot's on the same weights, inputs and noise
+CASE = "two_views_padded_prompt"
+
+
+@pytest.fixture(scope="module")
+def golden(fixtures_dir):
+    with safe_open(str(fixtures_dir / "lerobot_rtc" / "rtc_cases.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        settings = json.loads(f.metadata()["settings"])
+    return tensors, settings
+
+
+def model(fixtures_dir, kind):
+    folder = {"pi05": "lerobot_pi05_tiny", "pi0": "lerobot_pi0_tiny"}[kind]
+    config, state = pi05.load_checkpoint(fixtures_dir / folder)
+    weights = (pi05 if kind == "pi05" else pi0).convert(config, state)
+    case = load_cases(fixtures_dir, folder)[CASE]
+    return weights, case
+
+
+def guidance(tensors, settings, kind, name, chunk, action_dim):
+    s = settings[name]
+    options = rtc.RTCOptions(execution_horizon=s["execution_horizon"], max_guidance_weight=s["max_guidance_weight"],
+                             schedule=s["schedule"])
+    return rtc.rtc_inputs(tensors[f"{kind}.{name}.prev_chunk_left_over"], s["inference_delay"],
+                          s["execution_horizon"], options, chunk, action_dim, batch=1)
+
+
+def test_prefix_weights_are_lerobots():
+    """The schedules as LeRobot's get_prefix_weights builds them (hand-checked values)."""
+    torch.testing.assert_close(rtc.prefix_weights(2, 6, 8, "linear"),
+                               torch.tensor([1, 1, 0.8, 0.6, 0.4, 0.2, 0, 0], dtype=torch.float32))
+    torch.testing.assert_close(rtc.prefix_weights(2, 6, 8, "zeros"), torch.tensor([1, 1, 0, 0, 0, 0, 0, 0.]))
+    torch.testing.assert_close(rtc.prefix_weights(2, 6, 8, "ones"), torch.tensor([1, 1, 1, 1, 1, 1, 0, 0.]))
+    exp = rtc.prefix_weights(1, 4, 6, "exp")
+    ramp = torch.tensor([0.75, 0.5, 0.25])  # 6 - 2 trailing zeros - 1 leading one = 3 ramp steps
+    torch.testing.assert_close(exp, torch.cat([torch.ones(1), ramp * torch.expm1(ramp) / (torch.e - 1),
+                                               torch.zeros(2)]))
+    assert rtc.prefix_weights(5, 3, 8, "linear").tolist() == [1, 1, 1, 0, 0, 0, 0, 0]  # delay past the horizon
+    assert rtc.guidance_weight(1.0, 10.0) == 10.0  # tau = 0 at the first step: the clip
+    assert rtc.guidance_weight(0.5, 10.0) == pytest.approx(2.0)  # c = 1, inv_r2 = 2
+    assert rtc.guidance_weight(0.1, 10.0) == pytest.approx(0.82 / 0.09)  # c = 1/9, inv_r2 = 82
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_reference_rtc_matches_lerobot(fixtures_dir, golden, kind):
+    tensors, settings = golden
+    w, c = model(fixtures_dir, kind)
+    cfg = w.config
+    with torch.no_grad():
+        if kind == "pi05":
+            prefix = R5.encode_prefix(w, *model_inputs(c))
+            plain = R5.denoise(w, prefix, c["noise"])
+        else:
+            prefix = R0.encode_prefix(w, *model_inputs(c))
+            plain = R0.denoise(w, prefix, c["state_padded"], c["noise"])
+        for name in settings:
+            g = guidance(tensors, settings, kind, name, cfg.chunk_size, cfg.action_dim)
+            if kind == "pi05":
+                got = R5.denoise(w, prefix, c["noise"], g)
+            else:
+                got = R0.denoise(w, prefix, c["state_padded"], c["noise"], g)
+            want = tensors[f"{kind}.{name}.actions"]
+            err = (got - want).abs().max().item()
+            assert err < TOL["vs_lerobot"], f"{kind} {name}: max abs error {err:.3g}"
+            assert (got - plain).abs().max() > 0.1  # the guidance moved the chunk (LeRobot's by up to ~5)
+
+
+def test_bad_rtc_arguments_are_refused_by_name():
+    options = rtc.RTCOptions()
+    prev = torch.zeros(1, 40, 7)
+    with pytest.raises(InputError, match="prev_chunk_left_over"):
+        rtc.rtc_inputs(torch.zeros(1, 60, 7), 3, None, options, 50, 32, 1)
+    with pytest.raises(InputError, match="prev_chunk_left_over"):
+        rtc.rtc_inputs(torch.zeros(1, 40, 33), 3, None, options, 50, 32, 1)
+    with pytest.raises(InputError, match="inference_delay"):
+        rtc.rtc_inputs(prev, -1, None, options, 50, 32, 1)
+    with pytest.raises(InputError, match="execution_horizon"):
+        rtc.rtc_inputs(prev, 2, 2.5, options, 50, 32, 1)
+    with pytest.raises(ValueError, match="schedule"):
+        rtc.RTCOptions(schedule="cosine")
+    with pytest.raises(ValueError, match="max_guidance_weight"):
+        rtc.RTCOptions(max_guidance_weight=0)
+    g = rtc.rtc_inputs(prev[0], 2, 100, options, 50, 32, 1)  # [T, A] is one batch; the horizon clipped to 40
+    assert g.prev.shape == (1, 50, 32) and g.weights[39] > 0 and g.weights[40:].abs().sum() == 0
+
+
+def test_step_coefficients_give_lerobots_step():
+    """x + a v + b (prev - x) is LeRobot's guided Euler step, step by step (the fused engines' form)."""
+    gen = torch.Generator().manual_seed(3)
+    x, v, prev = (torch.randn(1, 12, 5, generator=gen) for _ in range(3))
+    g = rtc.RTCInputs(prev=prev, weights=rtc.prefix_weights(3, 9, 12, "exp"), max_guidance_weight=6.0)
+    a, b = rtc.step_coefficients(g.weights, 4, g.max_guidance_weight)
+    for s in range(4):
+        t = 1.0 + s * -0.25
+        want = rtc.guided_step(x, v, g, t, -0.25)
+        got = x + a[s][None, :, None] * v + b[s][None, :, None] * (prev - x)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
