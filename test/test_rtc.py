@@ -15,6 +15,7 @@ from flashrt_core.errors import InputError  # noqa: E402
 from flashrt_core.models import pi0, pi05, rtc  # noqa: E402
 from flashrt_core.models.pi0 import reference as R0  # noqa: E402
 from flashrt_core.models.pi05 import reference as R5  # noqa: E402
+from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 from lerobot_cases import load_cases, model_inputs  # noqa: E402
 
 TOL = {"vs_lerobot": 1e-4}  # fp32 (absolute): our RTC vs LeRobot's on the same weights, inputs and noise
@@ -115,3 +116,57 @@ def test_step_coefficients_give_lerobots_step():
         want = rtc.guided_step(x, v, g, t, -0.25)
         got = x + a[s][None, :, None] * v + b[s][None, :, None] * (prev - x)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_fused_engine_rtc_matches_lerobot_on_the_cpu(fixtures_dir, golden, kind):
+    """The fused engines' "act+rtc" stage (the kernels' torch references on the CPU) against LeRobot's RTC, and
+    the plain act stage unchanged after it (the guided graph is a variant, not a mode)."""
+    from flashrt_core.models.pi0.engine import Pi0Engine
+    from flashrt_core.models.pi05.engine import Pi05Engine
+
+    tensors, settings = golden
+    w, c = model(fixtures_dir, kind)
+    engine = (Pi05Engine if kind == "pi05" else Pi0Engine)(w, backend="torch")
+    prefix = engine.encode_prefix(*model_inputs(c))
+    act = (lambda *a: engine.denoise(prefix, *a)) if kind == "pi05" else \
+        (lambda *a: engine.denoise(prefix, c["state_padded"], *a))
+    for name in settings:
+        g = guidance(tensors, settings, kind, name, w.config.chunk_size, w.config.action_dim)
+        got = act(c["noise"], g)
+        err = (got - tensors[f"{kind}.{name}.actions"]).abs().max().item()
+        assert err < TOL["vs_lerobot"], f"{kind} {name}: max abs error {err:.3g}"
+    assert (act(c["noise"]) - c["actions"]).abs().max() < TOL["vs_lerobot"]
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+def test_triton_rtc_matches_the_reference(dev, kind):
+    """The Triton kernels (interpreter on a CPU, compiled on CUDA) in the guided act stage, on micro models
+    with odd shapes, against the reference engine's RTC."""
+    import test_pi05_engine as T5
+    import test_pi0_engine as T0
+    from flashrt_core.models.pi0.engine import Pi0Engine
+    from flashrt_core.models.pi05.engine import Pi05Engine
+
+    T = T5 if kind == "pi05" else T0
+    config, state = pi05.build_tiny(4, T.micro_config())
+    w = (pi05 if kind == "pi05" else pi0).convert(config, state)
+    inputs = T.micro_inputs(config)
+    noise = inputs[-1]
+    gen = torch.Generator().manual_seed(9)
+    prev = torch.randn(1, config.chunk_size - 2, 5, generator=gen)
+    g = rtc.rtc_inputs(prev, 2, 3, rtc.RTCOptions(schedule="exp", max_guidance_weight=4.0), config.chunk_size,
+                       config.action_dim, batch=1)
+    with torch.no_grad():
+        if kind == "pi05":
+            want = R5.denoise(w, R5.encode_prefix(w, *inputs[:4]), noise, g)
+        else:
+            want = R0.denoise(w, R0.encode_prefix(w, *inputs[:4]), inputs[4], noise, g)
+    engine = (Pi05Engine if kind == "pi05" else Pi0Engine)(w, device=dev, backend="triton", gemm="triton",
+                                                           graphs=False)
+    prefix = engine.encode_prefix(*(t.to(dev) for t in inputs[:4]))
+    g_dev = rtc.RTCInputs(prev=g.prev.to(dev), weights=g.weights.to(dev), max_guidance_weight=g.max_guidance_weight)
+    extra = () if kind == "pi05" else (inputs[4].to(dev),)
+    got = engine.denoise(prefix, *extra, noise.to(dev), g_dev).cpu()
+    assert (got - want).abs().max() < 1e-3

@@ -104,8 +104,9 @@ class StagedEngine:
         what act reads before any layer)."""
         raise NotImplementedError
 
-    def _act_body(self, prefix_wait=None) -> None:
-        """The `act` stage over the static buffers; prefix_wait(i) before its first read of prefix layer i."""
+    def _act_body(self, prefix_wait=None, rtc: bool = False) -> None:
+        """The `act` stage over the static buffers; prefix_wait(i) before its first read of prefix layer i;
+        rtc: each Euler step guided towards the previous chunk (real-time chunking)."""
         raise NotImplementedError
 
     def _decision_body(self, hooks: DecisionHooks | None = None) -> None:
@@ -151,14 +152,27 @@ class StagedEngine:
         stack.enter_context(K.pdl_scope(self.pdl))
         return stack
 
-    def _run(self, stage: str, body) -> None:
+    def _stage(self, name: str):
+        """(the stage it launches as, its body) of a stage name: "observe", "act", or "act+rtc" (the act stage
+        with real-time-chunking guidance: a graph of its own, under the act stage's launch context)."""
+        if name == "observe":
+            return "observe", self._observe_body
+        if name == "act":
+            return "act", self._act_body
+        if name == "act+rtc":
+            return "act", lambda prefix_wait=None: self._act_body(prefix_wait, rtc=True)
+        raise ValueError(f"unknown stage {name!r} (observe, act, act+rtc)")
+
+    def _run(self, name: str) -> None:
+        """Run the stage `name` (`_stage`) on the current buffers: its graph (captured on first use), or eagerly."""
+        stage, body = self._stage(name)
         if not self.use_graphs:
             with self._launch_context(stage):
                 body()
             return
-        graph = self._graphs.get(stage)
+        graph = self._graphs.get(name)
         if graph is None:
-            graph = self._capture(stage, body)
+            graph = self._capture(stage, body, name)
         graph.replay()
 
     def run_stage(self, stage: str, pre=None, post=None, key: str = "hooks") -> None:
@@ -169,13 +183,14 @@ class StagedEngine:
         Hooks that wait for the device (found by a warm-up under CUDA's sync debug mode) or whose capture
         fails run eagerly around the stage's own graph from then on (`hook_capture_errors` says why); other
         errors raised by pre / post in their first, eager run propagate."""
-        body = {"observe": self._observe_body, "act": self._act_body}[stage]
+        name = stage
+        stage, body = self._stage(name)
 
         def eager():  # the hooks around the stage's own graph
             _call(pre)
-            self._run(stage, body)
+            self._run(name)
             _call(post)
-        self._run_hooked(stage, (stage, key), lambda: self._stage_between(stage, pre, body, post), eager)
+        self._run_hooked(stage, (name, key), lambda: self._stage_between(stage, pre, body, post), eager)
 
     def run_decision(self, hooks: DecisionHooks, key: str = "hooks") -> None:
         """A whole decision (observe, then act) with hooks around each stage (`DecisionHooks`), recorded in one
@@ -189,10 +204,10 @@ class StagedEngine:
         engine's buffers already hold this decision's)."""
         def eager():  # the hooks around the stage graphs
             _call(hooks.observe_pre)
-            self._run("observe", self._observe_body)
+            self._run("observe")
             _call(hooks.observe_post)
             _call(hooks.act_pre)
-            self._run("act", self._act_body)
+            self._run("act")
             _call(hooks.act_post)
         self._run_hooked("decision", ("decision", key), lambda: self._decision_body(hooks), eager)
 
@@ -293,11 +308,12 @@ class StagedEngine:
 
     def observe(self) -> None:
         """Run the `observe` stage on the current buffer contents (graph replay on CUDA)."""
-        self._run("observe", self._observe_body)
+        self._run("observe")
 
-    def act(self) -> None:
-        """Run the `act` stage: buffers.noise + prefix buffers -> buffers.actions."""
-        self._run("act", self._act_body)
+    def act(self, rtc: bool = False) -> None:
+        """Run the `act` stage: buffers.noise + prefix buffers -> buffers.actions; rtc: guided towards the
+        previous chunk in the engine's RTC buffers (its own graph, "act+rtc")."""
+        self._run("act+rtc" if rtc else "act")
 
     def decision(self) -> None:
         """A whole decision on the current buffers: images + prompt + noise -> prefix K/V and actions, as one

@@ -22,6 +22,7 @@ from flashrt_core.engine.staged import StagedEngine, _same
 from flashrt_core.errors import InputError
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_prefix
+from flashrt_core.models.rtc import RTCInputs, step_coefficients
 
 
 @dataclass
@@ -38,6 +39,11 @@ class EngineBuffers:
     n_valid: torch.Tensor  # [B] int64
     noise: torch.Tensor  # [B, chunk, action_dim] fp32
     actions: torch.Tensor  # [B, chunk, action_dim] fp32
+    # real-time chunking (the "act+rtc" graph): the previous chunk's unexecuted actions, zero padded, and the
+    # guided Euler step's coefficients x <- x + a[step, row] v + b[step, row] (prev - x) (models.rtc)
+    rtc_prev: torch.Tensor  # [B, chunk, action_dim] fp32
+    rtc_a: torch.Tensor  # [num_steps, chunk] fp32
+    rtc_b: torch.Tensor  # [num_steps, chunk] fp32
 
     @classmethod
     def allocate(cls, w, batch: int, device, dtype, vision_dtype) -> "EngineBuffers":
@@ -55,6 +61,9 @@ class EngineBuffers:
             n_valid=torch.zeros(batch, dtype=torch.int64, device=device),
             noise=torch.zeros(chunk, dtype=torch.float32, device=device),
             actions=torch.zeros(chunk, dtype=torch.float32, device=device),
+            rtc_prev=torch.zeros(chunk, dtype=torch.float32, device=device),
+            rtc_a=torch.zeros(c.num_steps, c.chunk_size, dtype=torch.float32, device=device),
+            rtc_b=torch.zeros(c.num_steps, c.chunk_size, dtype=torch.float32, device=device),
         )
 
 
@@ -157,6 +166,22 @@ class PaliGemmaEngine(StagedEngine):
             x, h = K.add_rms_norm(o, x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
             d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
             x, h = K.add_rms_norm(d, x, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
+
+    # ---- real-time chunking (what every flow-matching expert over this prefix shares) --------------------
+    def set_rtc(self, rtc: RTCInputs) -> None:
+        """The guidance of the next `act(rtc=True)`: the padded previous chunk and the per-step coefficients of
+        `rtc.weights` (`models.rtc.step_coefficients`) into the RTC buffers."""
+        buf, c = self.buffers, self.config
+        if tuple(rtc.prev.shape) != tuple(buf.rtc_prev.shape):
+            raise InputError(f"rtc.prev: expected {tuple(buf.rtc_prev.shape)}, got {tuple(rtc.prev.shape)}")
+        a, b = step_coefficients(rtc.weights, c.num_steps, rtc.max_guidance_weight)
+        torch._foreach_copy_([buf.rtc_prev, buf.rtc_a, buf.rtc_b], [rtc.prev, a, b])
+
+    def _guided_update(self, x_t: torch.Tensor, v: torch.Tensor, step: int) -> None:
+        """x_t <- x_t + a[step] v + b[step] (prev - x_t), in place (fp32): LeRobot's RTC-guided Euler step."""
+        buf = self.buffers
+        d = buf.rtc_prev - x_t
+        x_t.addcmul_(v.float(), buf.rtc_a[step][None, :, None]).addcmul_(d, buf.rtc_b[step][None, :, None])
 
     # ---- staged API (copies into the static buffers) --------------------------------------------------
     def _resize(self, batch: int) -> None:

@@ -46,6 +46,7 @@ from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
 from flashrt_core.kernels.skinny_gemm import GatedResidual
 from flashrt_core.models.pi0.weights import Pi0Weights
+from flashrt_core.models.rtc import RTCInputs
 from flashrt_core.models.paligemma.engine import EngineBuffers, PaliGemmaEngine
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import PrefixCache
@@ -166,10 +167,11 @@ class Pi0Engine(PaliGemmaEngine):
         norm = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
         return K.add_rms_norm(d, x, norm, eps, weight_offset=0.0, residual_out=x, backend=be)
 
-    def _act_body(self, prefix_wait=None) -> None:
+    def _act_body(self, prefix_wait=None, rtc: bool = False) -> None:
         """noise + state + prefix buffers -> the state token's K/V once, then `num_steps` Euler steps over the
         action tokens -> actions (the `act` stage). prefix_wait(i) is called before the first read of prefix
-        layer i's K/V (-1: of the valid count), each once."""
+        layer i's K/V (-1: of the valid count), each once; rtc: each step guided towards the RTC buffers'
+        previous chunk (`set_rtc`)."""
         c, buf = self.config, self.buffers
         waited = set()
 
@@ -191,7 +193,10 @@ class Pi0Engine(PaliGemmaEngine):
                     s, hs = self._state_layer(i, s, hs, state_pos, wait)
                 x, h = self._action_layer(i, x, h, action_pos)
             # x_t += dt * velocity in the fp32 action-out GEMM (h is the final norm, in the model dtype)
-            self.linear(h.float(), self._out_w, self._out_b, residual=GatedResidual(x_t, self._dt))
+            if rtc:  # the velocity out, then the guided step
+                self._guided_update(x_t, self.linear(h.float(), self._out_w, self._out_b), step)
+            else:
+                self.linear(h.float(), self._out_w, self._out_b, residual=GatedResidual(x_t, self._dt))
         buf.actions.copy_(x_t)
 
     # ---- staged API (copies into the static buffers) ------------------------------------------------------
@@ -207,7 +212,8 @@ class Pi0Engine(PaliGemmaEngine):
         check_state(self.config, state, self.batch)
         self._write_state(state)
 
-    def denoise(self, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def denoise(self, prefix: PrefixCache, state: torch.Tensor, noise: torch.Tensor,
+                rtc: RTCInputs | None = None) -> torch.Tensor:
         """state [B, <= max_state_dim] normalized, noise [B, chunk, action_dim] -> actions [B, chunk, action_dim]
         fp32 (a fresh tensor). Prefix, state and noise are checked before the engine changes anything."""
         b = check_prefix(self.config, prefix, self.config.prefix_len)
@@ -217,7 +223,9 @@ class Pi0Engine(PaliGemmaEngine):
         self._copy_prefix(prefix)
         self._write_state(state)
         self.buffers.noise.copy_(noise)
-        self.act()
+        if rtc is not None:
+            self.set_rtc(rtc)
+        self.act(rtc=rtc is not None)
         return self.buffers.actions.clone()
 
     def sample_actions(self, images, image_masks, lang_tokens, lang_mask, state, noise) -> torch.Tensor:

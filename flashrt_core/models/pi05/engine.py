@@ -38,6 +38,7 @@ from flashrt_core.models.paligemma.engine import PaliGemmaEngine
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
+from flashrt_core.models.rtc import RTCInputs
 
 
 class Pi05Engine(PaliGemmaEngine):
@@ -52,9 +53,10 @@ class Pi05Engine(PaliGemmaEngine):
         super().__init__(weights, *args, **kwargs)
 
     # ---- the act stage --------------------------------------------------------------------------------
-    def _act_body(self, prefix_wait=None) -> None:
+    def _act_body(self, prefix_wait=None, rtc: bool = False) -> None:
         """noise + prefix buffers -> `num_steps` Euler steps of the action expert -> actions (the `act` stage).
-        prefix_wait(i) is called before the first read of prefix layer i's K/V (-1: of the valid count)."""
+        prefix_wait(i) is called before the first read of prefix layer i's K/V (-1: of the valid count); rtc:
+        each step guided towards the RTC buffers' previous chunk (`set_rtc`)."""
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         e, eps, chunk = c.expert, c.rms_eps, c.chunk_size
         b = buf.noise.shape[0]
@@ -92,11 +94,14 @@ class Pi05Engine(PaliGemmaEngine):
                 x, h = K.gated_residual_ada_rms_norm(x, d, gate, mod[0], mod[1], eps, x_out=x, constant_mod=True,
                                                      backend=be)
             # x_t += dt * velocity in the action-out GEMM (the velocity rounded to the model dtype first)
-            lin(h, w.action_out_w, w.action_out_b, residual=GatedResidual(x_t, self._dt))
+            if rtc:  # the velocity out (rounded to the model dtype, as above), then the guided step
+                self._guided_update(x_t, lin(h, w.action_out_w, w.action_out_b), step)
+            else:
+                lin(h, w.action_out_w, w.action_out_b, residual=GatedResidual(x_t, self._dt))
         buf.actions.copy_(x_t)
 
     # ---- staged API (copies into the static buffers) --------------------------------------------------
-    def denoise(self, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
+    def denoise(self, prefix: PrefixCache, noise: torch.Tensor, rtc: RTCInputs | None = None) -> torch.Tensor:
         """noise [B, chunk, action_dim] -> actions [B, chunk, action_dim] fp32 (a fresh tensor). The prefix and
         the noise are checked before the engine changes anything (a refused call keeps its buffers)."""
         b = check_prefix(self.config, prefix, self.config.prefix_len)
@@ -105,7 +110,9 @@ class Pi05Engine(PaliGemmaEngine):
             self._resize(b)  # a cache from elsewhere may bring its own batch size
         self._copy_prefix(prefix)
         self.buffers.noise.copy_(noise)
-        self.act()
+        if rtc is not None:
+            self.set_rtc(rtc)
+        self.act(rtc=rtc is not None)
         return self.buffers.actions.clone()
 
     def sample_actions(self, images, image_masks, lang_tokens, lang_mask, noise) -> torch.Tensor:
