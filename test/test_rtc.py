@@ -170,3 +170,45 @@ def test_triton_rtc_matches_the_reference(dev, kind):
     extra = () if kind == "pi05" else (inputs[4].to(dev),)
     got = engine.denoise(prefix, *extra, noise.to(dev), g_dev).cpu()
     assert (got - want).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("kind,engine", [("pi05", "reference"), ("pi05", "fused"), ("pi0", "reference"),
+                                         ("pi0", "fused")])
+def test_policy_sample_actions_takes_lerobots_rtc_arguments(fixtures_dir, golden, tmp_path, kind, engine):
+    """`policy.sample_actions(..., inference_delay=, prev_chunk_left_over=, execution_horizon=)` as LeRobot's
+    model.sample_actions, with the options from a config.json rtc_config as LeRobot saves it; without
+    rtc_config a previous chunk is ignored (LeRobot's behaviour), and a bad rtc_config is refused."""
+    import shutil
+
+    tensors, settings = golden
+    name = "exp_d2_h20_w6"
+    s = settings[name]
+    folder = tmp_path / "ckpt"
+    shutil.copytree(fixtures_dir / {"pi05": "lerobot_pi05_tiny", "pi0": "lerobot_pi0_tiny"}[kind], folder)
+    mod = pi05 if kind == "pi05" else pi0
+    plain_policy = mod.load(folder, engine=engine)
+    assert plain_policy.rtc is None
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rtc_config"] = {"enabled": True, "prefix_attention_schedule": s["schedule"].upper(),
+                         "max_guidance_weight": s["max_guidance_weight"], "execution_horizon": 99,
+                         "debug": False, "debug_maxlen": 100}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    policy = mod.load(folder, engine=engine)
+    assert policy.rtc == rtc.RTCOptions(execution_horizon=99, max_guidance_weight=s["max_guidance_weight"],
+                                        schedule=s["schedule"])
+    if engine == "fused":
+        policy.engine.backend = plain_policy.engine.backend = "torch"
+    _, c = model(fixtures_dir, kind)
+    images, masks, tokens, lang_mask = model_inputs(c)
+    state = (c["state_padded"],) if kind == "pi0" else ()
+    prev = tensors[f"{kind}.{name}.prev_chunk_left_over"]
+    kw = dict(noise=c["noise"], inference_delay=s["inference_delay"], prev_chunk_left_over=prev,
+              execution_horizon=s["execution_horizon"])
+    got = policy.sample_actions(list(images.unbind(1)), list(masks.unbind(1)), tokens, lang_mask, *state, **kw)
+    assert (got - tensors[f"{kind}.{name}.actions"]).abs().max() < TOL["vs_lerobot"]
+    ignored = plain_policy.sample_actions(images, masks, tokens, lang_mask, *state, **kw)
+    assert (ignored - c["actions"]).abs().max() < TOL["vs_lerobot"]
+    cfg["rtc_config"]["prefix_attention_schedule"] = "COSINE"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match="rtc_config"):
+        mod.load(folder, engine=engine)

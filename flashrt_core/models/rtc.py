@@ -52,6 +52,20 @@ class RTCOptions:
             raise ValueError(f"rtc execution_horizon must be a positive integer, got {self.execution_horizon!r}")
 
 
+def options_from_lerobot(config: dict) -> RTCOptions | None:
+    """The `rtc_config` of a LeRobot config.json (PI05Config / PI0Config as `save_pretrained` writes it) as
+    RTCOptions; None where it is absent, null or not enabled (LeRobot then ignores a previous chunk)."""
+    rtc = config.get("rtc_config")
+    if not rtc or not rtc.get("enabled", True):
+        return None
+    try:
+        return RTCOptions(execution_horizon=int(rtc.get("execution_horizon", 10)),
+                          max_guidance_weight=float(rtc.get("max_guidance_weight", 10.0)),
+                          schedule=str(rtc.get("prefix_attention_schedule", "linear")).lower())
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"config.json rtc_config: {exc}") from None
+
+
 def prefix_weights(start: int, end: int, total: int, schedule: str) -> torch.Tensor:
     """[total] fp32 weights of the previous chunk's actions (LeRobot's `get_prefix_weights`): 1 over the first
     `start` (the inference delay), a fall-off to the `end` (the execution horizon), 0 after it."""
@@ -141,5 +155,5 @@ def guided_step(x_t: torch.Tensor, v: torch.Tensor, rtc: RTCInputs, time: float,
     return x_t + dt * (v - g * err)
 
 
-__all__ = ["RTCInputs", "RTCOptions", "SCHEDULES", "guidance_weight", "guided_step", "prefix_weights",
-           "rtc_inputs", "step_coefficients"]
+__all__ = ["RTCInputs", "RTCOptions", "SCHEDULES", "guidance_weight", "guided_step", "options_from_lerobot",
+           "prefix_weights", "rtc_inputs", "step_coefficients"]

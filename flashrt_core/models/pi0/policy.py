@@ -16,9 +16,10 @@ from flashrt_core.models.pi0 import reference
 from flashrt_core.models.pi0.weights import convert
 from flashrt_core.models.pi05.checkpoint import load_checkpoint
 from flashrt_core.models.pi05.inputs import check_model_inputs
-from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, parse_dtype
+from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, rtc_options, parse_dtype
 from flashrt_core.models.pi05.processors import read_processors
 from flashrt_core.models.pi05.prompt import tokenize_prompt
+from flashrt_core.models.rtc import RTCInputs
 
 ENGINES = ("auto", "fused", "reference")  # auto: fused on CUDA, the reference elsewhere (`resolve_engine`)
 
@@ -64,14 +65,19 @@ class Pi0Policy(Pi05Policy):
                              f"{self.config.vocab_size} (a tokenizer of another model?)")
         return tokens.to(self.device), mask.to(self.device)
 
-    def denoise(self, prefix, state: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+    def denoise(self, prefix, state: torch.Tensor, noise: torch.Tensor | None = None,
+                rtc: RTCInputs | None = None) -> torch.Tensor:
         if noise is None:
             noise = self.make_noise(prefix.pad_mask.shape[0])
-        return self.engine.denoise(prefix, state.to(self.device), noise)
+        if rtc is None:
+            return self.engine.denoise(prefix, state.to(self.device), noise)
+        return self.engine.denoise(prefix, state.to(self.device), noise, rtc)
 
-    def sample_actions(self, images, img_masks, lang_tokens, lang_mask, state, noise=None) -> torch.Tensor:
+    def sample_actions(self, images, img_masks, lang_tokens, lang_mask, state, noise=None, *, inference_delay=None,
+                       prev_chunk_left_over=None, execution_horizon=None) -> torch.Tensor:
         """images [B, S, 3, 224, 224] in [-1, 1] (or a list of S [B, 3, 224, 224]), masks [B, S] (or a list),
-        state [B, <= max_state_dim] normalized -> actions [B, chunk, action_dim] fp32 in normalized space."""
+        state [B, <= max_state_dim] normalized -> actions [B, chunk, action_dim] fp32 in normalized space. With
+        `rtc` options, LeRobot's real-time chunking arguments guide the chunk towards `prev_chunk_left_over`."""
         if isinstance(images, (list, tuple)):
             images = torch.stack(list(images), dim=1)
         if isinstance(img_masks, (list, tuple)):
@@ -79,9 +85,10 @@ class Pi0Policy(Pi05Policy):
         if img_masks is None:
             raise InputError("img_masks: missing (None); give [B, S] bools or a list of S [B] bools")
         check_model_inputs(self.config, images, img_masks, lang_tokens, lang_mask)
+        guide = self.guidance(lang_tokens.shape[0], inference_delay, prev_chunk_left_over, execution_horizon)
         whole = getattr(self.engine, "sample_actions", None)  # the fused engine's one-graph decision
-        if whole is None:
-            return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), state, noise)
+        if whole is None or guide is not None:
+            return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), state, noise, guide)
         if noise is None:
             noise = self.make_noise(images.shape[0])
         return whole(images, img_masks, lang_tokens, lang_mask, state.to(self.device), noise)
@@ -92,12 +99,13 @@ class Pi0Policy(Pi05Policy):
 
 
 def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = "auto", seed: int = 0,
-         tokenizer=None) -> Pi0Policy:
+         tokenizer=None, rtc="checkpoint") -> Pi0Policy:
     """Load a LeRobot pi0 checkpoint folder (as `save_pretrained` writes it, processors included).
 
     dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine "auto" = fused on CUDA, reference elsewhere
     ("fused": `engine.Pi0Engine`, "reference": the eager model); `tokenizer`: a path or a Tokenizer (default:
-    the one the pre-processor names, from the hub cache)."""
+    the one the pre-processor names, from the hub cache); `rtc`: real-time chunking options ("checkpoint": the
+    config.json's rtc_config; an `rtc.RTCOptions`; None: off)."""
     name = resolve_engine(engine, device)
     torch_dtype = parse_dtype(dtype, device)
     config, state = load_checkpoint(ckpt_dir)
@@ -108,7 +116,8 @@ def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = 
     processors = read_processors(folder)
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
     return Pi0Policy(config, weights, make_engine(name, weights), device, torch_dtype, seed=seed,
-                     tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors)
+                     tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors,
+                     rtc=rtc_options(rtc, folder))
 
 
 __all__ = ["ENGINES", "Pi0Policy", "load", "make_engine", "pi0_prompt", "resolve_engine"]

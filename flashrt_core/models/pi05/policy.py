@@ -12,6 +12,7 @@ of the checkpoint folder: raw frames and robot-unit state in, robot-unit actions
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import pathlib
 
@@ -30,6 +31,7 @@ from flashrt_core.models.pi05.prompt import TinyTokenizer, Tokenizer, WordTokeni
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.tiny import build_tiny
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
+from flashrt_core.models.rtc import RTCInputs, RTCOptions, options_from_lerobot, rtc_inputs
 
 ENGINES = {"reference": "flashrt_core.models.pi05.reference", "fused": "flashrt_core.models.pi05.engine"}
 ENGINE_CHOICES = ("auto", *ENGINES)
@@ -75,7 +77,8 @@ class Pi05Policy:
     """pi0.5 with LeRobot's `sample_actions` signature, plus the two stages it is made of."""
 
     def __init__(self, config: Pi05Config, weights: Pi05Weights, engine, device, dtype: torch.dtype,
-                 seed: int = 0, tokenizer: Tokenizer | None = None, processors: Processors | None = None):
+                 seed: int = 0, tokenizer: Tokenizer | None = None, processors: Processors | None = None,
+                 rtc: RTCOptions | None = None):
         pieces = getattr(tokenizer, "vocab_size", None)
         if pieces is not None and pieces > config.vocab_size:
             raise InputError(f"tokenizer: {pieces} pieces but the model's vocabulary has {config.vocab_size} "
@@ -85,6 +88,7 @@ class Pi05Policy:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.processors = processors
         self.normalizer = processors.normalizer if processors is not None else Normalizer.identity()
+        self.rtc = rtc  # real-time chunking (LeRobot's rtc_config): None = a previous chunk is ignored, as there
 
     # ---- inputs --------------------------------------------------------------------------------------
     def preprocess_images(self, frames, num_slots: int | None = None):
@@ -117,23 +121,35 @@ class Pi05Policy:
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
         return self.engine.encode_prefix(images, image_masks, lang_tokens, lang_mask)
 
-    def denoise(self, prefix: PrefixCache, noise: torch.Tensor | None = None) -> torch.Tensor:
+    def guidance(self, batch: int, inference_delay=None, prev_chunk_left_over=None, execution_horizon=None):
+        """LeRobot's RTC arguments -> `rtc.RTCInputs` on this policy's device, or None where RTC is off (no
+        `rtc` options, as a LeRobot config without rtc_config) or no previous chunk is given."""
+        if self.rtc is None or prev_chunk_left_over is None:
+            return None
+        return rtc_inputs(prev_chunk_left_over.to(self.device), 0 if inference_delay is None else inference_delay,
+                          execution_horizon, self.rtc, self.config.chunk_size, self.config.action_dim, batch)
+
+    def denoise(self, prefix: PrefixCache, noise: torch.Tensor | None = None, rtc: RTCInputs | None = None
+                ) -> torch.Tensor:
         if noise is None:
             noise = self.make_noise(check_prefix(self.config, prefix))
-        return self.engine.denoise(prefix, noise)
+        return self.engine.denoise(prefix, noise) if rtc is None else self.engine.denoise(prefix, noise, rtc)
 
-    def sample_actions(self, images, img_masks, lang_tokens, lang_mask, noise=None) -> torch.Tensor:
+    def sample_actions(self, images, img_masks, lang_tokens, lang_mask, noise=None, *, inference_delay=None,
+                       prev_chunk_left_over=None, execution_horizon=None) -> torch.Tensor:
         """images [B, S, 3, 224, 224] in [-1, 1] (or a list of S [B, 3, 224, 224] as LeRobot passes them),
-        masks [B, S] (or a list of [B]) -> actions [B, chunk, action_dim] fp32 in normalized space."""
+        masks [B, S] (or a list of [B]) -> actions [B, chunk, action_dim] fp32 in normalized space. With
+        `rtc` options, LeRobot's real-time chunking arguments guide the chunk towards `prev_chunk_left_over`."""
         if isinstance(images, (list, tuple)):
             images = torch.stack(list(images), dim=1)
         if isinstance(img_masks, (list, tuple)):  # a [B, S] tensor is already in place (stacking it would
             img_masks = torch.stack(list(img_masks), dim=1)  # transpose it, unnoticed where B == S)
         if img_masks is None:
             raise InputError("img_masks: missing (None); give [B, S] bools or a list of S [B] bools")
+        guide = self.guidance(lang_tokens.shape[0], inference_delay, prev_chunk_left_over, execution_horizon)
         whole = getattr(self.engine, "sample_actions", None)  # the fused engine's one-graph decision
-        if whole is None:
-            return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), noise)
+        if whole is None or guide is not None:
+            return self.denoise(self.encode_prefix(images, img_masks, lang_tokens, lang_mask), noise, guide)
         if noise is None:  # (the batch size is read from checked inputs: a bad call says what is wrong)
             check_model_inputs(self.config, images, img_masks, lang_tokens, lang_mask)
             noise = self.make_noise(images.shape[0])
@@ -222,13 +238,14 @@ def choose_tokenizer(config: Pi05Config, folder: pathlib.Path | None, tokenizer=
 
 
 def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="auto", engine: str = "auto",
-         seed: int = 0, tokenizer=None) -> Pi05Policy:
+         seed: int = 0, tokenizer=None, rtc="checkpoint") -> Pi05Policy:
     """Load a LeRobot pi0.5 checkpoint folder (as `save_pretrained` writes it, processors included; or a bare
     model.safetensors); None or "" = the built-in tiny model.
 
     dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine "auto" = fused on CUDA, reference elsewhere;
     `seed` seeds the policy's noise generator (and the tiny model's weights); `tokenizer`: a path or a
-    Tokenizer (default: see `choose_tokenizer`).
+    Tokenizer (default: see `choose_tokenizer`); `rtc`: real-time chunking options ("checkpoint": the
+    config.json's rtc_config, as LeRobot reads it; an `rtc.RTCOptions`; None: off).
     """
     torch_dtype = parse_dtype(dtype, device)
     processors = None
@@ -243,4 +260,20 @@ def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="auto", 
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
     impl = make_engine(resolve_engine(engine, device), weights)
     return Pi05Policy(config, weights, impl, device, torch_dtype, seed=seed,
-                      tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors)
+                      tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors,
+                      rtc=rtc_options(rtc, folder))
+
+
+def rtc_options(rtc, folder) -> RTCOptions | None:
+    """`load`'s rtc argument: "checkpoint" reads config.json's rtc_config (None without a folder or one)."""
+    if rtc != "checkpoint":
+        if rtc is not None and not isinstance(rtc, RTCOptions):
+            raise ValueError(f"rtc: 'checkpoint', an RTCOptions or None, got {rtc!r}")
+        return rtc
+    cfg = None if folder is None else folder / "config.json"
+    if cfg is None or not cfg.is_file():
+        return None
+    try:
+        return options_from_lerobot(json.loads(cfg.read_text()))
+    except ValueError as exc:
+        raise CheckpointError(f"{cfg}: {exc}") from None
