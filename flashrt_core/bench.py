@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 # the engine's own timing, re-exported: the benchmarks time with the same functions
 from flashrt_core.engine.timing import cuda_samples, graph_ms  # noqa: F401
+from flashrt_core.models import random_weights
 # the LeRobot side, re-exported (benchmarks/ import these names from here)
 from flashrt_core.bench_lerobot import bench_compiled, build_lerobot, lerobot_call, run_baselines  # noqa: F401
 
@@ -61,11 +62,7 @@ def workload_config(views: int, prompt_len: int, steps: int, chunk: int, kind: s
 
 def random_state(config, seed: int, device, std: float = WEIGHT_STD) -> dict[str, torch.Tensor]:
     """Every tensor of the LeRobot layout ~ normal(0, std), fp32, drawn on `device` (seconds on a GPU)."""
-    from flashrt_core.models.pi05 import expected_keys
-
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return {name: torch.randn(shape, generator=gen, device=device) * std
-            for name, shape in sorted(expected_keys(config).items())}
+    return random_weights.random_state(config, seed, device, std=std)
 
 
 def random_inputs(config, seed: int, device, valid_tokens: int | None = None) -> dict[str, torch.Tensor]:

@@ -26,7 +26,6 @@ whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, flo
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 
 import numpy as np
@@ -41,6 +40,7 @@ from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.policy import choose_tokenizer, make_engine, resolve_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
 from flashrt_core.models.pi05.processors import Processors, read_processors
+from flashrt_core.models.random_weights import random_state
 from flashrt_core.models.pi05.prompt import clean_task
 
 _OPTIONS = {"variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
@@ -218,7 +218,7 @@ class Pi05Binding(ModelBinding):
         elif model.options.get("variant", "tiny") == "tiny":
             _, state = pi05.build_tiny(seed)
         else:
-            state = random_state(config, seed, device)
+            state = random_state(config, seed, device)  # (fan-in scaled: every path moves the output)
         engine_name = self.engine_for(model, device)
         self.engine_name = engine_name
         vision = model.options.get("vision_dtype", "model" if engine_name == "fused" else "float32")
@@ -450,20 +450,3 @@ def named_tensors(value, name: str):
     elif dataclasses.is_dataclass(value) and not isinstance(value, pi05.Pi05Config):
         for f in dataclasses.fields(value):
             yield from named_tensors(getattr(value, f.name), f"{name}.{f.name}")
-
-
-def random_state(config: pi05.Pi05Config, seed: int, device) -> dict[str, torch.Tensor]:
-    """Random full-size weights drawn on `device` (minutes on a CPU, a second on a GPU): matrices
-    ~ N(0, 1/fan_in), norm weights near neutral, small biases, so every path changes the output."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    out = {}
-    for name, shape in sorted(pi05.expected_keys(config).items()):
-        t = torch.randn(shape, generator=gen, device=device)
-        if name.endswith(".bias"):
-            t.mul_(0.1)
-        elif len(shape) == 1:
-            t.mul_(0.1).add_(1.0 if "vision_tower" in name else 0.0)
-        else:
-            t.div_(math.sqrt(math.prod(shape[1:])))
-        out[name] = t
-    return out
