@@ -115,3 +115,20 @@ def spin_until(node, predicate, timeout: float, executor=None) -> bool:
         if own:
             executor.remove_node(node)
             executor.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pi0_weights(fixtures_dir):
+    """The tiny LeRobot pi0 checkpoint (test/fixtures/lerobot_pi0_tiny) in the engine layout, fp32."""
+    from flashrt_core.models import pi0, pi05
+
+    config, state = pi05.load_checkpoint(fixtures_dir / "lerobot_pi0_tiny")
+    return pi0.convert(config, state)
+
+
+@pytest.fixture(scope="session")
+def pi0_cases(fixtures_dir):
+    """LeRobot's three golden cases of the tiny pi0 checkpoint (lerobot_cases.load_cases)."""
+    from lerobot_cases import load_cases
+
+    return load_cases(fixtures_dir, "lerobot_pi0_tiny")

@@ -91,3 +91,13 @@ def load_cases(fixtures_dir, folder: str = "lerobot_pi05_tiny", names=PI05_CASES
 def model_inputs(case: dict):
     """(images, image_masks, lang_tokens, lang_mask) in `sample_actions` order."""
     return case["images"], case["image_masks"], case["lang_tokens"], case["lang_mask"]
+
+
+def rel_l2(a, b) -> float:
+    """Relative L2 error of a against the reference b (fp32)."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def cosine(a, b) -> float:
+    """Cosine similarity of a and b, flattened (fp32)."""
+    return torch.nn.functional.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()

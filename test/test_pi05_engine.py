@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: E402
 from flashrt_core.errors import InputError  # noqa: E402
 from flashrt_core.kernels._common import interpreting  # noqa: E402
 from flashrt_core.models import pi05  # noqa: E402
-from lerobot_cases import PI05_CASES, load_cases, model_inputs  # noqa: E402
+from lerobot_cases import PI05_CASES, cosine, load_cases, model_inputs, rel_l2  # noqa: E402
 from flashrt_core.models.pi05 import reference as R  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from flashrt_core.models.pi05.engine import Pi05Engine  # noqa: E402
@@ -47,12 +47,6 @@ TOL = {
 CASES = PI05_CASES
 
 
-def rel_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def cosine(a, b):
-    return F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,8 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
 
-import dataclasses  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from flashrt_core.errors import InputError  # noqa: E402
 from flashrt_core.kernels._common import interpreting  # noqa: E402
@@ -22,7 +19,7 @@ from flashrt_core.models.pi0 import reference as R  # noqa: E402
 from flashrt_core.models.pi0.engine import Pi0Engine  # noqa: E402
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
-from lerobot_cases import PI05_CASES, load_cases, model_inputs  # noqa: E402
+from lerobot_cases import PI05_CASES, cosine, model_inputs, rel_l2  # noqa: E402
 
 TOL = {
     "fp32_vs_lerobot": 1e-4,  # absolute: fp32 engine (torch path) vs LeRobot golden actions
@@ -34,40 +31,23 @@ TOL = {
 }
 
 
-def rel_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def cosine(a, b):
-    return F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0).item()
-
-
-@pytest.fixture(scope="module")
-def weights(fixtures_dir):
-    config, state = pi05.load_checkpoint(fixtures_dir / "lerobot_pi0_tiny")
-    return pi0.convert(config, state)
-
-
-@pytest.fixture(scope="module")
-def cases(fixtures_dir):
-    return load_cases(fixtures_dir, "lerobot_pi0_tiny")
 
 
 # ---- CPU path (the kernels' torch references) --------------------------------------------------------------
 @pytest.mark.parametrize("name", PI05_CASES)
-def test_cpu_engine_matches_lerobot(weights, cases, name):
-    c = cases[name]
-    engine = Pi0Engine(weights, backend="torch")
+def test_cpu_engine_matches_lerobot(pi0_weights, pi0_cases, name):
+    c = pi0_cases[name]
+    engine = Pi0Engine(pi0_weights, backend="torch")
     actions = engine.sample_actions(*model_inputs(c), c["state_padded"], c["noise"])
     err = (actions - c["actions"]).abs().max().item()
     assert err < TOL["fp32_vs_lerobot"], f"{name}: max abs error {err:.3g}"
 
 
-def test_staged_api_reads_a_fresh_state_over_the_cached_prefix(weights, cases):
+def test_staged_api_reads_a_fresh_state_over_the_cached_prefix(pi0_weights, pi0_cases):
     """encode_prefix once, then denoise with several states: each equals the whole decision with that state;
     a state of fewer values than max_state_dim is zero padded (as LeRobot pads it)."""
-    c = cases["two_views_padded_prompt"]
-    engine = Pi0Engine(weights, backend="torch")
+    c = pi0_cases["two_views_padded_prompt"]
+    engine = Pi0Engine(pi0_weights, backend="torch")
     prefix = engine.encode_prefix(*model_inputs(c))
     assert prefix.k.data_ptr() == engine.buffers.prefix_k.data_ptr()
     first = engine.denoise(prefix, c["state_padded"], c["noise"])
@@ -75,16 +55,16 @@ def test_staged_api_reads_a_fresh_state_over_the_cached_prefix(weights, cases):
     moved = c["state_padded"].clone()
     moved[0, :3] += torch.tensor([0.4, -0.3, 0.2])
     with torch.no_grad():
-        want = R.sample_actions(weights, *model_inputs(c), moved, c["noise"])
+        want = R.sample_actions(pi0_weights, *model_inputs(c), moved, c["noise"])
     got = engine.denoise(prefix, moved, c["noise"])
     assert (got - want).abs().max() < TOL["fp32_vs_lerobot"] and (got - first).abs().max() > 1e-3
     short = engine.denoise(prefix, c["state_raw"], c["noise"])
     assert (short - first).abs().max() < 1e-6
 
 
-def test_bad_inputs_are_refused_before_anything_is_written(weights, cases):
-    c = cases["two_views_padded_prompt"]
-    engine = Pi0Engine(weights, backend="torch")
+def test_bad_inputs_are_refused_before_anything_is_written(pi0_weights, pi0_cases):
+    c = pi0_cases["two_views_padded_prompt"]
+    engine = Pi0Engine(pi0_weights, backend="torch")
     engine.sample_actions(*model_inputs(c), c["state_padded"], c["noise"])
     kept = {n: getattr(engine.buffers, n).clone() for n in ("images", "state", "noise", "prefix_k")}
     bad_states = {"at most 32": torch.zeros(1, 33), "batch": torch.zeros(2, 8), "floats": torch.zeros(1, 8).long(),
@@ -100,14 +80,14 @@ def test_bad_inputs_are_refused_before_anything_is_written(weights, cases):
         Pi0Engine(pi05.convert(*pi05.build_tiny(0)), backend="torch")
 
 
-def test_policy_load_takes_the_fused_engine_when_asked(fixtures_dir, cases):
+def test_policy_load_takes_the_fused_engine_when_asked(fixtures_dir, pi0_cases):
     """engine "auto" is the reference on a CPU (fused on CUDA); "fused" is the fused engine anywhere."""
     assert pi0.load(fixtures_dir / "lerobot_pi0_tiny").engine.name == "reference"
     assert pi0.policy.resolve_engine("auto", "cuda") == "fused"
     policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", engine="fused")
     assert isinstance(policy.engine, Pi0Engine)
     policy.engine.backend = "torch"
-    c = cases["one_view_240x320_two_missing"]
+    c = pi0_cases["one_view_240x320_two_missing"]
     images, masks, tokens, lang_mask = model_inputs(c)
     out = policy.sample_actions(list(images.unbind(1)), list(masks.unbind(1)), tokens, lang_mask,
                                 c["state_padded"], noise=c["noise"])
@@ -167,20 +147,20 @@ def test_triton_engine_matches_reference(dev, dtype):
 
 
 # ---- CUDA: graphs ---------------------------------------------------------------------------------------
-def cuda_case(cases):
+def cuda_case(pi0_cases):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if interpreting():
         pytest.skip("CUDA graphs need compiled kernels (run with TRITON_INTERPRET=0)")
-    return {k: v.cuda() for k, v in cases["two_views_padded_prompt"].items()}
+    return {k: v.cuda() for k, v in pi0_cases["two_views_padded_prompt"].items()}
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_match_eager_and_the_reference(weights, cases, tmp_path):
+def test_cuda_graphs_match_eager_and_the_reference(pi0_weights, pi0_cases, tmp_path):
     """bf16 with CUDA graphs: the whole decision graph (act beside observe), then the stage graphs with a fresh
     state each act (the runtime's way), against the eager engine with cuBLAS only and the fp32 reference."""
-    c = cuda_case(cases)
-    w = weights.to("cuda")
+    c = cuda_case(pi0_cases)
+    w = pi0_weights.to("cuda")
     graphed = Pi0Engine(w, dtype=torch.bfloat16, tuning_cache=tmp_path)
     eager = Pi0Engine(w, dtype=torch.bfloat16, graphs=False, gemm="torch")
     a = graphed.sample_actions(*model_inputs(c), c["state_padded"], c["noise"])

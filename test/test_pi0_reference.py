@@ -6,34 +6,23 @@ import torch
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.models import pi0, pi05
 from flashrt_core.models.pi0 import reference as R
-from lerobot_cases import PI05_CASES, load_cases, model_inputs
+from lerobot_cases import PI05_CASES, model_inputs
 
 TOL = {"actions_vs_lerobot": 1e-4}  # fp32 re-implementation vs LeRobot 0.6.1 golden actions (max abs)
 
 
-@pytest.fixture(scope="module")
-def weights(fixtures_dir):
-    config, state = pi05.load_checkpoint(fixtures_dir / "lerobot_pi0_tiny")
-    return pi0.convert(config, state)
-
-
-@pytest.fixture(scope="module")
-def cases(fixtures_dir):
-    return load_cases(fixtures_dir, "lerobot_pi0_tiny")
-
-
-def test_the_loader_reads_a_pi0_checkpoint(weights):
-    c = weights.config
+def test_the_loader_reads_a_pi0_checkpoint(pi0_weights):
+    c = pi0_weights.config
     assert c.kind == "pi0" and c.expert.width == 32 and c.state_dim == 32 and c.num_steps == 10
     with pytest.raises(ValueError, match="not pi0.5"):
         pi05.convert(c, {})
 
 
 @pytest.mark.parametrize("name", PI05_CASES)
-def test_actions_match_lerobot(weights, cases, name):
-    c = cases[name]
+def test_actions_match_lerobot(pi0_weights, pi0_cases, name):
+    c = pi0_cases[name]
     with torch.no_grad():
-        actions = R.sample_actions(weights, *model_inputs(c), c["state_padded"], c["noise"])
+        actions = R.sample_actions(pi0_weights, *model_inputs(c), c["state_padded"], c["noise"])
     assert actions.shape == c["actions"].shape == (1, 50, 32)
     err = (actions - c["actions"]).abs().max().item()
     assert err < TOL["actions_vs_lerobot"], f"{name}: max abs error {err:.3g}"
@@ -47,12 +36,12 @@ def test_convert_keeps_the_tables_on_the_weights_device(fixtures_dir):
     assert {t.device.type for t in (w.step_times, w.time_emb, w.rope_inv_freq, w.action_in_w)} == {"meta"}
 
 
-def test_act_reads_the_state_over_a_prefix_that_does_not(weights, cases):
-    c = cases["two_views_padded_prompt"]
-    engine = R.make_engine(weights)
+def test_act_reads_the_state_over_a_prefix_that_does_not(pi0_weights, pi0_cases):
+    c = pi0_cases["two_views_padded_prompt"]
+    engine = R.make_engine(pi0_weights)
     prefix = engine.encode_prefix(*model_inputs(c))
     same = engine.denoise(prefix, c["state_padded"], c["noise"])
-    assert torch.equal(same, R.sample_actions(weights, *model_inputs(c), c["state_padded"], c["noise"]))
+    assert torch.equal(same, R.sample_actions(pi0_weights, *model_inputs(c), c["state_padded"], c["noise"]))
     moved = c["state_padded"].clone()
     moved[0, 0] += 0.5
     assert (engine.denoise(prefix, moved, c["noise"]) - same).abs().max() > 1e-3  # fresh state, new actions
@@ -75,12 +64,12 @@ def test_a_pi0_checkpoint_with_a_pi05_type_is_refused(fixtures_dir, tmp_path):
         pi05.load_checkpoint(folder)
 
 
-def test_policy_api_as_lerobot_model_sample_actions(fixtures_dir, cases):
+def test_policy_api_as_lerobot_model_sample_actions(fixtures_dir, pi0_cases):
     """`pi0.load(DIR).sample_actions(images, img_masks, lang_tokens, lang_mask, state, noise=)` as LeRobot's
     `PI0Pytorch.sample_actions` (lists of cameras, as LeRobot passes them)."""
     policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", device="cpu")
     assert policy.dtype == torch.float32 and policy.processors.camera_names[0] == "observation.images.cam0"
-    c = cases["one_view_240x320_two_missing"]
+    c = pi0_cases["one_view_240x320_two_missing"]
     images, masks, tokens, lang_mask = model_inputs(c)
     out = policy.sample_actions(list(images.unbind(1)), list(masks.unbind(1)), tokens, lang_mask,
                                 c["state_padded"], noise=c["noise"])

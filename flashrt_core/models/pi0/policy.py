@@ -16,7 +16,8 @@ from flashrt_core.models.pi0 import reference
 from flashrt_core.models.pi0.weights import convert
 from flashrt_core.models.pi05.checkpoint import load_checkpoint
 from flashrt_core.models.pi05.inputs import check_model_inputs
-from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, rtc_options, parse_dtype
+from flashrt_core.models.pi05 import policy as pi05_policy
+from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, parse_dtype, rtc_options
 from flashrt_core.models.pi05.processors import read_processors
 from flashrt_core.models.pi05.prompt import tokenize_prompt
 from flashrt_core.models.rtc import RTCInputs
@@ -25,12 +26,8 @@ ENGINES = ("auto", "fused", "reference")  # auto: fused on CUDA, the reference e
 
 
 def resolve_engine(name: str | None, device) -> str:
-    """"auto" (or None) -> "fused" on CUDA, "reference" elsewhere (pi0.5's rule); other names are checked and kept."""
-    if name in (None, "", "auto"):
-        return "fused" if torch.device(device).type == "cuda" else "reference"
-    if name not in ENGINES:
-        raise ValueError(f"engine: {name!r} is not available for pi0 (one of {', '.join(ENGINES)})")
-    return name
+    """pi0.5's rule (`pi05.policy.resolve_engine`): "auto" -> fused on CUDA, the reference elsewhere."""
+    return pi05_policy.resolve_engine(name, device, model="pi0")
 
 
 def make_engine(name: str, weights):

@@ -40,12 +40,13 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 PALIGEMMA_VOCAB = 257152
 
 
-def resolve_engine(name: str | None, device) -> str:
-    """"auto" (or None) -> "fused" on CUDA, "reference" elsewhere; other names are checked and kept."""
+def resolve_engine(name: str | None, device, model: str = "pi0.5") -> str:
+    """"auto" (or None) -> "fused" on CUDA, "reference" elsewhere (both models); other names are checked and
+    kept."""
     if name in (None, "", "auto"):
         return "fused" if torch.device(device).type == "cuda" else "reference"
     if name not in ENGINES:
-        raise ValueError(f"engine: unknown {name!r} (one of {', '.join(ENGINE_CHOICES)})")
+        raise ValueError(f"engine: {name!r} is not available for {model} (one of {', '.join(ENGINE_CHOICES)})")
     return name
 
 
