@@ -33,3 +33,16 @@ def assert_close(out, ref, tol):
 def randn(*shape, dtype=torch.float32, dev="cpu", seed=0, std=1.0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g) * std).to(dtype).to(dev)
+
+
+def micro_config(kind: str = "pi05"):
+    """An interpreter-sized pi0.5 or pi0 with odd shapes: 4 patches per view (28 px), 9-token prompt, 6-action
+    chunk, 3 flow steps, 2 camera slots (pi0: a 7-wide state slot)."""
+    from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig
+
+    return Pi05Config(
+        vision=VisionConfig(hidden=24, mlp=40, layers=2, heads=3, image_size=28, patch=14),
+        vlm=GemmaConfig(width=40, depth=2, mlp=56, heads=4, kv_heads=1, head_dim=10),
+        expert=GemmaConfig(width=24, depth=2, mlp=40, heads=4, kv_heads=1, head_dim=10),
+        vocab_size=300, chunk_size=6, action_dim=7, num_steps=3, tokenizer_max_length=9, num_image_slots=2,
+        **({"state_dim": 7, "kind": "pi0"} if kind == "pi0" else {}))

@@ -17,7 +17,7 @@ from flashrt_core.kernels._common import interpreting  # noqa: E402
 from flashrt_core.models import pi0, pi05  # noqa: E402
 from flashrt_core.models.pi0 import reference as R  # noqa: E402
 from flashrt_core.models.pi0.engine import Pi0Engine  # noqa: E402
-from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig  # noqa: E402
+import kernel_testing  # noqa: E402
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 from lerobot_cases import PI05_CASES, cosine, model_inputs, rel_l2  # noqa: E402
 
@@ -97,15 +97,8 @@ def test_policy_load_takes_the_fused_engine_when_asked(fixtures_dir, pi0_cases):
 
 
 # ---- Triton kernels (interpreter on CPU, compiled on CUDA) ------------------------------------------------
-def micro_config() -> Pi05Config:
-    """Odd, interpreter-sized pi0: 4 patches per view (28 px), 9-token prompt, 6-action chunk, 3 steps, a
-    7-wide state slot."""
-    return Pi05Config(
-        vision=VisionConfig(hidden=24, mlp=40, layers=2, heads=3, image_size=28, patch=14),
-        vlm=GemmaConfig(width=40, depth=2, mlp=56, heads=4, kv_heads=1, head_dim=10),
-        expert=GemmaConfig(width=24, depth=2, mlp=40, heads=4, kv_heads=1, head_dim=10),
-        vocab_size=300, chunk_size=6, action_dim=7, state_dim=7, num_steps=3, tokenizer_max_length=9,
-        num_image_slots=2, kind="pi0")
+def micro_config():
+    return kernel_testing.micro_config("pi0")
 
 
 def micro_inputs(config, seed=0):
