@@ -191,9 +191,9 @@ def test_restore_reports_what_it_restored_and_repeats_exactly():
             assert torch.equal(v, want[k])
         assert same_meta(rt.runtime_meta(), host)
         # The runtime's persistent device buffers live in one arena laid out like the slab: the restore is
-        # one span copy for all of them plus one for the host-placed `task`.
+        # one span copy for all of them plus one per host-placed buffer (act's `rtc_clock`, `task`).
         groups, singles, _ = rt.capsules._caps[cid].slab.planned[False][1]
-        assert sum(len(d) for d, _ in groups) + len(singles) == 2
+        assert sum(len(d) for d, _ in groups) + len(singles) == 3
         assert meta == {"capsule_id": cid, "decisions": host["decisions"], "step": host["step"],
                         "prompt": host["prompt"], "rewind_time": True}
         # the runtime took no references into the capsule's meta: changing the live state leaves it intact

@@ -88,7 +88,7 @@ CASES = [
     ("shape-not-list", "buffers.noise.shape", "chunk", "buffers.noise.shape: missing or not a list"),
     ("unknown-stage", "stages.plan", {"reads": ["actions"], "writes": ["noise"], "trigger": {"rate_hz": 1}},
      "stages.plan.writes: buffer 'noise' is already written by stage 'act'"),
-    ("model-missing-stage-write", "stages.act.writes", ["noise", "actions"],
+    ("model-missing-stage-write", "stages.act.writes", ["noise", "rtc_weights", "rtc_shift", "rtc_clock", "actions"],
      "buffers.prev_chunk: never produced"),
     ("model-unknown", "model.name", "gpt5", "model.name: unknown model 'gpt5'"),
     ("model-option", "model.options.cameras", 3, "model.options.cameras: unknown option"),

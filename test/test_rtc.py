@@ -6,6 +6,7 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first kernel-module import
 
 import json  # noqa: E402
+import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -18,6 +19,7 @@ from flashrt_core.models.pi05 import reference as R5  # noqa: E402
 from kernel_testing import dev  # noqa: E402,F401  (the kernel device fixture: interpreter or CUDA)
 from lerobot_cases import load_cases, model_inputs  # noqa: E402
 
+MS = 1_000_000
 TOL = {"vs_lerobot": 1e-4}  # fp32 (absolute): our RTC vs LeRobot's on the same weights, inputs and noise
 CASE = "two_views_padded_prompt"
 
@@ -212,3 +214,69 @@ def test_policy_sample_actions_takes_lerobots_rtc_arguments(fixtures_dir, golden
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(Exception, match="rtc_config"):
         mod.load(folder, engine=engine)
+
+
+# ---- through the contract runtime (model.options.rtc) ---------------------------------------------------
+def rtc_runtime(engine: str, rtc_option, seed: int = 0):
+    from flashrt_core.contract.runtime import Runtime
+
+    config = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
+    return Runtime.from_config(config, seed=seed, options={"engine": engine, "rtc": rtc_option},
+                               rates={"observe": 10, "act": 50}, deferred={"observe": False},
+                               max_observation_age_ms=1000.0)
+
+
+@pytest.mark.parametrize("engine", ["reference", "fused"])
+def test_contract_rtc_guides_each_act_tick_towards_the_rest_of_the_previous_chunk(engine):
+    """model.options.rtc on: at act tick k the robot has executed k - k_prev actions of the previous chunk
+    (50 Hz act, 50 Hz actions: one), so the chunk is the policy's guided flow towards prev[1:], with the
+    inference delay and horizon of the options, over the same prefix and noise (LeRobot's RTC, as the policy
+    API computes it). Off, the same ticks give plain chunks."""
+    import numpy as np
+
+    from flashrt_core.contract.bindings.pi05 import prefix_cache
+
+    opts = {"execution_horizon": 12, "max_guidance_weight": 6.0, "schedule": "exp", "inference_delay": 2}
+    rt = rtc_runtime(engine, opts)
+    if engine == "fused":
+        rt.binding.policy.engine.backend = "torch"
+    plain = rtc_runtime("reference", None)
+    rng = np.random.default_rng(4)
+    imgs = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    noise = torch.Generator().manual_seed(0)  # the runtime's host generator: one [50, 32] draw per act tick
+    policy, b = rt.binding.policy, rt.buffers
+    options = rtc.RTCOptions(execution_horizon=12, max_guidance_weight=6.0, schedule="exp")
+    prev, moved = None, 0.0
+    for r_ in (rt, plain):
+        r_.set_prompt("stack the cups")
+    for k in range(5):  # observe at tick 0 only (10 Hz): one prefix for all five
+        for r_ in (rt, plain):
+            r_.set_observation(images=imgs, state=np.full(8, 0.1, np.float32), stamp_ns=1 + k * 20 * MS)
+        out = rt.step(1 + k * 20 * MS)
+        base = plain.step(1 + k * 20 * MS)
+        draw = torch.randn(50, 32, generator=noise)[None]
+        chunk = b["prev_chunk"].clone()
+        with torch.no_grad():
+            if prev is None:  # the first chunk has nothing to follow: a plain flow
+                want = policy.denoise(prefix_cache(b), draw)[0]
+            else:
+                guide = rtc.rtc_inputs(prev[1:][None], 2, 12, options, 50, 32, batch=1)
+                want = policy.denoise(prefix_cache(b), draw, rtc=guide)[0]
+        assert (chunk - want).abs().max() < 1e-4, k
+        assert out.actions is not None and base.actions is not None
+        if k:
+            moved = max(moved, float(np.abs(out.actions - base.actions).max()))
+        prev = chunk
+    assert moved > 1e-2  # the guidance changed the chunks (the plain runtime drew the same noise)
+    assert int(rt.buffers["rtc_shift"][0]) == 1
+
+
+def test_contract_rtc_options_are_checked():
+    from flashrt_core.errors import ContractError
+
+    for bad, match in (({"schedule": "cosine"}, "schedule"), ({"inference_delay": -1}, "inference_delay"),
+                       ({"action_rate_hz": 0}, "action_rate_hz"), ({"horizon": 3}, "rtc.horizon"),
+                       ("on", "rtc")):
+        with pytest.raises(ContractError, match=match):
+            rtc_runtime("reference", bad)
+    assert rtc_runtime("reference", True).binding.rtc.options == rtc.RTCOptions()  # LeRobot's defaults

@@ -185,7 +185,7 @@ def test_fingerprint_fields():
     assert f["layout"] == {n: (tuple(t.shape), str(t.dtype).removeprefix("torch."))
                            for n, t in a.persistent_buffers().items()}
     assert set(f["layout"]) == {"task", "prefix_k", "prefix_v", "prefix_mask", "prefix_valid", "action_offset",
-                               "prev_chunk"}
+                               "prev_chunk", "rtc_clock"}
     assert Runtime.from_config(CONFIG, seed=0).fingerprint_fields() == f
     assert Runtime.from_config(CONFIG, seed=1).fingerprint_fields()["weights_digest"] != f["weights_digest"]
 

@@ -70,6 +70,7 @@ class StageIO:
     def __init__(self, buffers: BufferSet, generator: torch.Generator):
         self._b = buffers
         self.generator = generator
+        self.now_ns = 0  # the step's clock (`Runtime.step(now_ns)`), for host parts that depend on time
 
     def host(self, name: str) -> torch.Tensor:
         """A host-placed buffer or the host copy of an input (read or write in place)."""
@@ -215,6 +216,7 @@ class Runtime:
         t_start = time.perf_counter()
         ledger = self.buffers.ledger
         plan = self.scheduler.plan(now_ns, ledger)
+        self._io.now_ns = now_ns
         cuda = self.device.type == "cuda"
         stage_ms: dict[str, float] = {}
         host_ms: dict[str, float] = {}

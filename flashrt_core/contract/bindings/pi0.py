@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core.contract.bindings.pi05 import (Pi05Binding, observe_reads, prefix_cache, prefix_signature,
-                                                prompt_signature, token_writes)
+                                                prompt_signature, rtc_writes, token_writes)
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
@@ -43,7 +43,8 @@ class Pi0Binding(Pi05Binding):
             "act": StageSignature(
                 reads={**prefix, "state": ((d["state_dim"],), "float32")},
                 writes={"act_state": ((d["max_state_dim"],), "float32"),
-                        "action_offset": ((d["action_dim"],), "float32"), "noise": chunk, "prev_chunk": chunk,
+                        "action_offset": ((d["action_dim"],), "float32"), "noise": chunk, **rtc_writes(d),
+                        "prev_chunk": chunk,
                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
 
@@ -87,6 +88,7 @@ class Pi0Binding(Pi05Binding):
             io.to_device("act_state", F.pad(state, (0, d["max_state_dim"] - state.shape[0])))
             io.to_device("action_offset", self._state_offset(raw))
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
+            self._rtc_host(io)
 
     def device_part(self, stage):
         if hasattr(self.policy.engine, "run_stage"):  # the fused engine: pi0.5's hooks, with pi0's act inputs
@@ -98,9 +100,10 @@ class Pi0Binding(Pi05Binding):
 
     def _act_inputs(self, engine, b) -> None:
         engine.buffers.state.copy_(b["act_state"][None])
-        engine.buffers.noise.copy_(b["noise"][None])
+        super()._act_inputs(engine, b)  # (the noise, and RTC's)
 
     def _act(self, b) -> None:
-        chunk = self.policy.denoise(prefix_cache(b), b["act_state"][None], b["noise"][None])[0]
+        chunk = self.policy.denoise(prefix_cache(b), b["act_state"][None], b["noise"][None],
+                                    rtc=self._rtc_inputs(b))[0]
         b["prev_chunk"].copy_(chunk)
         b["actions"].copy_(self._robot_actions(chunk, b))

@@ -21,7 +21,17 @@ robot sends; default: the checkpoint's camera features), image_height, image_wid
 prompt_len, prompt_bytes, image_slots, engine (auto: fused on CUDA, reference on CPU; fused; reference),
 tokenizer (a tokenizer.json / tokenizer.model path; default: resolved by the checkpoint's tokenizer name),
 vision_dtype (float32 as LeRobot keeps SigLIP, or model: the model dtype; default model for the fused engine,
-whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference).
+whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference),
+rtc (real-time chunking, off by default; `rtc_options`).
+
+Real-time chunking (`model.options.rtc: {execution_horizon, max_guidance_weight, schedule, inference_delay,
+action_rate_hz}`): every act tick guides its chunk towards the part of the previous chunk the robot has not
+executed yet (LeRobot 0.6.1's RTC, `flashrt_core.models.rtc`). The robot is taken to execute the newest chunk
+from its tick on, one action per 1 / action_rate_hz; act's host part counts the actions executed since the
+previous chunk (`rtc_clock`, act's own persistent state: capsules carry it) and stages that shift
+(`rtc_shift`) and the prefix weights of the inference delay and horizon (`rtc_weights`); its device part
+takes the previous chunk's rest from `prev_chunk` (act's own persistent output, read before act overwrites
+it) and runs the guided flow (the fused engine's "act+rtc" graph).
 """
 from __future__ import annotations
 
@@ -35,7 +45,7 @@ from flashrt_core.contract.bindings import ModelBinding
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
-from flashrt_core.models import pi05
+from flashrt_core.models import pi05, rtc
 from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.policy import choose_tokenizer, make_engine, resolve_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
@@ -43,7 +53,7 @@ from flashrt_core.models.pi05.processors import Processors, read_processors
 from flashrt_core.models.random_weights import random_state
 from flashrt_core.models.pi05.prompt import clean_task
 
-_OPTIONS = {"variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
+_OPTIONS = {"rtc", "variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
             "prompt_bytes", "image_slots", "engine", "vision_dtype", "tokenizer"}
 DEFAULT_VIEWS, DEFAULT_STATE_DIM, DEFAULT_ACTION_DIM = 2, 8, 7  # without a checkpoint that says
 
@@ -156,7 +166,7 @@ class Pi05Binding(ModelBinding):
             "observe": StageSignature(
                 reads={**observe_reads(d), "state": ((d["state_dim"],), "float32")},
                 writes={**token_writes(d), "state_offset": offset, **prefix}),
-            "act": StageSignature(reads=prefix, writes={"noise": chunk, "prev_chunk": chunk,
+            "act": StageSignature(reads=prefix, writes={"noise": chunk, **rtc_writes(d), "prev_chunk": chunk,
                                                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
 
@@ -236,6 +246,16 @@ class Pi05Binding(ModelBinding):
         self._action_norm = self.normalizer.to(self.device)
         mask = procs.relative_mask if procs is not None and procs.relative else None
         self._offset_mask = None if mask is None else torch.tensor(mask, dtype=torch.float32)
+        self.rtc = rtc_options(model)
+        if self.rtc is not None:
+            self._rtc_rows = torch.arange(config.chunk_size, device=self.device)
+            # the guided step's coefficients are a = dt + ca[s] w, b = cb[s] w (models.rtc.step_coefficients
+            # with the weights w of the tick): ca, cb per flow step, made once
+            unit_a, unit_b = rtc.step_coefficients(torch.ones(1), config.num_steps, self.rtc.options.max_guidance_weight)
+            dt = -1.0 / config.num_steps
+            self._rtc_ca = (unit_a[:, 0] - dt).to(self.device)
+            self._rtc_cb = unit_b[:, 0].to(self.device)
+            self._rtc_dt = dt
 
     def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
         """The model behind the stages (pi0's binding makes its own)."""
@@ -278,6 +298,50 @@ class Pi05Binding(ModelBinding):
         elif stage == "act":
             d = self.dims
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
+            self._rtc_host(io)
+
+    def _rtc_host(self, io) -> None:
+        """RTC's per-tick inputs (see the module docstring): how many actions of the previous chunk the robot
+        has executed by now (`rtc_shift`) and the prefix weights of what is left (`rtc_weights`: zeros where
+        nothing is, i.e. a plain flow); this tick's chunk starts now (`rtc_clock`)."""
+        if self.rtc is None:
+            return
+        r, chunk = self.rtc, self.dims["chunk"]
+        clock = io.host("rtc_clock")
+        start, valid = int(clock[0]), bool(clock[1])
+        executed = round((io.now_ns - start) * r.action_rate_hz / 1e9) if valid else chunk
+        executed = min(max(executed, 0), chunk)
+        left = chunk - executed
+        if left > 0:
+            weights = rtc.prefix_weights(r.inference_delay, min(r.options.execution_horizon, left), chunk,
+                                         r.options.schedule)
+        else:
+            weights = torch.zeros(chunk)
+        io.to_device("rtc_weights", weights)
+        io.to_device("rtc_shift", torch.tensor([executed], dtype=torch.int64))
+        clock.copy_(torch.tensor([io.now_ns, 1], dtype=torch.int64))
+
+    def _rtc_prev(self, b) -> torch.Tensor:
+        """[1, chunk, max_action_dim]: the previous chunk past the executed actions, zero padded (model space;
+        `prev_chunk` still holds the previous tick's chunk while act's inputs are staged)."""
+        chunk = self.dims["chunk"]
+        rows = self._rtc_rows + b["rtc_shift"]
+        keep = (rows < chunk)[:, None]
+        return (b["prev_chunk"][rows.clamp(max=chunk - 1)] * keep)[None]
+
+    def _rtc_into(self, engine, b) -> None:
+        """The fused engine's RTC buffers from this tick's shift and weights (graph-capturable: no host reads)."""
+        w = b["rtc_weights"][None]
+        engine.buffers.rtc_prev.copy_(self._rtc_prev(b))
+        engine.buffers.rtc_a.copy_(self._rtc_dt + self._rtc_ca[:, None] * w)
+        engine.buffers.rtc_b.copy_(self._rtc_cb[:, None] * w)
+
+    def _rtc_inputs(self, b):
+        """The reference engines' RTC argument for this tick (None with RTC off)."""
+        if self.rtc is None:
+            return None
+        return rtc.RTCInputs(prev=self._rtc_prev(b), weights=b["rtc_weights"],
+                             max_guidance_weight=self.rtc.options.max_guidance_weight)
 
     def _state_offset(self, raw_state: torch.Tensor) -> torch.Tensor:
         """What the absolute-actions step adds to this observation's actions (zeros without relative actions)."""
@@ -295,7 +359,8 @@ class Pi05Binding(ModelBinding):
         return {"observe": self._observe, "act": self._act}.get(stage)
 
     def device_plan(self, stages):
-        if list(stages) == ["observe", "act"] and hasattr(self.policy.engine, "run_decision"):
+        # (the overlapped decision graph runs the plain act stage: with RTC the stages run one after the other)
+        if list(stages) == ["observe", "act"] and hasattr(self.policy.engine, "run_decision") and self.rtc is None:
             return self._decision_in_engine
         return None
 
@@ -332,8 +397,10 @@ class Pi05Binding(ModelBinding):
         b["action_offset"].copy_(b["state_offset"])
 
     def _act_inputs(self, engine, b) -> None:
-        """The act stage's inputs besides the prefix into the engine's buffers (pi0.5: the noise)."""
+        """The act stage's inputs besides the prefix into the engine's buffers (pi0.5: the noise, and RTC's)."""
         engine.buffers.noise.copy_(b["noise"][None])
+        if self.rtc is not None:
+            self._rtc_into(engine, b)
 
     def _act_hooks(self, b, prefix: bool = True):
         """(pre, post) of the `act` device part in the engine: the prefix (unless the engine's buffers already
@@ -356,8 +423,9 @@ class Pi05Binding(ModelBinding):
         self.policy.engine.run_stage("observe", *self._observe_hooks(b), key="contract")
 
     def _act_in_engine(self, b) -> None:
-        """The `act` device part inside the engine's CUDA graph (with its copies: one graph launch)."""
-        self.policy.engine.run_stage("act", *self._act_hooks(b), key="contract")
+        """The `act` device part inside the engine's CUDA graph (with its copies: one graph launch; with RTC,
+        the guided graph)."""
+        self.policy.engine.run_stage("act" if self.rtc is None else "act+rtc", *self._act_hooks(b), key="contract")
 
     def _decision_in_engine(self, b) -> None:
         """`observe` then `act` in one tick (contract graphs: plan) as one engine decision graph: act reads the
@@ -384,7 +452,7 @@ class Pi05Binding(ModelBinding):
 
     def _act(self, b) -> None:
         cache = prefix_cache(b)
-        chunk = self.policy.denoise(cache, b["noise"][None])[0]
+        chunk = self.policy.denoise(cache, b["noise"][None], rtc=self._rtc_inputs(b))[0]
         b["prev_chunk"].copy_(chunk)  # model space: what the next chunk would be conditioned on
         b["actions"].copy_(self._robot_actions(chunk, b))
 
@@ -393,6 +461,51 @@ class Pi05Binding(ModelBinding):
 
     def weights(self):
         return list(named_tensors(self.policy.weights, "w"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ContractRTC:
+    """`model.options.rtc` checked: LeRobot's options, the inference delay in actions (the act ticks' latency
+    over the action period, rounded up: 1 for a 6 ms act at 50 Hz) and the robot's action rate."""
+
+    options: rtc.RTCOptions
+    inference_delay: int = 1
+    action_rate_hz: float = 50.0
+
+
+_RTC_KEYS = {"execution_horizon", "max_guidance_weight", "schedule", "inference_delay", "action_rate_hz"}
+
+
+def rtc_options(model) -> ContractRTC | None:
+    """`model.options.rtc`: null / false / absent = off; a mapping of _RTC_KEYS (each optional: LeRobot's
+    defaults, delay 1, 50 Hz) = on. ContractError names a bad key or value."""
+    value = model.options.get("rtc")
+    if value in (None, False):
+        return None
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ContractError(f"model.options.rtc: a mapping of {', '.join(sorted(_RTC_KEYS))} (or null), got {value!r}")
+    unknown = sorted(set(value) - _RTC_KEYS)
+    if unknown:
+        raise ContractError(f"model.options.rtc.{unknown[0]}: unknown key (expected: {', '.join(sorted(_RTC_KEYS))})")
+    try:
+        options = rtc.RTCOptions(**{k: value[k] for k in ("execution_horizon", "max_guidance_weight", "schedule")
+                                    if k in value})
+    except ValueError as exc:
+        raise ContractError(f"model.options.{exc}") from None
+    delay, rate = value.get("inference_delay", 1), value.get("action_rate_hz", 50.0)
+    if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
+        raise ContractError(f"model.options.rtc.inference_delay: a non-negative integer (actions), got {delay!r}")
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1000:
+        raise ContractError(f"model.options.rtc.action_rate_hz: a rate in (0, 1000] Hz, got {rate!r}")
+    return ContractRTC(options, delay, float(rate))
+
+
+def rtc_writes(d) -> dict:
+    """RTC's per-tick buffers that act writes (both models; staged only with RTC on)."""
+    return {"rtc_weights": ((d["chunk"],), "float32"), "rtc_shift": ((1,), "int64"),
+            "rtc_clock": ((2,), "int64")}
 
 
 def prefix_signature(d, model) -> dict:
