@@ -53,6 +53,20 @@ PARAMETERS = {
     "action_dim": (0, ParameterType.PARAMETER_INTEGER,
                    "action columns to publish; 0 = the checkpoint's action width (without one: len(joint_names))",
                    IntegerRange(from_value=0, to_value=1024)),
+    "rtc": (False, ParameterType.PARAMETER_BOOL,
+            "real-time chunking in the act stage (LeRobot's RTC: each chunk guided towards the rest of the previous "
+            "one, the robot taken to execute one action per action_dt); false = the contract's model.options.rtc",
+            None),
+    "rtc_execution_horizon": (10, ParameterType.PARAMETER_INTEGER,
+                              "RTC: actions of the previous chunk that guide the next", IntegerRange(from_value=1,
+                                                                                                    to_value=1024)),
+    "rtc_max_guidance_weight": (10.0, ParameterType.PARAMETER_DOUBLE, "RTC: the guidance weight's clip",
+                                FloatingPointRange(from_value=1e-3, to_value=1e3)),
+    "rtc_schedule": ("linear", ParameterType.PARAMETER_STRING,
+                     "RTC prefix weights past the delay: linear | exp | zeros | ones", None),
+    "rtc_inference_delay": (1, ParameterType.PARAMETER_INTEGER,
+                            "RTC: actions executed while a chunk is computed (act latency / action_dt, rounded up)",
+                            IntegerRange(from_value=0, to_value=1024)),
     "publish_joint_trajectory": (False, ParameterType.PARAMETER_BOOL,
                                  "also publish ~/joint_trajectory (trajectory_msgs/JointTrajectory)", None),
     "cpu_threads": (0, ParameterType.PARAMETER_INTEGER,
@@ -88,6 +102,11 @@ class NodeParams:
     image_width: int
     action_dt: float
     action_dim: int
+    rtc: bool
+    rtc_execution_horizon: int
+    rtc_max_guidance_weight: float
+    rtc_schedule: str
+    rtc_inference_delay: int
     publish_joint_trajectory: bool
     cpu_threads: int
     autostart: bool
@@ -153,6 +172,8 @@ def validate(values: dict) -> NodeParams:
         raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{device}'")
     if values["engine"] not in ("auto", "fused", "reference"):
         raise ValueError(f"parameter 'engine' must be auto, fused or reference, not '{values['engine']}'")
+    if values["rtc_schedule"] not in ("linear", "exp", "zeros", "ones"):
+        raise ValueError(f"parameter 'rtc_schedule' must be linear, exp, zeros or ones, not '{values['rtc_schedule']}'")
     if values["dtype"] not in ("", "float32", "bfloat16", "float16"):
         raise ValueError(f"parameter 'dtype' must be float32, bfloat16 or float16, not '{values['dtype']}'")
     return NodeParams(**{k: values[k] for k in NodeParams.__dataclass_fields__})

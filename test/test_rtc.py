@@ -280,3 +280,24 @@ def test_contract_rtc_options_are_checked():
         with pytest.raises(ContractError, match=match):
             rtc_runtime("reference", bad)
     assert rtc_runtime("reference", True).binding.rtc.options == rtc.RTCOptions()  # LeRobot's defaults
+
+
+def test_node_parameters_turn_rtc_on_with_the_robots_action_period():
+    """policy_node: rtc: true (and its rtc_* options) becomes the contract's model.options.rtc, the robot's
+    action rate from action_dt; a bad schedule is refused naming the parameter; the runtime it gives guides."""
+    from flashrt_ros.params import PARAMETERS, validate
+    from flashrt_ros.runtime_loader import runtime_arguments
+
+    values = {name: default for name, (default, *_rest) in PARAMETERS.items()}
+    values.update(rtc=True, rtc_execution_horizon=12, rtc_schedule="exp", rtc_inference_delay=2, action_dt=0.025,
+                  joint_names=[f"j{i}" for i in range(8)])
+    args = runtime_arguments(validate(values), n_cameras=2)
+    assert args["options"]["rtc"] == {"execution_horizon": 12, "max_guidance_weight": 10.0, "schedule": "exp",
+                                      "inference_delay": 2, "action_rate_hz": 40.0}
+    assert "rtc" not in (runtime_arguments(validate({**values, "rtc": False}), 2)["options"] or {})
+    with pytest.raises(ValueError, match="rtc_schedule"):
+        validate({**values, "rtc_schedule": "cosine"})
+    from flashrt_core.contract.runtime import Runtime
+
+    rt = Runtime.from_config(device="cpu", seed=0, **args)
+    assert rt.binding.rtc.action_rate_hz == 40.0 and rt.binding.rtc.options.schedule == "exp"
