@@ -116,7 +116,7 @@ def run_listener(argv=None) -> None:
 
     def on_chunk(msg):
         now = time.time_ns()
-        sent = msg.header.stamp.sec * 10**9 + msg.header.stamp.nanosec
+        sent = msg.publish_stamp.sec * 10**9 + msg.publish_stamp.nanosec
         obs = msg.observation_stamp.sec * 10**9 + msg.observation_stamp.nanosec
         rows.append({"t": now * 1e-9, "decision_id": msg.decision_id, "prefix_id": msg.prefix_id,
                      "latency_ms": msg.latency_ms, "observation_age_ms": msg.observation_age_ms,

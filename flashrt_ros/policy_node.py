@@ -481,7 +481,13 @@ class PolicyNode(LifecycleNode):
         actions = conversions.action_chunk(result.actions)  # (the contract's width: checkpoint or parameters)
         self.health.stale_reason = ""
         msg = ActionChunk()
-        msg.header.stamp = self.get_clock().now().to_msg()
+        # time-aligned: the first action is due at the tick the chunk was computed for; at publish, the robot
+        # is `now_index` actions into it (0 unless the tick ran longer than an action period)
+        published = self.get_clock().now()
+        dt_ns = int(round(self.p.action_dt * 1e9))
+        msg.header.stamp = conversions.ns_to_stamp(result.now_ns, Time)
+        msg.now_index = now_index = max(0, (published.nanoseconds - result.now_ns) // dt_ns)
+        msg.publish_stamp = published.to_msg()
         msg.joint_names = list(self._action_names)
         msg.horizon, msg.action_dim = int(actions.shape[0]), int(actions.shape[1])
         msg.actions = actions.reshape(-1).tolist()
@@ -495,13 +501,16 @@ class PolicyNode(LifecycleNode):
         self._chunk_pub.publish(msg)
         self.health.chunks_published += 1
         if self._traj_pub is not None and self._action_names:
+            # On the chunk's own time axis (header.stamp = its first action, point k at k * dt), from the action
+            # due at publish on: a joint_trajectory_controller replaces the running trajectory from now with it,
+            # so consecutive chunks splice into one continuous trajectory at the right index.
             traj = JointTrajectory()
             traj.header = msg.header
             traj.joint_names = list(self._action_names)
-            for k, row in enumerate(actions[:, : len(self._action_names)]):
+            for k in range(now_index, actions.shape[0]):
                 point = JointTrajectoryPoint()
-                point.positions = row.astype(float).tolist()
-                point.time_from_start = Duration(seconds=(k + 1) * self.p.action_dt).to_msg()
+                point.positions = actions[k, : len(self._action_names)].astype(float).tolist()
+                point.time_from_start = Duration(nanoseconds=k * dt_ns).to_msg()
                 traj.points.append(point)
             self._traj_pub.publish(traj)
 

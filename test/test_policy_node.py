@@ -115,17 +115,24 @@ def test_chunks_at_act_rate_prefix_at_observe_rate(rig_factory):
     assert abs(len(refreshes) / len(chunks) - OBSERVE_HZ / ACT_HZ) < 0.12, (len(refreshes), len(chunks))
     for prev, cur in zip(chunks, chunks[1:]):
         assert (cur.prefix_id != prev.prefix_id) == ("observe" in cur.stages_ran)
-    # The optional ~/joint_trajectory carries the same chunk, one point per action, dt apart.
+    # The optional ~/joint_trajectory carries the same chunk on its own time axis (header.stamp: the first
+    # action's time, point k at k * dt) from the action due at publish (now_index) on: a controller splices it.
     assert rig.wait(lambda: len(rig.trajectories) >= 3, 10)
     traj = rig.trajectories[-1]
-    assert list(traj.joint_names) == [f"joint{i}" for i in range(5)] and len(traj.points) == 50
-    assert [p.time_from_start.nanosec for p in traj.points[:3]] == [20_000_000, 40_000_000, 60_000_000]
     # The chunk and the trajectory travel on two topics: the chunk of this trajectory may arrive after it.
     assert rig.wait(lambda: any(c.header.stamp == traj.header.stamp for c in rig.chunks_since(0)), 5)
     match = [c for c in rig.chunks_since(0) if c.header.stamp == traj.header.stamp]
-    assert match and list(traj.points[7].positions) == pytest.approx(list(actions_of(match[0])[7]), abs=1e-6)
+    n = match[0].now_index
+    assert list(traj.joint_names) == [f"joint{i}" for i in range(5)] and len(traj.points) == 50 - n
+    assert [p.time_from_start.sec * 10**9 + p.time_from_start.nanosec for p in traj.points[:3]] == \
+        [(n + i) * 20_000_000 for i in range(3)]
+    assert list(traj.points[7].positions) == pytest.approx(list(actions_of(match[0])[n + 7]), abs=1e-6)
     for c in chunks:
         assert c.horizon == 50 and c.action_dim == 5 and len(c.actions) == 250
+        # time-aligned: the first action's time is the tick's, before the publish; now_index counts the
+        # action periods between them
+        first, sent = (s.sec * 10**9 + s.nanosec for s in (c.header.stamp, c.publish_stamp))
+        assert first <= sent and c.now_index == (sent - first) // 20_000_000
         assert 0.0 <= c.observation_age_ms < 400.0 and c.latency_ms > 0.0
         assert all(map(lambda x: x == x, c.actions))  # finite, no NaN
 
