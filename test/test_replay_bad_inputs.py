@@ -163,7 +163,7 @@ def test_a_report_folder_is_replaced_whole_and_a_file_in_its_way_is_refused(tmp_
     (out / "notes.txt").write_text("older")
     report = replay(bag, config=contract, report_dir=out, progress=False)
     assert report.ok and sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.json", "report.md", "latency.png", "observation_age.png", "actions.png"])
+        ["report.json", "report.md", "latency.png", "observation_age.png", "actions.png", "splices.png"])
     assert (out / "actions.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]  # no temporary folders left
     blocked = tmp_path / "file"

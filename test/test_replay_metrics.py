@@ -197,3 +197,27 @@ def test_a_short_state_is_refused_not_padded():
     assert fit.state(np.ones(8, np.float32), "/j").shape == (8,)
     with pytest.raises(ReplayError, match="never padded"):
         fit.state(np.ones(7, np.float32), "/j")
+
+
+def test_splice_metrics_measure_disagreement_and_jerk_where_chunks_join():
+    """Decisions every 2 actions (dt 20 ms, a decision per 40 ms), chunks of 10 rows: a plan that stays the
+    same (each chunk the previous one two actions on) has no disagreement and a straight executed stream (no
+    jerk); a plan that jumps by 0.5 every other decision disagrees by 0.5 over the whole overlap, and its
+    executed stream jerks at the splices (by 1 / dt^3 in the windows around them)."""
+    ramp = np.arange(10, dtype=np.float32)[:, None]
+    steady = [tick(40 * i, 1.0, {"act": 1.0}, actions=2 * i + ramp) for i in range(6)]
+    out = metrics.splice(steady, 0.02)
+    assert out["splices"] == 5 and out["disagreement"]["max"] == pytest.approx(0.0)
+    assert out["jerk"]["max"] == pytest.approx(0.0) and out["splice_jerk"]["n"] == 5
+    jumpy = [tick(40 * i, 1.0, {"act": 1.0}, actions=2 * i + 0.5 * (i % 2) + ramp, compare=2 * i + ramp)
+             for i in range(6)]
+    out = metrics.splice(jumpy, 0.02)
+    assert out["disagreement"]["p50"] == pytest.approx(0.5) and out["disagreement"]["n"] == 5
+    dt3 = 0.02 ** 3
+    # executed: 0, 1, 2.5, 3.5, 4, 5, 6.5, ...: the window 0, 1, 2.5, 3.5 around the first splice has a third
+    # difference of 3.5 - 3 * 2.5 + 3 * 1 - 0 = -1
+    assert out["splice_jerk"]["max"] == pytest.approx(1.0 / dt3, rel=1e-6)
+    assert len(out["series"]["t_s"]) == 5 and out["series"]["t_s"][0] == pytest.approx(0.04)
+    compare = metrics.splice(jumpy, 0.02, index=0)  # the compare runtime's chunks: the steady plan
+    assert compare["disagreement"]["max"] == pytest.approx(0.0)
+    assert metrics.splice(jumpy[:1], 0.02) == {"action_dt_s": 0.02, "splices": 0}

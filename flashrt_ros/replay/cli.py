@@ -28,6 +28,8 @@ def add_subparsers(sub) -> None:
     p.add_argument("--prompt", default=None, help="use this prompt instead of the bag's prompt topic")
     p.add_argument("--node", default="/policy_node", help="--realtime: the policy node's name (default /policy_node)")
     p.add_argument("--timeout", type=float, default=60.0, help="--realtime: seconds to wait for the node")
+    p.add_argument("--action-dt", type=float, default=0.02, metavar="S",
+                   help="seconds between two actions of a chunk on the robot, for the splice metrics (default 0.02)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run_replay)
 
@@ -57,7 +59,8 @@ def run_replay(args) -> int:
                                 joint_names=args.joint_names, prompt=args.prompt_topic, actions=args.action_topic)
         report = replay(args.bag, config=args.config, compare=args.compare, report_dir=args.report,
                         realtime=args.realtime, seed=args.seed, progress=not args.no_progress, topics=topics,
-                        prompt=args.prompt, device=args.device, node=args.node, timeout_s=args.timeout)
+                        prompt=args.prompt, device=args.device, node=args.node, timeout_s=args.timeout,
+                        action_dt_s=args.action_dt)
     except ReplayError as e:
         if e.report is not None and e.report.data.get("ticks"):
             print(e.report.summary_table().rsplit("\nerror: ", 1)[0])

@@ -72,7 +72,8 @@ def sensor_events(store, topics: TopicMap, duration: float, height: int, width: 
 
 def chunk_message(store, tick, joint_names, dt: float):
     """The ActionChunk policy_node would publish for this tick. On the bag clock computing takes no time, so
-    it is stamped and logged at the tick; latency_ms is the compute time measured on this machine."""
+    its first action is due at the tick and it is published and logged then (now_index 0); latency_ms is the
+    compute time measured on this machine."""
     width = min(tick.actions.shape[1], len(joint_names)) if joint_names else tick.actions.shape[1]
     actions = np.ascontiguousarray(tick.actions[:, :width], dtype=np.float32)
     return tick.t_ns, store.types[ACTION_CHUNK](
@@ -80,7 +81,7 @@ def chunk_message(store, tick, joint_names, dt: float):
         action_dim=actions.shape[1], actions=actions.reshape(-1), dt=dt, decision_id=int(tick.decision_id),
         prefix_id=int(tick.prefix_id or 0), observation_stamp=_stamp(store, tick.observation_stamp_ns or 0),
         observation_age_ms=float(tick.observation_age_ms or 0.0), latency_ms=float(tick.latency_ms),
-        stages_ran=list(tick.ran))
+        stages_ran=list(tick.ran), now_index=0, publish_stamp=_stamp(store, tick.t_ns))
 
 
 def make_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 2, seed: int = 0, config=None,

@@ -124,3 +124,47 @@ def agreement(ticks, index: int = 0) -> dict:
     compare_ms = [t.compare_latency_ms[index] for t in ticks if t.compare_latency_ms]
     out["compare_tick_latency_ms"] = percentiles(compare_ms)
     return out
+
+
+def splice(ticks, action_dt_s: float, index: int | None = None) -> dict:
+    """How consecutive chunks join (primary chunks, or compare runtime `index`'s). The robot executes the
+    newest chunk from its decision on, one action per `action_dt_s` (time-aligned chunks): from chunk i it
+    executes rows 0 .. s_i - 1, s_i = round((t_{i+1} - t_i) / dt) (at least 1), then switches to chunk i+1.
+    - disagreement: per splice, RMS of new chunk - old chunk over their overlap (old rows s.., new rows ..-s):
+      how much the new decision changes the plan it replaces;
+    - jerk: third difference of the executed stream / dt^3, max over the action columns, at the windows that
+      cross a splice (the executed rows k-2 .. k+1 around the first row k of a new chunk), and in all windows.
+    `series` keeps (seconds since the first decision, disagreement, splice jerk) per splice for the plot."""
+    chunks = [(t.t_ns, t.actions if index is None else (t.compare_actions[index] if t.compare_actions else None))
+              for t in ticks]
+    chunks = [(t, a.astype(np.float64)) for t, a in chunks if a is not None]
+    out = {"action_dt_s": action_dt_s, "splices": max(len(chunks) - 1, 0)}
+    if len(chunks) < 2:
+        return out
+    dt_ns = action_dt_s * 1e9
+    stream, starts, disagree, times = [], [], [], []
+    for i, (t, a) in enumerate(chunks):
+        if i + 1 < len(chunks):
+            s = max(1, min(int(round((chunks[i + 1][0] - t) / dt_ns)), a.shape[0]))
+        else:
+            s = a.shape[0]
+        if i > 0:
+            prev_t, prev = chunks[i - 1]
+            shift = max(1, int(round((t - prev_t) / dt_ns)))
+            overlap = min(prev.shape[0] - shift, a.shape[0])
+            if overlap > 0:
+                d = a[:overlap] - prev[shift:shift + overlap]
+                disagree.append(float(np.sqrt(np.mean(d ** 2))))
+                times.append((t - chunks[0][0]) / 1e9)
+            starts.append(len(stream))
+        stream.extend(a[:s])
+    e = np.asarray(stream)
+    jerk = np.abs(e[3:] - 3 * e[2:-1] + 3 * e[1:-2] - e[:-3]).max(axis=1) / action_dt_s ** 3 if len(e) > 3 \
+        else np.zeros(0)
+    # the window of rows k-2 .. k+1 is jerk[k - 2]
+    at_splice = [float(jerk[k - 2]) for k in starts if 2 <= k <= len(e) - 2]
+    out.update(disagreement=percentiles(disagree), splice_jerk=percentiles(at_splice),
+               jerk=percentiles(jerk.tolist()),
+               series={"t_s": times, "disagreement": disagree,
+                       "splice_jerk": [float(jerk[k - 2]) if 2 <= k <= len(e) - 2 else None for k in starts]})
+    return out

@@ -106,3 +106,30 @@ def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_labe
     fig.tight_layout()
     fig.savefig(path)
     return path
+
+
+def splice_plot(splices: dict, path: Path) -> Path:
+    """Per splice: how far the new chunk moved from the old over their overlap, and the executed stream's
+    jerk there (replayed, and the compare configuration when there is one)."""
+    fig = _figure((11, 4.2))
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    for k, (who, sp) in enumerate(splices.items()):
+        series = sp.get("series", {})
+        if not series.get("t_s"):
+            continue
+        top.plot(series["t_s"], series["disagreement"], ".-" if k == 0 else "x--", ms=3, lw=0.8,
+                 color=f"C{k}", label=who)
+        jerk = [(t, j) for t, j in zip(series["t_s"], series["splice_jerk"]) if j is not None]
+        if jerk:
+            bottom.plot(*zip(*jerk), ".-" if k == 0 else "x--", ms=3, lw=0.8, color=f"C{k}", label=who)
+    top.set_ylabel("new vs old chunk\nRMS over overlap", fontsize=8)
+    bottom.set_ylabel("jerk at splice\n(max over joints)", fontsize=8)
+    bottom.set_xlabel("seconds since the first decision")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle("chunk splices", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path

@@ -31,12 +31,13 @@ def _topic_map(topics) -> TopicMap:
 
 def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = False, seed: int = 0,
            progress: bool = True, topics=None, prompt: str | None = None, device: str = "cpu",
-           node: str = "/policy_node", timeout_s: float = 60.0) -> Report:
+           node: str = "/policy_node", timeout_s: float = 60.0, action_dt_s: float = 0.02) -> Report:
     """Replay `bag` through `config` (default: the packaged pi05_tiny.yaml) and return the Report.
 
     topics: a TopicMap, a dict of its fields, or a mapping/params YAML path (default: make-bag's names).
-    prompt: use this prompt instead of the bag's prompt topic. On a bad bag, raises ReplayError carrying the
-    partial report (also written to report_dir).
+    prompt: use this prompt instead of the bag's prompt topic. action_dt_s: seconds between two actions of a
+    chunk on the robot (the node's action_dt), for the splice metrics. On a bad bag, raises ReplayError
+    carrying the partial report (also written to report_dir).
     """
     config = Path(config) if config is not None else default_config()
     topic_map = _topic_map(topics)
@@ -77,7 +78,7 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
     try:
         report = build_report(mode="bag-clock", config=config, seed=seed, topics=topic_map, info=info,
                               player=player, contract=contract, compare_config=compare,
-                              wall_s=time.perf_counter() - t_wall, error=error)
+                              wall_s=time.perf_counter() - t_wall, error=error, action_dt_s=action_dt_s)
         if player is not None:
             report.data["input_notes"] = list(player.fit.notes)
         error = report.data["error"]  # (also: no decision at all, every one refused)

@@ -55,6 +55,9 @@ class Report:
                     if "mse" in err else "no recorded actions matched")
             made.append(plots.actions_plot(self.ticks, self.pairs, t0, out / "actions.png", self.joint_names,
                                            compare_label=label, note=note))
+            splices = self.data.get("splice", {})
+            if any(sp.get("series", {}).get("t_s") for sp in splices.values()):
+                made.append(plots.splice_plot(splices, out / "splices.png"))
         self.data["plots"] = [p.name for p in made]
         (out / "report.json").write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
         (out / "report.md").write_text(self.markdown())
@@ -92,6 +95,12 @@ class Report:
                          f"MSE {e['mse']:.3e}, max |err| {e['max_abs']:.3e} ({e['rows']}x{e['columns']} per chunk)")
         elif e:
             lines.append(f"action error vs recorded: n/a ({e.get('note', '')})")
+        for who, sp in d.get("splice", {}).items():
+            if "disagreement" in sp and sp["disagreement"].get("n"):
+                dg, sj = sp["disagreement"], sp["splice_jerk"]
+                jerk = f", jerk at splices p50 {sj['p50']:.3g} max {sj['max']:.3g}" if sj.get("n") else ""
+                lines.append(f"splices ({who}, dt {sp['action_dt_s'] * 1e3:g} ms): {sp['splices']}, new vs old chunk "
+                             f"over their overlap: RMS p50 {dg['p50']:.3e} p99 {dg['p99']:.3e}{jerk}")
         c = d.get("compare")
         if c and "max_abs" in c:
             lines.append(f"compare {c['config']}: {c['decisions']} decisions, max |diff| {c['max_abs']:.3e}, "
@@ -154,7 +163,7 @@ def _jsonable(o):
 
 def build_report(*, mode: str, config, seed: int, topics, info=None, player=None, contract=None,
                  compare_config=None, wall_s: float = 0.0, error: str | None = None, ticks=None,
-                 recorded=None) -> Report:
+                 recorded=None, action_dt_s: float = 0.02) -> Report:
     """Every number from the ticks and recorded chunks; works on partial input (an error mid-way)."""
     ticks = list(player.ticks if player is not None else ticks or [])
     recorded = list(player.recorded if player is not None else recorded or [])
@@ -179,6 +188,9 @@ def build_report(*, mode: str, config, seed: int, topics, info=None, player=None
         pairs = metrics.match_recorded(ticks, recorded, tol) if recorded else []
         if compare_config is not None:
             data["compare"] = dict(config=str(compare_config), **metrics.agreement(ticks))
+        data["splice"] = {"replayed": metrics.splice(ticks, action_dt_s)}
+        if compare_config is not None:
+            data["splice"]["compare"] = metrics.splice(ticks, action_dt_s, index=0)
     if not error and ticks and data["decisions"] == 0 and data.get("staleness", {}).get("refused"):
         reasons = data["staleness"]["refusal_reasons"]
         data["status"] = "error"
