@@ -64,9 +64,9 @@ PARAMETERS = {
                                 FloatingPointRange(from_value=1e-3, to_value=1e3)),
     "rtc_schedule": ("linear", ParameterType.PARAMETER_STRING,
                      "RTC prefix weights past the delay: linear | exp | zeros | ones", None),
-    "rtc_inference_delay": (1, ParameterType.PARAMETER_INTEGER,
-                            "RTC: actions executed while a chunk is computed (act latency / action_dt, rounded up)",
-                            IntegerRange(from_value=0, to_value=1024)),
+    "rtc_inference_delay": (-1, ParameterType.PARAMETER_INTEGER,
+                            "RTC: actions executed while a chunk is computed; -1 = measured (the act stage's "
+                            "latency / action_dt, rounded up)", IntegerRange(from_value=-1, to_value=1024)),
     "publish_joint_trajectory": (False, ParameterType.PARAMETER_BOOL,
                                  "also publish ~/joint_trajectory (trajectory_msgs/JointTrajectory)", None),
     "cpu_threads": (0, ParameterType.PARAMETER_INTEGER,

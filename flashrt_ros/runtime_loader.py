@@ -49,7 +49,8 @@ def runtime_arguments(p, n_cameras: int) -> dict:
         options["engine"] = p.engine
     if p.rtc:  # the robot executes one action per action_dt
         options["rtc"] = {"execution_horizon": p.rtc_execution_horizon, "max_guidance_weight": p.rtc_max_guidance_weight,
-                          "schedule": p.rtc_schedule, "inference_delay": p.rtc_inference_delay,
+                          "schedule": p.rtc_schedule,
+                          "inference_delay": "auto" if p.rtc_inference_delay < 0 else p.rtc_inference_delay,
                           "action_rate_hz": 1.0 / p.action_dt}
     return dict(path=contract, checkpoint=p.checkpoint or None, dtype=p.dtype or None, tokenizer=p.tokenizer or None,
                 rates=rates or None, max_observation_age_ms=p.max_observation_age_ms or None, num_cameras=n_cameras,

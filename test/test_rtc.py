@@ -279,7 +279,20 @@ def test_contract_rtc_options_are_checked():
                        ("on", "rtc")):
         with pytest.raises(ContractError, match=match):
             rtc_runtime("reference", bad)
-    assert rtc_runtime("reference", True).binding.rtc.options == rtc.RTCOptions()  # LeRobot's defaults
+    on = rtc_runtime("reference", True).binding.rtc
+    assert on.options == rtc.RTCOptions() and on.inference_delay == "auto"  # LeRobot's defaults, measured delay
+
+
+def test_contract_rtc_auto_delay_follows_the_measured_act_latency():
+    """inference_delay auto: the act stage's latest latency over the action period, rounded up (1 before any
+    measurement)."""
+    rt = rtc_runtime("reference", {"action_rate_hz": 100})
+    io = rt._io
+    assert rt.binding._rtc_delay(io) == 1
+    io.stage_ms["act"] = 25.0  # 2.5 action periods of 10 ms
+    assert rt.binding._rtc_delay(io) == 3
+    io.stage_ms["act"] = 4.0
+    assert rt.binding._rtc_delay(io) == 1
 
 
 def test_node_parameters_turn_rtc_on_with_the_robots_action_period():
@@ -295,6 +308,8 @@ def test_node_parameters_turn_rtc_on_with_the_robots_action_period():
     assert args["options"]["rtc"] == {"execution_horizon": 12, "max_guidance_weight": 10.0, "schedule": "exp",
                                       "inference_delay": 2, "action_rate_hz": 40.0}
     assert "rtc" not in (runtime_arguments(validate({**values, "rtc": False}), 2)["options"] or {})
+    measured = runtime_arguments(validate({**values, "rtc_inference_delay": -1}), 2)["options"]["rtc"]
+    assert measured["inference_delay"] == "auto"
     with pytest.raises(ValueError, match="rtc_schedule"):
         validate({**values, "rtc_schedule": "cosine"})
     from flashrt_core.contract.runtime import Runtime

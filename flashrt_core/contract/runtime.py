@@ -71,6 +71,7 @@ class StageIO:
         self._b = buffers
         self.generator = generator
         self.now_ns = 0  # the step's clock (`Runtime.step(now_ns)`), for host parts that depend on time
+        self.stage_ms: dict[str, float] = {}  # each stage's latest measured latency (ms), for host parts that adapt
 
     def host(self, name: str) -> torch.Tensor:
         """A host-placed buffer or the host copy of an input (read or write in place)."""
@@ -244,6 +245,7 @@ class Runtime:
         if observed is not None and actions is not None:  # the prefix the actions were made from
             prefix_id = plan.output_versions[observed]
         to_actions_ms = (time.perf_counter() - t_start) * 1e3
+        self._io.stage_ms.update({s: stage_ms[s] for s in inline if s in stage_ms})
         result = StepResult(actions=actions, ran=list(plan.runs),
                             decision_id=ledger.decisions + 1 if actions is not None else None,  # once committed
                             observation_age_ms=plan.age_ms(out_stage), latency_ms=to_actions_ms, reason=reason,

@@ -36,6 +36,7 @@ it) and runs the guided flow (the fused engine's "act+rtc" graph).
 from __future__ import annotations
 
 import dataclasses
+import math
 import pathlib
 
 import numpy as np
@@ -313,13 +314,22 @@ class Pi05Binding(ModelBinding):
         executed = min(max(executed, 0), chunk)
         left = chunk - executed
         if left > 0:
-            weights = rtc.prefix_weights(r.inference_delay, min(r.options.execution_horizon, left), chunk,
+            weights = rtc.prefix_weights(self._rtc_delay(io), min(r.options.execution_horizon, left), chunk,
                                          r.options.schedule)
         else:
             weights = torch.zeros(chunk)
         io.to_device("rtc_weights", weights)
         io.to_device("rtc_shift", torch.tensor([executed], dtype=torch.int64))
         clock.copy_(torch.tensor([io.now_ns, 1], dtype=torch.int64))
+
+    def _rtc_delay(self, io) -> int:
+        """Actions the robot executes while this chunk is computed: the option, or ("auto") the act stage's
+        latest measured latency over the action period, rounded up (1 before the first measurement)."""
+        r = self.rtc
+        if r.inference_delay != "auto":
+            return r.inference_delay
+        ms = io.stage_ms.get("act")
+        return 1 if ms is None else max(0, math.ceil(ms * r.action_rate_hz / 1000.0))
 
     def _rtc_prev(self, b) -> torch.Tensor:
         """[1, chunk, max_action_dim]: the previous chunk past the executed actions, zero padded (model space;
@@ -465,11 +475,12 @@ class Pi05Binding(ModelBinding):
 
 @dataclasses.dataclass(frozen=True)
 class ContractRTC:
-    """`model.options.rtc` checked: LeRobot's options, the inference delay in actions (the act ticks' latency
-    over the action period, rounded up: 1 for a 6 ms act at 50 Hz) and the robot's action rate."""
+    """`model.options.rtc` checked: LeRobot's options, the inference delay in actions ("auto": the act stage's
+    measured latency over the action period, rounded up, e.g. 1 for a 6 ms act at 50 Hz; or a fixed count,
+    which a deterministic replay needs) and the robot's action rate."""
 
     options: rtc.RTCOptions
-    inference_delay: int = 1
+    inference_delay: int | str = "auto"
     action_rate_hz: float = 50.0
 
 
@@ -478,7 +489,7 @@ _RTC_KEYS = {"execution_horizon", "max_guidance_weight", "schedule", "inference_
 
 def rtc_options(model) -> ContractRTC | None:
     """`model.options.rtc`: null / false / absent = off; a mapping of _RTC_KEYS (each optional: LeRobot's
-    defaults, delay 1, 50 Hz) = on. ContractError names a bad key or value."""
+    defaults, delay auto, 50 Hz) = on. ContractError names a bad key or value."""
     value = model.options.get("rtc")
     if value in (None, False):
         return None
@@ -494,9 +505,10 @@ def rtc_options(model) -> ContractRTC | None:
                                     if k in value})
     except ValueError as exc:
         raise ContractError(f"model.options.{exc}") from None
-    delay, rate = value.get("inference_delay", 1), value.get("action_rate_hz", 50.0)
-    if not isinstance(delay, int) or isinstance(delay, bool) or delay < 0:
-        raise ContractError(f"model.options.rtc.inference_delay: a non-negative integer (actions), got {delay!r}")
+    delay, rate = value.get("inference_delay", "auto"), value.get("action_rate_hz", 50.0)
+    if delay != "auto" and (not isinstance(delay, int) or isinstance(delay, bool) or delay < 0):
+        raise ContractError(f"model.options.rtc.inference_delay: auto or a non-negative integer (actions), "
+                            f"got {delay!r}")
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1000:
         raise ContractError(f"model.options.rtc.action_rate_hz: a rate in (0, 1000] Hz, got {rate!r}")
     return ContractRTC(options, delay, float(rate))
