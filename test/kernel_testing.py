@@ -46,3 +46,17 @@ def micro_config(kind: str = "pi05"):
         expert=GemmaConfig(width=24, depth=2, mlp=40, heads=4, kv_heads=1, head_dim=10),
         vocab_size=300, chunk_size=6, action_dim=7, num_steps=3, tokenizer_max_length=9, num_image_slots=2,
         **({"state_dim": 7, "kind": "pi0"} if kind == "pi0" else {}))
+
+
+def micro_inputs(config, seed: int = 0):
+    """Seeded inputs of `micro_config(kind)`: (images, masks, tokens, lang_mask, noise); pi0 also a 5-value
+    state before the noise (zero padded to 7 by the model): (images, masks, tokens, lang_mask, state, noise)."""
+    g = torch.Generator().manual_seed(seed)
+    size, slots, n = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
+    images = torch.rand(1, slots, 3, size, size, generator=g) * 2 - 1
+    masks = torch.tensor([[True, False]])
+    tokens = torch.randint(0, config.vocab_size, (1, n), generator=g)
+    lang_mask = torch.arange(n)[None] < 6
+    state = (torch.rand(1, 5, generator=g) * 2 - 1,) if config.kind == "pi0" else ()
+    noise = torch.randn(1, config.chunk_size, config.action_dim, generator=g)
+    return (images, masks, tokens, lang_mask, *state, noise)

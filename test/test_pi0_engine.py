@@ -102,15 +102,7 @@ def micro_config():
 
 
 def micro_inputs(config, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    size, slots, n = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
-    images = torch.rand(1, slots, 3, size, size, generator=g) * 2 - 1
-    masks = torch.tensor([[True, False]])
-    tokens = torch.randint(0, config.vocab_size, (1, n), generator=g)
-    lang_mask = torch.arange(n)[None] < 6
-    state = torch.rand(1, 5, generator=g) * 2 - 1  # (padded to 7 by the engine)
-    noise = torch.randn(1, config.chunk_size, config.action_dim, generator=g)
-    return images, masks, tokens, lang_mask, state, noise
+    return kernel_testing.micro_inputs(config, seed)
 
 
 @pytest.mark.interpret
