@@ -546,3 +546,20 @@ def test_step_reports_each_stage_host_part():
         assert set(r.host_latency_ms) == set(r.ran)
         assert all(0 <= r.host_latency_ms[s] <= r.stage_latency_ms[s] for s in r.ran)
     assert r.deferred == ["observe"] and "observe" in r.host_latency_ms
+
+
+def test_host_copy_is_torchs_copy_on_one_thread():
+    """contract.buffers.host_copy: the values torch's copy_ gives (casts included), numpy doing the memcpy;
+    bfloat16 (no numpy dtype) through torch."""
+    from flashrt_core.contract.buffers import host_copy
+
+    rng = np.random.default_rng(3)
+    cases = [(torch.zeros(2, 224, 224, 3, dtype=torch.uint8), rng.integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)),
+             (torch.zeros(8), rng.standard_normal(8)),  # float64 into float32: cast as copy_ casts
+             (torch.zeros(5, dtype=torch.bool), np.array([1, 0, 1, 1, 0], dtype=bool)),
+             (torch.zeros(3, dtype=torch.int64), torch.tensor([4, -2, 9])),
+             (torch.zeros(4, dtype=torch.bfloat16), torch.randn(4))]
+    for dst, src in cases:
+        want = dst.clone().copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
+        host_copy(dst, src)
+        assert torch.equal(dst, want), dst.dtype

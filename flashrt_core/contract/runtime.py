@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from flashrt_core.contract import host_state, inputs
-from flashrt_core.contract.buffers import TORCH_DTYPES, BufferSet
+from flashrt_core.contract.buffers import host_copy, TORCH_DTYPES, BufferSet
 from flashrt_core.contract.graphs import GraphCache
 from flashrt_core.contract.schedule import Scheduler
 from flashrt_core.contract.spec import Contract, configured_contract
@@ -196,7 +196,7 @@ class Runtime:
         with self._lock:
             stamp = inputs.check_stamp(stamp_ns, self._last_stamp)
             for name, arr in writes.items():
-                self.buffers.host_view(name).copy_(torch.from_numpy(arr))
+                host_copy(self.buffers.host_view(name), arr)
                 self.buffers.ledger.write_input(name, stamp)
             self._last_stamp = stamp
 
