@@ -5,6 +5,8 @@ reads before its PDL wait (`griddepcontrol.wait`). Speed needs the GPU; these st
     python test/ptx_testing.py            # JSON report of every case below
     python test/ptx_testing.py --engine   # every kernel of a W2-shaped decision (one layer per tower)
     python test/ptx_testing.py --preload  # registers / spills of the preloading GEMM candidates
+    python test/ptx_testing.py --engine --arch 100   # the same engine scan for another target (sm_100a,
+                                                     # sm_110a: Jetson Thor in CUDA 13's naming, ...)
 
 It must run in a process of its own, without TRITON_INTERPRET (the kernels are then compiled, not
 interpreted): Triton's active driver is replaced by a stand-in that names an sm_90 target, and every kernel
@@ -30,6 +32,10 @@ from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
+if "--arch" in sys.argv:  # (chosen before anything compiles: Triton keeps one compiled kernel per device)
+    _i = sys.argv.index("--arch")
+    TARGET = GPUTarget("cuda", int(sys.argv[_i + 1]), 32)
+    del sys.argv[_i:_i + 2]
 
 
 class _Sm90:
@@ -239,29 +245,33 @@ def precompile_check() -> dict:
 
 
 def engine_scan() -> dict:
-    """Every kernel a W2-shaped pi0.5 decision launches (full widths and head dims, one layer per tower, a
-    small vocabulary; skinny GEMMs with CONFIGS[0]), each distinct compiled form once: {kernel: [summaries]}."""
+    """Every kernel a W2-shaped pi0.5 decision and a pi0 decision launch (full widths and head dims, one layer
+    per tower, a small vocabulary; skinny GEMMs with CONFIGS[0]), each distinct compiled form once, with the
+    PTX target it was compiled for: {kernel: [summaries]}."""
     import dataclasses
 
     from flashrt_core import bench
-    from flashrt_core.models import pi05
+    from flashrt_core.models import pi0, pi05
+    from flashrt_core.models.pi0.engine import Pi0Engine
     from flashrt_core.models.pi05.engine import Pi05Engine
 
     full = pi05.Pi05Config.full()
-    config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512,
-                                 vision=dataclasses.replace(full.vision, layers=1),
-                                 vlm=dataclasses.replace(full.vlm, depth=1),
-                                 expert=dataclasses.replace(full.expert, depth=1))
-    engine = Pi05Engine(pi05.convert(config, bench.random_state(config, 0, "cpu")), device="cpu",
-                        dtype=torch.bfloat16, backend="triton", graphs=False, gemm="triton", tuning_cache=None)
-    inputs = bench.random_inputs(config, 0, "cpu")
-    start = len(COMPILED)
-    engine.sample_actions(*(inputs[k] for k in ("images", "image_masks", "lang_tokens", "lang_mask", "noise")))
     out: dict[str, list] = {}
-    for name, kernel in COMPILED[start:]:
-        summary = {**summarize(kernel.asm["ptx"]), **resources(kernel)}
-        if summary not in out.setdefault(name, []):
-            out[name].append(summary)
+    for kind, convert, engine_class in (("pi05", pi05.convert, Pi05Engine), ("pi0", pi0.convert, Pi0Engine)):
+        config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512, kind=kind,
+                                     vision=dataclasses.replace(full.vision, layers=1),
+                                     vlm=dataclasses.replace(full.vlm, depth=1),
+                                     expert=dataclasses.replace(full.expert, depth=1))
+        engine = engine_class(convert(config, bench.random_state(config, 0, "cpu")), device="cpu",
+                              dtype=torch.bfloat16, backend="triton", graphs=False, gemm="triton", tuning_cache=None)
+        inputs = bench.random_inputs(config, 0, "cpu")
+        start = len(COMPILED)
+        engine.sample_actions(*bench.decision_args(inputs))
+        for name, kernel in COMPILED[start:]:
+            ptx = kernel.asm["ptx"]
+            summary = {**summarize(ptx), **resources(kernel), "target": re.search(r"\.target (\S+)", ptx).group(1)}
+            if summary not in out.setdefault(name, []):
+                out[name].append(summary)
     return out
 
 

@@ -122,3 +122,33 @@ def test_precompile_builds_every_candidate_without_running_any():
     assert r["launches"] == r["configs"] >= 8 and r["all_have_ptx"], r
     assert r["configs"] - 2 <= r["distinct_compiled"] <= r["configs"], r
     assert r["compile_only_after"] is False
+
+
+# Targets past sm_90 that the engine must build for: sm_100a (B200 / GB200) and sm_110a (Jetson AGX Thor in
+# CUDA 13's naming, sm_101 in CUDA 12.8 / 12.9, which the pinned Triton's ptxas does not know).
+BLACKWELL = {100: "sm_100a", 110: "sm_110a"}
+
+
+def _arch_report(arch: int) -> dict:
+    """ptx_testing.py --engine for `arch`; a skip naming the reason where this Triton / ptxas cannot build it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--engine", "--arch", str(arch)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode and ("is not defined for option 'gpu-name'" in done.stderr
+                            or "not supported" in done.stderr.lower()):
+        pytest.skip(f"sm_{arch}: this Triton / ptxas cannot build it: {done.stderr.strip().splitlines()[-1][:300]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("arch", sorted(BLACKWELL))
+def test_every_engine_kernel_compiles_for_blackwell_and_thor(arch):
+    """Every kernel of a pi0.5 and a pi0 decision (bf16, PDL, one layer per tower at full widths) compiles for
+    the target, to PTX of that target and a cubin, with no register spills: the same kernels as for sm_90."""
+    kernels = _arch_report(arch)
+    assert set(kernels) == set(_report("--engine"))
+    for name, forms in kernels.items():
+        for form in forms:
+            assert form["target"] == BLACKWELL[arch], (name, form["target"])
+            assert form["has_wait"], name
+            assert form["stack_bytes"] == 0, (name, form)
