@@ -45,7 +45,7 @@ def _chunk_tick(store, raw: bytes, offset_ns: int) -> TickRecord:
 
 
 def replay_realtime(bag, config, *, report_dir=None, topics, prompt=None, node="/policy_node", progress=True,
-                    seed=0, timeout_s=60.0):
+                    seed=0, timeout_s=60.0, action_dt_s: float = 0.02):
     from flashrt_core.contract.spec import load_contract
     from flashrt_core.errors import ContractError
     from flashrt_ros.ros_env import apply_isolated_env
@@ -127,7 +127,8 @@ def replay_realtime(bag, config, *, report_dir=None, topics, prompt=None, node="
         rclpy.shutdown()
     ticks = sorted((_chunk_tick(store, raw, offset) for _, raw in chunks), key=lambda t: t.t_ns)
     report = build_report(mode="realtime", config=config, seed=seed, topics=topics, info=source.info, ticks=ticks,
-                          recorded=recorded, contract=contract, wall_s=time.perf_counter() - t_wall, error=error)
+                          recorded=recorded, contract=contract, wall_s=time.perf_counter() - t_wall, error=error,
+                          action_dt_s=action_dt_s)
     report.data["node"] = node_ns
     report.data["messages_sent"] = sent
     if report_dir is not None:

@@ -48,7 +48,7 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
             raise ReplayError("--compare and --device apply to the bag-clock replay; --realtime drives a "
                               "running policy_node, whose parameters set them")
         return replay_realtime(bag, config, report_dir=report_dir, topics=topic_map, prompt=prompt, node=node,
-                               progress=progress, seed=seed, timeout_s=timeout_s)
+                               progress=progress, seed=seed, timeout_s=timeout_s, action_dt_s=action_dt_s)
     t_wall = time.perf_counter()
     player = contract = bar = None
     error = None
