@@ -172,6 +172,9 @@ def validate(values: dict) -> NodeParams:
         raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{device}'")
     if values["engine"] not in ("auto", "fused", "reference"):
         raise ValueError(f"parameter 'engine' must be auto, fused or reference, not '{values['engine']}'")
+    if values["rtc"] and values["action_dt"] < 1e-3:
+        raise ValueError(f"parameter 'action_dt' must be at least 0.001 s with rtc (the robot's action rate is "
+                         f"1 / action_dt, at most 1000 Hz), got {values['action_dt']}")
     if values["rtc_schedule"] not in ("linear", "exp", "zeros", "ones"):
         raise ValueError(f"parameter 'rtc_schedule' must be linear, exp, zeros or ones, not '{values['rtc_schedule']}'")
     if values["dtype"] not in ("", "float32", "bfloat16", "float16"):

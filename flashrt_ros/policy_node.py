@@ -500,7 +500,8 @@ class PolicyNode(LifecycleNode):
         msg.stages_ran = [s for s in result.ran if s not in result.deferred]  # the stages behind this chunk
         self._chunk_pub.publish(msg)
         self.health.chunks_published += 1
-        if self._traj_pub is not None and self._action_names:
+        if self._traj_pub is not None and self._action_names and now_index < actions.shape[0]:
+            # (a chunk published after its last action was due has nothing left to execute: no trajectory)
             # On the chunk's own time axis (header.stamp = its first action, point k at k * dt), from the action
             # due at publish on: a joint_trajectory_controller replaces the running trajectory from now with it,
             # so consecutive chunks splice into one continuous trajectory at the right index.

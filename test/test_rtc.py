@@ -312,7 +312,47 @@ def test_node_parameters_turn_rtc_on_with_the_robots_action_period():
     assert measured["inference_delay"] == "auto"
     with pytest.raises(ValueError, match="rtc_schedule"):
         validate({**values, "rtc_schedule": "cosine"})
+    with pytest.raises(ValueError, match="action_dt"):
+        validate({**values, "action_dt": 5e-4})
     from flashrt_core.contract.runtime import Runtime
 
     rt = Runtime.from_config(device="cpu", seed=0, **args)
     assert rt.binding.rtc.action_rate_hz == 40.0 and rt.binding.rtc.options.schedule == "exp"
+
+
+def test_contract_rtc_after_a_live_restore_is_a_plain_flow_and_after_a_rewind_guided():
+    """A live restore keeps the world's time but brings back the capsule's prev_chunk, which the robot is not
+    executing: the next chunk is a plain flow (shift = chunk: nothing to follow). A rewind restore replays the
+    snapshot's timeline: the same guided chunk as the first time."""
+    import numpy as np
+
+    rt = rtc_runtime("reference", {"inference_delay": 2, "action_rate_hz": 50})
+    rng = np.random.default_rng(6)
+    imgs = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    rt.set_prompt("stack the cups")
+
+    def tick(k):
+        rt.set_observation(images=imgs, state=np.full(8, 0.2, np.float32), stamp_ns=1 + k * 20 * MS)
+        return rt.step(1 + k * 20 * MS)
+    for k in range(3):
+        tick(k)
+    cid = rt.snapshot("mid")
+    first = tick(3).actions
+    assert int(rt.buffers["rtc_shift"][0]) == 1
+    tick(4)
+    rt.restore(cid)  # live
+    tick(5)
+    assert int(rt.buffers["rtc_shift"][0]) == 50 and float(rt.buffers["rtc_weights"].abs().sum()) == 0.0
+    tick(6)
+    assert int(rt.buffers["rtc_shift"][0]) == 1  # guided again from the chunk it just made
+    rt.restore(cid, rewind_time=True)
+    np.testing.assert_array_equal(tick(3).actions, first)
+
+
+def test_guidance_weight_follows_lerobots_nan_to_num_at_the_ends():
+    """At time 0 (never an Euler step, but the formula's end) LeRobot's nan_to_num makes 0 * inf a 0; at time 1
+    the clip. An empty rtc_config in config.json is LeRobot's default RTCConfig (enabled)."""
+    assert rtc.guidance_weight(0.0, 10.0) == 0.0 and rtc.guidance_weight(1.0, 7.0) == 7.0
+    assert rtc.options_from_lerobot({"rtc_config": {}}) == rtc.RTCOptions()
+    assert rtc.options_from_lerobot({"rtc_config": None}) is None
+    assert rtc.options_from_lerobot({"rtc_config": {"enabled": False}}) is None

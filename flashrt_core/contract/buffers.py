@@ -18,10 +18,11 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 
 def host_copy(dst: torch.Tensor, src) -> None:
-    """dst <- src (a host tensor or array of the same shape; cast as copy_ casts) as one memcpy on the calling thread
-    (numpy), not through torch's intra-op parallel copy: above ~32k elements that forks onto the thread
-    pool, and its fork/join put stalls of milliseconds into ticks (a camera frame pair, 2-thread pool:
-    max 4.8 ms over 30k copies against 0.25 ms for numpy's). Dtypes numpy lacks (bfloat16) go through torch."""
+    """dst <- src (a host tensor or numpy array of dst's shape, of a dtype numpy has; values cast as copy_
+    casts them) as one memcpy on the calling thread (numpy), not torch's intra-op parallel copy: above ~32k
+    elements that forks onto the thread pool, and its fork/join put stalls of milliseconds into ticks (a
+    camera frame pair, 2-thread pool: max 4.8 ms over 30k copies against 0.25 ms for numpy's). Dtypes numpy
+    lacks (bfloat16) go through torch."""
     if dst.dtype == torch.bfloat16:
         dst.copy_(src if isinstance(src, torch.Tensor) else torch.from_numpy(src))
         return

@@ -496,7 +496,9 @@ class Runtime:
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:
-            return runtime_verbs.restore(self, capsule_id, rewind_time=rewind_time)
+            meta = runtime_verbs.restore(self, capsule_id, rewind_time=rewind_time)
+            self.binding.restored(self.buffers.tensors, rewind_time)
+            return meta
 
     def fork(self, capsule_id: str, name: str) -> str:
         from flashrt_core.capsule import runtime_verbs

@@ -56,7 +56,7 @@ def options_from_lerobot(config: dict) -> RTCOptions | None:
     """The `rtc_config` of a LeRobot config.json (PI05Config / PI0Config as `save_pretrained` writes it) as
     RTCOptions; None where it is absent, null or not enabled (LeRobot then ignores a previous chunk)."""
     rtc = config.get("rtc_config")
-    if not rtc or not rtc.get("enabled", True):
+    if rtc is None or rtc is False or not rtc.get("enabled", True):  # ({} is LeRobot's RTCConfig(): enabled)
         return None
     try:
         return RTCOptions(execution_horizon=int(rtc.get("execution_horizon", 10)),
@@ -89,14 +89,19 @@ def prefix_weights(start: int, end: int, total: int, schedule: str) -> torch.Ten
 
 
 def guidance_weight(time: float, max_guidance_weight: float) -> float:
-    """LeRobot's clipped guidance weight at flow time `time` (1 at the first step, then down to 1/steps)."""
+    """LeRobot's clipped guidance weight at flow time `time` (its torch.nan_to_num steps: an infinite c or
+    product is the clip, a NaN product 0): the clip at the first step (time 1), then falling."""
     tau = 1.0 - time
     one_minus = (1.0 - tau) ** 2
-    inv_r2 = (one_minus + tau ** 2) / one_minus if one_minus > 0 else math.inf
-    c = (1.0 - tau) / tau if tau > 0 else math.inf
+    c = (1.0 - tau) / tau if tau != 0 else math.inf
+    if math.isinf(c):
+        c = float(max_guidance_weight)
+    inv_r2 = (one_minus + tau ** 2) / one_minus if one_minus != 0 else math.inf
     g = c * inv_r2
-    if math.isnan(g) or math.isinf(g):
-        return float(max_guidance_weight)
+    if math.isnan(g):
+        g = 0.0
+    elif math.isinf(g):
+        g = float(max_guidance_weight)
     return min(g, float(max_guidance_weight))
 
 

@@ -310,7 +310,8 @@ class Pi05Binding(ModelBinding):
         r, chunk = self.rtc, self.dims["chunk"]
         clock = io.host("rtc_clock")
         start, valid = int(clock[0]), bool(clock[1])
-        executed = round((io.now_ns - start) * r.action_rate_hz / 1e9) if valid else chunk
+        # (to the nearest action: a tick a little early or late counts the action due at it)
+        executed = math.floor((io.now_ns - start) * r.action_rate_hz / 1e9 + 0.5) if valid else chunk
         executed = min(max(executed, 0), chunk)
         left = chunk - executed
         if left > 0:
@@ -321,6 +322,13 @@ class Pi05Binding(ModelBinding):
         io.to_device("rtc_weights", weights)
         io.to_device("rtc_shift", torch.tensor([executed], dtype=torch.int64))
         clock.copy_(torch.tensor([io.now_ns, 1], dtype=torch.int64))
+
+    def restored(self, bufs, rewind_time: bool) -> None:
+        """RTC after a live restore: the robot still executes the chunk published before it, which the restored
+        `prev_chunk` is not, so the next chunk is a plain flow (no guidance towards a plan that is not running);
+        a rewind restore replays the snapshot's timeline, its chunk included, and keeps the guidance."""
+        if self.rtc is not None and not rewind_time:
+            bufs["rtc_clock"][1] = 0
 
     def _rtc_delay(self, io) -> int:
         """Actions the robot executes while this chunk is computed: the option, or ("auto") the act stage's
