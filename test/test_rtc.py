@@ -356,3 +356,34 @@ def test_guidance_weight_follows_lerobots_nan_to_num_at_the_ends():
     assert rtc.options_from_lerobot({"rtc_config": {}}) == rtc.RTCOptions()
     assert rtc.options_from_lerobot({"rtc_config": None}) is None
     assert rtc.options_from_lerobot({"rtc_config": {"enabled": False}}) is None
+
+
+def test_contract_rtc_with_pi0_guides_its_act_ticks_too():
+    """config/pi0.yaml with model.options.rtc (act reads the state and follows the previous chunk's rest):
+    each act tick is the pi0 policy's guided flow over the same prefix, state and noise."""
+    import numpy as np
+
+    from flashrt_core.contract.bindings.pi05 import prefix_cache
+    from flashrt_core.contract.runtime import Runtime
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    rt = Runtime.from_config(repo / "config" / "pi0.yaml", checkpoint=str(repo / "test" / "fixtures" / "lerobot_pi0_tiny"),
+                             device="cpu", num_cameras=2, seed=2, deferred={"observe": False},
+                             options={"rtc": {"inference_delay": 1, "execution_horizon": 15}})
+    policy, b = rt.binding.policy, rt.buffers
+    options = rtc.RTCOptions(execution_horizon=15)
+    rng = np.random.default_rng(8)
+    imgs = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    noise = torch.Generator().manual_seed(2)
+    rt.set_prompt("stack the cups")
+    prev = None
+    for k in range(3):
+        rt.set_observation(images=imgs, state=rng.uniform(-1, 1, 8).astype(np.float32), stamp_ns=1 + k * 20 * MS)
+        assert rt.step(1 + k * 20 * MS).actions is not None
+        draw = torch.randn(50, 32, generator=noise)[None]
+        guide = None if prev is None else rtc.rtc_inputs(prev[1:][None], 1, 15, options, 50, 32, batch=1)
+        with torch.no_grad():
+            want = policy.denoise(prefix_cache(b), b["act_state"][None], draw, rtc=guide)[0]
+        assert (b["prev_chunk"] - want).abs().max() < 1e-4, k
+        prev = b["prev_chunk"].clone()
+    assert int(b["rtc_shift"][0]) == 1
