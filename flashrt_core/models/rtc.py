@@ -139,17 +139,21 @@ def rtc_inputs(prev_chunk_left_over: torch.Tensor, inference_delay: int, executi
     return RTCInputs(prev=padded, weights=weights, max_guidance_weight=float(options.max_guidance_weight))
 
 
-def step_coefficients(weights: torch.Tensor, num_steps: int, max_guidance_weight: float) -> tuple:
-    """(a, b) [num_steps, chunk] fp32: the guided Euler step is x <- x + a[s, r] * v + b[s, r] * (prev - x)
-    (module docstring), with LeRobot's times 1 + s * dt and dt = -1 / num_steps."""
+def step_factors(num_steps: int, max_guidance_weight: float) -> tuple:
+    """(dt, ca, cb), ca and cb [num_steps] fp32: at flow step s a row of prefix weight w takes the guided step
+    x <- x + a v + b (prev - x) with a = dt + ca[s] w, b = cb[s] w (module docstring: a = dt (1 - g w t),
+    b = -dt g w), LeRobot's times t = 1 + s dt, dt = -1 / num_steps."""
     dt = -1.0 / num_steps
     times = [1.0 + s * dt for s in range(num_steps)]
     g = torch.tensor([guidance_weight(t, max_guidance_weight) for t in times], dtype=torch.float32)
-    t = torch.tensor(times, dtype=torch.float32)
+    return dt, -dt * g * torch.tensor(times, dtype=torch.float32), -dt * g
+
+
+def step_coefficients(weights: torch.Tensor, num_steps: int, max_guidance_weight: float) -> tuple:
+    """(a, b) [num_steps, chunk] fp32 of the prefix weights `weights` [chunk] (`step_factors`)."""
+    dt, ca, cb = step_factors(num_steps, max_guidance_weight)
     w = weights.float().cpu()[None]
-    a = dt * (1.0 - g[:, None] * w * t[:, None])
-    b = -dt * g[:, None] * w
-    return a.to(weights.device), b.to(weights.device)
+    return (dt + ca[:, None] * w).to(weights.device), (cb[:, None] * w).to(weights.device)
 
 
 def guided_step(x_t: torch.Tensor, v: torch.Tensor, rtc: RTCInputs, time: float, dt: float) -> torch.Tensor:
@@ -161,4 +165,4 @@ def guided_step(x_t: torch.Tensor, v: torch.Tensor, rtc: RTCInputs, time: float,
 
 
 __all__ = ["RTCInputs", "RTCOptions", "SCHEDULES", "guidance_weight", "guided_step", "options_from_lerobot",
-           "prefix_weights", "rtc_inputs", "step_coefficients"]
+           "prefix_weights", "rtc_inputs", "step_coefficients", "step_factors"]

@@ -250,13 +250,10 @@ class Pi05Binding(ModelBinding):
         self.rtc = rtc_options(model)
         if self.rtc is not None:
             self._rtc_rows = torch.arange(config.chunk_size, device=self.device)
-            # the guided step's coefficients are a = dt + ca[s] w, b = cb[s] w (models.rtc.step_coefficients
-            # with the weights w of the tick): ca, cb per flow step, made once
-            unit_a, unit_b = rtc.step_coefficients(torch.ones(1), config.num_steps, self.rtc.options.max_guidance_weight)
-            dt = -1.0 / config.num_steps
-            self._rtc_ca = (unit_a[:, 0] - dt).to(self.device)
-            self._rtc_cb = unit_b[:, 0].to(self.device)
-            self._rtc_dt = dt
+            # the guided step's coefficients are a = dt + ca[s] w, b = cb[s] w with the tick's weights w
+            # (models.rtc.step_factors): ca, cb per flow step, made once
+            self._rtc_dt, ca, cb = rtc.step_factors(config.num_steps, self.rtc.options.max_guidance_weight)
+            self._rtc_ca, self._rtc_cb = ca.to(self.device), cb.to(self.device)
 
     def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
         """The model behind the stages (pi0's binding makes its own)."""

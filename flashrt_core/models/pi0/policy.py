@@ -66,8 +66,6 @@ class Pi0Policy(Pi05Policy):
                 rtc: RTCInputs | None = None) -> torch.Tensor:
         if noise is None:
             noise = self.make_noise(prefix.pad_mask.shape[0])
-        if rtc is None:
-            return self.engine.denoise(prefix, state.to(self.device), noise)
         return self.engine.denoise(prefix, state.to(self.device), noise, rtc)
 
     def sample_actions(self, images, img_masks, lang_tokens, lang_mask, state, noise=None, *, inference_delay=None,

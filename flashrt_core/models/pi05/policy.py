@@ -134,7 +134,7 @@ class Pi05Policy:
                 ) -> torch.Tensor:
         if noise is None:
             noise = self.make_noise(check_prefix(self.config, prefix))
-        return self.engine.denoise(prefix, noise) if rtc is None else self.engine.denoise(prefix, noise, rtc)
+        return self.engine.denoise(prefix, noise, rtc)
 
     def sample_actions(self, images, img_masks, lang_tokens, lang_mask, noise=None, *, inference_delay=None,
                        prev_chunk_left_over=None, execution_horizon=None) -> torch.Tensor:
