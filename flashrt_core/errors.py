@@ -19,3 +19,7 @@ class CapsuleError(FlashRTError):
 
 class InputError(FlashRTError):
     """An observation or prompt is malformed (shape, dtype, NaN, stamp going backwards)."""
+
+
+class PrecisionError(FlashRTError):
+    """A reduced precision is refused: its actions are too far from the unquantized model's (the numbers say)."""

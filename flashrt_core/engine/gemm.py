@@ -19,6 +19,7 @@ from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
+from flashrt_core.kernels.w4 import W4Weight, dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
 MATCH_REL = 3e-2  # a candidate's outputs vs cuBLAS's, relative to their largest entry
@@ -53,8 +54,10 @@ DEFER_MAX_SPLITS = 8
 def _cublas(x, w, b, geglu, backend, residual=None):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a residual added by the
     gated-residual kernel after it (torch ops in fp32 for an fp32 stream). fp32 rows into a bf16 / fp16 GEMM
-    are rounded first, as the skinny kernel rounds them on load."""
+    are rounded first, as the skinny kernel rounds them on load. A 4-bit weight is dequantized first (the
+    reference route; the skinny kernel dequantizes in registers)."""
     x = x.to(w.dtype)
+    w = dense(w)
     y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
     if residual is not None and residual.x.dtype != y.dtype:  # an fp32 stream (the flow state): torch, in fp32
         y = residual.x.add_(y.to(residual.x.dtype) * residual.gate.to(residual.x.dtype))
@@ -131,6 +134,8 @@ class LinearPicker:
         if self.mode == "triton":
             return _route(CONFIGS[0], x, w, b, geglu, backend, fusion)
         key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags(w.dtype))
+        if isinstance(w, W4Weight):  # another kernel specialization (and cuBLAS only after dequantizing)
+            key += (f"w4g{w.group}",)
         if key not in self.choices:
             if not (self.tuning and x.device.type == "cuda"):
                 return _route(None, x, w, b, geglu, backend, fusion)
@@ -166,7 +171,7 @@ class LinearPicker:
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
         precompile([lambda c=config: _route(c, x, w, b, geglu, backend, trial)
                     for config in candidates.values() if config is not None])
-        copies = max(2, min(32, -(-ROTATE_BYTES // (w.numel() * w.element_size()))))
+        copies = max(2, min(32, -(-ROTATE_BYTES // weight_bytes(w))))
         ws = [w] + [w.clone() for _ in range(copies - 1)]
         want = _outputs(None, x, w, b, geglu, backend, fusion)
         times = {}

@@ -23,6 +23,7 @@ import torch
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
                                          semaphores)
 from flashrt_core.kernels.partials import Partials
+from flashrt_core.kernels.w4 import W4Weight
 
 SKINNY_MAX_M = 128  # rows per program at most (the picker offers this kernel up to this many rows)
 
@@ -43,8 +44,27 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
-    def _skinny_gemm_kernel(X, W, B, Y, P, C, G, M, N, K, k_per_split, sxm, swn, sym, sps, up_off,
-                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+    def _w4_tiles(W, S, rn, jb, n_ok, jb_ok, swn, ssn, GROUP: tl.constexpr):
+        """The dequantized weight tiles [len(jb), BLOCK_N] of the even and the odd inputs 2 jb, 2 jb + 1 of a
+        4-bit weight (`kernels.w4`: byte jb holds them in its low and high nibble), in the scales' dtype."""
+        mask = n_ok[None, :] & jb_ok[:, None]
+        p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None], mask=mask, other=0).to(tl.int32)
+        s = tl.load(S + rn[None, :].to(tl.int64) * ssn + (2 * jb[:, None]) // GROUP, mask=mask,
+                    other=0.0).to(tl.float32)
+        lo = ((p & 15) - 8).to(tl.float32) * s
+        hi = ((p >> 4) - 8).to(tl.float32) * s
+        return lo.to(S.dtype.element_ty), hi.to(S.dtype.element_ty)
+
+    @triton.jit
+    def _x_pair(X, rm, jb, m_ok, jb_ok, sxm, DT: tl.constexpr):
+        """The even and the odd inputs 2 jb, 2 jb + 1 of the rows rm of X, in DT."""
+        mask = m_ok[:, None] & jb_ok[None, :]
+        ptr = X + rm[:, None] * sxm + 2 * jb[None, :]
+        return (tl.load(ptr, mask=mask, other=0.0).to(DT), tl.load(ptr + 1, mask=mask, other=0.0).to(DT))
+
+    @triton.jit
+    def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, ssn, sym, sps, up_off, s_up_off,
+                            W4: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
                             PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
@@ -57,7 +77,10 @@ if triton is not None:
         PRE_K > 0: the first PRE_K weight columns of the program's K range are loaded as one tile before
         waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
         covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
-        RESID: Y holds the residual stream and is updated in place, Y += G[n] * result."""
+        RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
+        W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [N, K / GROUP] (`kernels.w4`); each tile
+        is dequantized to the scales' dtype in registers, and the products of the even and the odd inputs are
+        summed (no reordering of either operand)."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -70,7 +93,22 @@ if triton is not None:
         k_lo = pid_k * k_per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
+        if W4 and PRE_K > 0:  # (the same, for 4-bit weights: inputs in pairs)
+            jp = k_lo // 2 + tl.arange(0, PRE_K // 2)
+            jp_ok = (2 * jp < K) & (2 * jp < k_lo + k_per_split)
+            wlo, whi = _w4_tiles(W, S, rn, jp, n_ok, jp_ok, swn, ssn, GROUP)
+            ulo, uhi = wlo, whi
+            if GEGLU:
+                ulo, uhi = _w4_tiles(W + up_off, S + s_up_off, rn, jp, n_ok, jp_ok, swn, ssn, GROUP)
+            pdl_wait(PDL)
+            xe, xo = _x_pair(X, rm, jp, m_ok, jp_ok, sxm, S.dtype.element_ty)
+            if UPCAST:
+                xe, xo, wlo, whi = xe.to(tl.float32), xo.to(tl.float32), wlo.to(tl.float32), whi.to(tl.float32)
+                ulo, uhi = ulo.to(tl.float32), uhi.to(tl.float32)
+            acc += tl.dot(xe, wlo, input_precision=PRECISION) + tl.dot(xo, whi, input_precision=PRECISION)
+            if GEGLU:
+                acc_up += tl.dot(xe, ulo, input_precision=PRECISION) + tl.dot(xo, uhi, input_precision=PRECISION)
+        elif PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
             kp = k_lo + tl.arange(0, PRE_K)
             kp_ok = (kp < K) & (kp < k_lo + k_per_split)
             wp_ptr = W + rn[None, :].to(tl.int64) * swn + kp[:, None]
@@ -90,7 +128,21 @@ if triton is not None:
                 acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
         else:
             pdl_wait(PDL)
-        if not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
+        if W4 and not ONE_STEP:
+            for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
+                jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+                jb_ok = 2 * jb < K
+                xe, xo = _x_pair(X, rm, jb, m_ok, jb_ok, sxm, S.dtype.element_ty)
+                wlo, whi = _w4_tiles(W, S, rn, jb, n_ok, jb_ok, swn, ssn, GROUP)
+                if UPCAST:
+                    xe, xo, wlo, whi = xe.to(tl.float32), xo.to(tl.float32), wlo.to(tl.float32), whi.to(tl.float32)
+                acc += tl.dot(xe, wlo, input_precision=PRECISION) + tl.dot(xo, whi, input_precision=PRECISION)
+                if GEGLU:
+                    ulo, uhi = _w4_tiles(W + up_off, S + s_up_off, rn, jb, n_ok, jb_ok, swn, ssn, GROUP)
+                    if UPCAST:
+                        ulo, uhi = ulo.to(tl.float32), uhi.to(tl.float32)
+                    acc_up += tl.dot(xe, ulo, input_precision=PRECISION) + tl.dot(xo, uhi, input_precision=PRECISION)
+        elif not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
             for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
@@ -134,8 +186,11 @@ if triton is not None:
                 acc = _gelu_tanh(acc) * acc_up
             y_ptr = Y + rm[:, None] * sym + rn[None, :]
             if RESID:
-                if Y.dtype.element_ty != W.dtype.element_ty:  # a wider stream (fp32 flow state): the result is
-                    acc = acc.to(W.dtype.element_ty).to(tl.float32)  # rounded as an unfused GEMM would store it
+                if W4:
+                    if Y.dtype.element_ty != S.dtype.element_ty:
+                        acc = acc.to(S.dtype.element_ty).to(tl.float32)
+                elif Y.dtype.element_ty != W.dtype.element_ty:  # a wider stream (fp32 flow state): the result
+                    acc = acc.to(W.dtype.element_ty).to(tl.float32)  # is rounded as an unfused GEMM stores it
                 acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
                     acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
@@ -184,7 +239,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     residual: the result is added into it (and it is returned). defer: return the split-K partial products
     unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
     `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
-    are spread over programs of SKINNY_MAX_M rows."""
+    are spread over programs of SKINNY_MAX_M rows. w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
+    its scales' dtype)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -195,7 +251,10 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     x2 = x.reshape(-1, kdim)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if not w.is_contiguous() or w.shape[1] != kdim:
+    quant = isinstance(w, W4Weight)
+    wt = w.packed if quant else w  # what the kernel reads as W
+    scales = w.scales if quant else wt
+    if not wt.is_contiguous() or w.shape[1] != kdim:
         raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
     m = x2.shape[0]
     n = w.shape[0] // 2 if geglu else w.shape[0]
@@ -208,7 +267,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         raise KernelInputError("skinny_linear: defer= leaves a plain product's partials (no bias, geglu or "
                                "residual)")
     if defer:
-        y = w  # (never written)
+        y = wt  # (never written)
     else:
         y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
     interp = interpreting()
@@ -226,9 +285,9 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     else:
         part = tickets = y
     launch(_skinny_gemm_kernel, grid,
-        x2, w, b if b is not None else w, y, part, tickets, residual.gate if residual is not None else w,
-        m, n, kdim, k_per_split, x2.stride(0), w.stride(0), n, m * n, n * w.stride(0),
-        HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=one_step, RESID=residual is not None,
+        x2, wt, b if b is not None else wt, y, part, tickets, residual.gate if residual is not None else wt, scales,
+        m, n, kdim, k_per_split, x2.stride(0), wt.stride(0), scales.stride(0), n, m * n, n * wt.stride(0),
+        n * scales.stride(0), W4=quant, GROUP=w.group if quant else 1, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=one_step, RESID=residual is not None,
         UPCAST=interp and w.dtype != torch.float32,
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PRE_K=pre_k, DEFER=bool(defer), num_warps=num_warps,

@@ -21,6 +21,7 @@ from flashrt_core.engine.blas import linear_bias_gelu_tanh, patch_embed, patch_m
 from flashrt_core.engine.staged import StagedEngine, _same
 from flashrt_core.errors import InputError
 from flashrt_core.models.paligemma.reference import PrefixCache
+from flashrt_core.models.precision import parse_precision, quantize
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_prefix
 from flashrt_core.models.rtc import RTCInputs, step_coefficients
 
@@ -74,16 +75,19 @@ class PaliGemmaEngine(StagedEngine):
     Buffers = EngineBuffers  # the static buffers' class (a model with more inputs extends it)
 
     def __init__(self, weights, device=None, dtype: torch.dtype | None = None, *,
-                 vision_dtype: torch.dtype | None = None, batch: int = 1, **launch):
+                 vision_dtype: torch.dtype | None = None, batch: int = 1, precision=None, **launch):
         """weights: engine layout (`pi05.convert` / `pi0.convert`), moved to `device` / `dtype` when given
         (default: where they are). vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps
         fp32 there). batch: the batch size the buffers are allocated for (a call with another batch
-        reallocates them). `launch`: backend, graphs, gemm, pdl, tune_attention, tuning_cache
-        (`StagedEngine`)."""
+        reallocates them). precision: a `models.precision` preset or Precision (default bf16: every weight in
+        `dtype`); quantized weights are made here, once. `launch`: backend, graphs, gemm, pdl, tune_attention,
+        tuning_cache (`StagedEngine`)."""
         device = torch.device(device) if device is not None else weights.action_in_w.device
         dtype = dtype or weights.action_in_w.dtype
         self.vision_dtype = vision_dtype or dtype
         w = weights.to(device=device, dtype=dtype, vision_dtype=self.vision_dtype)
+        self.precision = parse_precision(precision)
+        w = quantize(w, self.precision, packed=True)
         super().__init__(device, **launch)
         self.weights, self.config, self.dtype = w, w.config, dtype
         c = self.config

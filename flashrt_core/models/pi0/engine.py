@@ -242,6 +242,6 @@ class Pi0Engine(PaliGemmaEngine):
         return self.buffers.actions.clone()
 
 
-def make_engine(weights: Pi0Weights) -> Pi0Engine:
+def make_engine(weights: Pi0Weights, precision=None) -> Pi0Engine:
     """The `Pi0Policy` engine hook: the fused engine on the weights' own device and dtype."""
-    return Pi0Engine(weights)
+    return Pi0Engine(weights, precision=precision)

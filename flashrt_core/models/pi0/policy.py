@@ -20,6 +20,7 @@ from flashrt_core.models.pi05 import policy as pi05_policy
 from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, parse_dtype, rtc_options
 from flashrt_core.models.pi05.processors import read_processors
 from flashrt_core.models.pi05.prompt import tokenize_prompt
+from flashrt_core.models.precision import build_engine
 from flashrt_core.models.rtc import RTCInputs
 
 ENGINES = ("auto", "fused", "reference")  # auto: fused on CUDA, the reference elsewhere (`resolve_engine`)
@@ -30,14 +31,14 @@ def resolve_engine(name: str | None, device) -> str:
     return pi05_policy.resolve_engine(name, device, model="pi0")
 
 
-def make_engine(name: str, weights):
-    """The engine `name` ("auto", "fused", "reference") over `weights`, on their device and dtype. The fused
-    engine's module is imported only when asked for."""
+def make_engine(name: str, weights, precision=None, gate: dict | None = None):
+    """The engine `name` ("auto", "fused", "reference") over `weights`, on their device and dtype, in
+    `precision` (checked as `pi05.policy.make_engine` checks it). The fused engine's module is imported only
+    when asked for."""
+    module = reference
     if resolve_engine(name, weights.action_in_w.device) == "fused":
-        from flashrt_core.models.pi0 import engine as fused
-
-        return fused.make_engine(weights)
-    return reference.make_engine(weights)
+        from flashrt_core.models.pi0 import engine as module
+    return build_engine(module, reference, weights, precision, gate)
 
 
 def pi0_prompt(task: str) -> str:
@@ -94,13 +95,13 @@ class Pi0Policy(Pi05Policy):
 
 
 def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = "auto", seed: int = 0,
-         tokenizer=None, rtc="checkpoint") -> Pi0Policy:
+         tokenizer=None, rtc="checkpoint", precision="bf16") -> Pi0Policy:
     """Load a LeRobot pi0 checkpoint folder (as `save_pretrained` writes it, processors included).
 
     dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine "auto" = fused on CUDA, reference elsewhere
     ("fused": `engine.Pi0Engine`, "reference": the eager model); `tokenizer`: a path or a Tokenizer (default:
     the one the pre-processor names, from the hub cache); `rtc`: real-time chunking options ("checkpoint": the
-    config.json's rtc_config; an `rtc.RTCOptions`; None: off)."""
+    config.json's rtc_config; an `rtc.RTCOptions`; None: off); `precision`: as `pi05.load`'s."""
     name = resolve_engine(engine, device)
     torch_dtype = parse_dtype(dtype, device)
     config, state = load_checkpoint(ckpt_dir)
@@ -110,7 +111,7 @@ def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = 
     folder = folder if folder.is_dir() else folder.parent
     processors = read_processors(folder)
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
-    return Pi0Policy(config, weights, make_engine(name, weights), device, torch_dtype, seed=seed,
+    return Pi0Policy(config, weights, make_engine(name, weights, precision), device, torch_dtype, seed=seed,
                      tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors,
                      rtc=rtc_options(rtc, folder))
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from flashrt_core.errors import InputError
 from flashrt_core.models.pi0.weights import Pi0Weights
+from flashrt_core.models.precision import parse_precision, quantize
 from flashrt_core.models.rtc import RTCInputs, guided_step
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import (PrefixCache, apply_rope, attention, encode_prefix, gelu_tanh,
@@ -105,5 +106,6 @@ class ReferenceEngine:
         return denoise(self.weights, prefix, state, noise, rtc)
 
 
-def make_engine(weights: Pi0Weights) -> ReferenceEngine:
-    return ReferenceEngine(weights)
+def make_engine(weights: Pi0Weights, precision=None) -> ReferenceEngine:
+    """The eager engine; a quantized `precision` multiplies by the quantized weights, dequantized."""
+    return ReferenceEngine(quantize(weights, parse_precision(precision), packed=False))

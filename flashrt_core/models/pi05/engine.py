@@ -126,6 +126,6 @@ class Pi05Engine(PaliGemmaEngine):
         return self.buffers.actions.clone()
 
 
-def make_engine(weights: Pi05Weights) -> Pi05Engine:
+def make_engine(weights: Pi05Weights, precision=None) -> Pi05Engine:
     """The `Pi05Policy` engine hook: the fused engine on the weights' own device and dtype."""
-    return Pi05Engine(weights)
+    return Pi05Engine(weights, precision=precision)

@@ -31,6 +31,7 @@ from flashrt_core.models.pi05.prompt import TinyTokenizer, Tokenizer, WordTokeni
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.tiny import build_tiny
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
+from flashrt_core.models.precision import build_engine
 from flashrt_core.models.rtc import RTCInputs, RTCOptions, options_from_lerobot, rtc_inputs
 
 ENGINES = {"reference": "flashrt_core.models.pi05.reference", "fused": "flashrt_core.models.pi05.engine"}
@@ -61,7 +62,9 @@ def parse_dtype(dtype, device="cpu") -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def make_engine(name: str, weights: Pi05Weights):
+def make_engine(name: str, weights: Pi05Weights, precision=None, gate: dict | None = None):
+    """The engine `name` over `weights`; a quantized `precision` (`models.precision`) is checked against the
+    unquantized reference at build (`gate`: thresholds other than the format's) and refused if it falls short."""
     name = resolve_engine(name, weights.time_in_w.device)
     if name not in ENGINES:
         raise ValueError(f"engine: unknown {name!r} (one of {', '.join(ENGINES)})")
@@ -71,7 +74,7 @@ def make_engine(name: str, weights: Pi05Weights):
         if e.name != ENGINES[name]:
             raise  # the engine exists but one of its own imports is missing
         raise ImportError(f"engine {name!r}: module {ENGINES[name]} is not available in this build") from None
-    return module.make_engine(weights)
+    return build_engine(module, importlib.import_module(ENGINES["reference"]), weights, precision, gate)
 
 
 class Pi05Policy:
@@ -239,14 +242,16 @@ def choose_tokenizer(config: Pi05Config, folder: pathlib.Path | None, tokenizer=
 
 
 def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="auto", engine: str = "auto",
-         seed: int = 0, tokenizer=None, rtc="checkpoint") -> Pi05Policy:
+         seed: int = 0, tokenizer=None, rtc="checkpoint", precision="bf16") -> Pi05Policy:
     """Load a LeRobot pi0.5 checkpoint folder (as `save_pretrained` writes it, processors included; or a bare
     model.safetensors); None or "" = the built-in tiny model.
 
     dtype "auto" = bfloat16 on CUDA, float32 elsewhere; engine "auto" = fused on CUDA, reference elsewhere;
     `seed` seeds the policy's noise generator (and the tiny model's weights); `tokenizer`: a path or a
     Tokenizer (default: see `choose_tokenizer`); `rtc`: real-time chunking options ("checkpoint": the
-    config.json's rtc_config, as LeRobot reads it; an `rtc.RTCOptions`; None: off).
+    config.json's rtc_config, as LeRobot reads it; an `rtc.RTCOptions`; None: off); `precision`: "bf16" (every
+    weight in `dtype`) or "w4a16" (the action expert's weights in 4 bits), or a mapping per part
+    (`models.precision`), checked at load against the unquantized model (PrecisionError with the numbers).
     """
     torch_dtype = parse_dtype(dtype, device)
     processors = None
@@ -259,7 +264,7 @@ def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="auto", 
         folder = folder if folder.is_dir() else folder.parent
         processors = read_processors(folder)
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
-    impl = make_engine(resolve_engine(engine, device), weights)
+    impl = make_engine(resolve_engine(engine, device), weights, precision)
     return Pi05Policy(config, weights, impl, device, torch_dtype, seed=seed,
                       tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors,
                       rtc=rtc_options(rtc, folder))

@@ -15,6 +15,7 @@ from flashrt_core.models.paligemma.reference import (PrefixCache, apply_rope, at
                                                      linear, rms_normalize, rope_cos_sin, split_heads)
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.pi05.weights import Pi05Weights
+from flashrt_core.models.precision import parse_precision, quantize
 from flashrt_core.models.rtc import RTCInputs, guided_step
 
 
@@ -86,5 +87,6 @@ class ReferenceEngine:
         return denoise(self.weights, prefix, noise, rtc)
 
 
-def make_engine(weights: Pi05Weights) -> ReferenceEngine:
-    return ReferenceEngine(weights)
+def make_engine(weights: Pi05Weights, precision=None) -> ReferenceEngine:
+    """The eager engine; a quantized `precision` multiplies by the quantized weights, dequantized."""
+    return ReferenceEngine(quantize(weights, parse_precision(precision), packed=False))

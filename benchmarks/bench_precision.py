@@ -1,0 +1,102 @@
+"""Reduced precision on the GPU, full size, every parameter normal(0, 0.02): the fused engine in each precision
+preset (bf16, w4a16) in one process, W2 shapes: whole decision and act-only p50, the act stage's weight bytes
+and achieved GB/s, each preset's actions against the fp32 reference and its load gate (against the unquantized
+bf16 reference engine), and the skinny 4-bit GEMMs' GB/s per shape.
+Targets (issue: reduced precision): w4a16 act-only <= 3 ms (stretch 2); parity w4a16 cosine >= 0.995, rel L2
+<= 1e-1 against the fp32 reference.
+
+    python benchmarks/bench_precision.py [--model pi05|pi0] [--json benchmarks/results/precision_pi05_w2.json]
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[0]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's flashrt_core first
+from _common import write_result  # noqa: E402
+
+import torch  # noqa: E402
+
+from flashrt_core import bench as B  # noqa: E402
+from flashrt_core.kernels.w4 import weight_bytes  # noqa: E402
+from flashrt_core.models.precision import GATES, build_engine  # noqa: E402
+
+TARGETS = {"w4a16_act_only_ms": 3.0, "w4a16_act_only_stretch_ms": 2.0, **{f"{k}_gate": v for k, v in GATES.items()}}
+
+
+def expert_bytes(engine) -> int:
+    """Bytes of the expert's GEMM weights one flow step streams (packed + scales for 4 bits)."""
+    total = 0
+    for layer in engine.weights.expert_layers:
+        total += sum(weight_bytes(getattr(layer, n)) for n in ("qkv_w", "o_w", "gate_up_w", "down_w"))
+    return total
+
+
+def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "w4a16"), iters=30, warmup=5, seed=0,
+            device="cuda", dtype=torch.bfloat16, base_config=None, log=print) -> tuple[dict, dict]:
+    import importlib
+
+    config = B.workload_config(views, prompt_len, 10 if base_config is None else 3, 50 if base_config is None else 5,
+                               kind, base_config)
+    state = B.random_state(config, seed, device)
+    w32 = B.model_parts(kind)[0](config, state)
+    inputs = B.random_inputs(config, seed, device)
+    args = B.decision_args(inputs)
+    fused = importlib.import_module(f"flashrt_core.models.{kind}.engine")
+    R = importlib.import_module(f"flashrt_core.models.{kind}.reference")
+    with torch.no_grad():
+        truth = R.sample_actions(w32, *args)
+    wmodel = w32.to(device=device, dtype=dtype, vision_dtype=dtype)
+    results = {}
+    for preset in presets:
+        t0 = time.time()
+        eng = build_engine(fused, R, wmodel, preset)
+        eng.sample_actions(*args)
+        built_s = time.time() - t0
+        whole = B.time_cuda(lambda: eng.sample_actions(*args), warmup, iters, device)
+        act = B.time_cuda(eng.act, warmup, iters, device)
+        obs = B.time_cuda(eng.observe, warmup, iters, device)
+        nbytes = expert_bytes(eng)
+        steps = config.num_steps
+        results[preset] = {
+            "whole_decision": whole, "act_only_graph": act, "observe_graph": obs, "build_s": built_s,
+            "gate": eng.precision_report, "vs_reference_fp32": B.compare(eng.sample_actions(*args), truth),
+            "expert_weight_bytes_per_step": nbytes,
+            "act_expert_weight_gbps": nbytes * steps / (act["p50_ms"] * 1e-3) / 1e9,
+            "gemm_choices": [c for c in eng.linear.report() if any("w4" in str(f) for f in c["fused"])]
+            if hasattr(eng, "linear") else []}
+        log(f"[precision] {preset:<6} whole {whole['p50_ms']:.3f} ms  act {act['p50_ms']:.3f} ms  observe "
+            f"{obs['p50_ms']:.3f} ms  expert {nbytes / 1e6:.0f} MB/step "
+            f"({results[preset]['act_expert_weight_gbps']:.0f} GB/s in act)  vs fp32 cosine "
+            f"{results[preset]['vs_reference_fp32']['cosine']:.5f}  build {built_s:.0f} s")
+        del eng
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    workload = {"model": kind, "views": views, "prompt_len": prompt_len, "dtype": str(dtype).replace("torch.", ""),
+                "weights": f"normal(0, {B.WEIGHT_STD})", "seed": seed, "presets": list(presets),
+                "timing": f"{warmup} warm-ups, {iters} timed calls, CUDA events on a GPU", "targets": TARGETS}
+    return workload, results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="pi05", choices=("pi05", "pi0"))
+    p.add_argument("--presets", default="bf16,w4a16")
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_precision needs a CUDA GPU", file=sys.stderr)
+        return 2
+    path = args.json or f"benchmarks/results/precision_{args.model}_w2.json"
+    workload, results = measure(args.model, presets=tuple(args.presets.split(",")), iters=args.iters)
+    write_result(path, workload, results)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

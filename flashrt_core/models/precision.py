@@ -1,0 +1,146 @@
+"""Precision per model part, as data: which weights an engine keeps in the model dtype and which in fewer bits.
+
+A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (the Gemma prefix) and `expert`
+(the action expert). Presets:
+  bf16    every part in the model dtype (bf16 on a GPU; the default)
+  w4a16   the expert's GEMM weights in 4 bits (groups of 128 inputs, bf16 scales, `kernels.w4`), activations in
+          the model dtype: the act stage streams a quarter of the weight bytes
+Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed and
+its skinny GEMM dequantizes in registers; the reference engine multiplies by the same weights dequantized, so
+the two compute the same model. A quantized engine is checked at build against the unquantized reference on a
+fixed input (`gate`) and refused with the numbers where it falls short of the preset's thresholds.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from flashrt_core.errors import PrecisionError
+from flashrt_core.kernels.w4 import group_for, quantize_w4
+
+PARTS = ("vision", "prefix", "expert")
+FORMATS = {"vision": ("bf16",), "prefix": ("bf16",), "expert": ("bf16", "w4a16")}
+PRESETS = {"bf16": {}, "w4a16": {"expert": "w4a16"}}
+# (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's
+GATES = {"w4a16": {"cosine": 0.995, "rel_l2": 0.1}}
+_EXPERT_GEMMS = ("qkv_w", "o_w", "gate_up_w", "down_w")
+
+
+@dataclass(frozen=True)
+class Precision:
+    vision: str = "bf16"
+    prefix: str = "bf16"
+    expert: str = "bf16"
+
+    def __post_init__(self):
+        for part in PARTS:
+            if getattr(self, part) not in FORMATS[part]:
+                raise ValueError(f"precision.{part}: one of {', '.join(FORMATS[part])}, got {getattr(self, part)!r}")
+
+    @property
+    def name(self) -> str:
+        """The preset's name, or part=format pairs for a mix no preset names."""
+        for name, parts in PRESETS.items():
+            if self == Precision(**parts):
+                return name
+        return ",".join(f"{p}={getattr(self, p)}" for p in PARTS)
+
+    @property
+    def quantized(self) -> bool:
+        return any(getattr(self, p) != "bf16" for p in PARTS)
+
+    def gate(self) -> dict:
+        """The default thresholds of the strictest quantized part's format ({} where nothing is quantized)."""
+        formats = [getattr(self, p) for p in PARTS if getattr(self, p) != "bf16"]
+        return dict(GATES[formats[0]]) if formats else {}
+
+
+def parse_precision(value) -> Precision:
+    """A preset name (bf16, w4a16), a {part: format} mapping, a Precision, or None (bf16)."""
+    if value is None or isinstance(value, Precision):
+        return value or Precision()
+    if isinstance(value, str):
+        if value not in PRESETS:
+            raise ValueError(f"precision: one of {', '.join(PRESETS)} (or a mapping of {', '.join(PARTS)}), "
+                             f"got {value!r}")
+        return Precision(**PRESETS[value])
+    if isinstance(value, dict):
+        unknown = set(value) - set(PARTS)
+        if unknown:
+            raise ValueError(f"precision: unknown parts {sorted(unknown)} (the parts: {', '.join(PARTS)})")
+        return Precision(**value)
+    raise ValueError(f"precision: a preset name or a mapping, got {type(value).__name__}")
+
+
+def quantize(weights, precision: Precision, packed: bool):
+    """A copy of an engine-layout weights dataclass (pi0.5's or pi0's) with the parts `precision` quantizes:
+    the expert's GEMM weights (q|k|v, o, gate|up, down) as `kernels.w4.W4Weight` (packed=True: the fused
+    engine) or dequantized back to the model dtype (packed=False: the reference engine). A matrix whose inputs
+    no group size divides stays as it is. The input is not changed."""
+    if precision.expert != "w4a16":
+        return weights
+    layers = []
+    for layer in weights.expert_layers:
+        fields = {}
+        for name in _EXPERT_GEMMS:
+            w = getattr(layer, name)
+            group = group_for(w.shape[1])
+            if group is None:
+                continue
+            q = quantize_w4(w, group)
+            fields[name] = q if packed else q.dequantize()
+        layers.append(dataclasses.replace(layer, **fields))
+    return dataclasses.replace(weights, expert_layers=layers)
+
+
+def fixed_inputs(config, device, seed: int = 1234) -> tuple:
+    """A fixed observation and noise (images in [-1, 1], every camera present, a prompt of random tokens with
+    a few padded, a state for pi0) for the gate."""
+    g = torch.Generator().manual_seed(seed)
+    size, slots, length = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
+    images = torch.rand(1, slots, 3, size, size, generator=g) * 2 - 1
+    masks = torch.ones(1, slots, dtype=torch.bool)
+    tokens = torch.randint(0, config.vocab_size, (1, length), generator=g)
+    mask = torch.ones(1, length, dtype=torch.bool)
+    mask[:, max(1, length - 3):] = False
+    noise = torch.randn(1, config.chunk_size, config.action_dim, generator=g)
+    obs = [t.to(device) for t in (images, masks, tokens, mask)]
+    extra = [torch.randn(1, config.state_dim, generator=g).to(device)] if config.kind == "pi0" else []
+    return obs, extra, noise.to(device)
+
+
+def gate(engine, plain, config, precision: Precision, thresholds: dict | None = None) -> dict:
+    """One decision of the quantized `engine` against `plain` (the unquantized reference engine) on a fixed
+    input -> {"cosine", "rel_l2", "max_abs", thresholds}; PrecisionError with those numbers where the cosine is
+    below or the relative L2 above the thresholds (default: the format's, `GATES`)."""
+    limits = {**precision.gate(), **(thresholds or {})}
+    device = engine.device if hasattr(engine, "device") else plain.weights.action_in_w.device
+    obs, extra, noise = fixed_inputs(config, device)
+    with torch.no_grad():
+        got = engine.denoise(engine.encode_prefix(*obs), *extra, noise).float().flatten()
+        want = plain.denoise(plain.encode_prefix(*obs), *extra, noise).float().flatten()
+    cos = F.cosine_similarity(got, want, dim=0).item()
+    rel = ((got - want).norm() / want.norm().clamp_min(1e-12)).item()
+    report = {"precision": precision.name, "cosine": cos, "rel_l2": rel, "max_abs": (got - want).abs().max().item(),
+              "thresholds": limits}
+    if not (cos >= limits.get("cosine", -1.0) and rel <= limits.get("rel_l2", float("inf"))):
+        raise PrecisionError(f"precision {precision.name} refused: against the unquantized model on a fixed input, "
+                             f"cosine {cos:.5f} (at least {limits.get('cosine')}), relative L2 {rel:.3g} (at most "
+                             f"{limits.get('rel_l2')}); use precision bf16, or loosen model.options.precision_gate")
+    return report
+
+
+def build_engine(module, reference, weights, precision=None, thresholds: dict | None = None):
+    """`module.make_engine(weights, precision)` (the fused or the reference engine module), checked by `gate`
+    against `reference.make_engine(weights)` where the precision quantizes anything; the gate's numbers are
+    the engine's `precision_report` ({} unquantized)."""
+    precision = parse_precision(precision)
+    engine = module.make_engine(weights, precision)
+    report = {"precision": precision.name}
+    if precision.quantized:
+        report = gate(engine, reference.make_engine(weights), weights.config, precision, thresholds)
+    engine.precision_report = report
+    return engine
