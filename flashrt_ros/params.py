@@ -19,6 +19,9 @@ PARAMETERS = {
     "engine": ("auto", ParameterType.PARAMETER_STRING,
                "auto | fused | reference; auto = the contract's choice (default: fused on CUDA, reference on CPU)",
                None),
+    "precision": ("", ParameterType.PARAMETER_STRING,
+                  "bf16 | w4a16 (the action expert's weights in 4 bits, checked at load against the unquantized "
+                  "model); empty = the contract's model.options.precision (default bf16)", None),
     "tokenizer": ("", ParameterType.PARAMETER_STRING,
                   "tokenizer.json / tokenizer.model file or folder; empty = the tokenizer the checkpoint names, "
                   "from the Hugging Face hub cache (offline)", None),
@@ -88,6 +91,7 @@ class NodeParams:
     device: str
     dtype: str
     engine: str
+    precision: str
     tokenizer: str
     seed: int
     camera_topics: list
@@ -172,6 +176,11 @@ def validate(values: dict) -> NodeParams:
         raise ValueError(f"parameter 'device' must be cpu, cuda, cuda:N or auto, not '{device}'")
     if values["engine"] not in ("auto", "fused", "reference"):
         raise ValueError(f"parameter 'engine' must be auto, fused or reference, not '{values['engine']}'")
+    from flashrt_core.models.precision import PRESETS
+
+    if values["precision"] not in ("",) + tuple(PRESETS):
+        raise ValueError(f"parameter 'precision' must be empty or one of {', '.join(PRESETS)}, not "
+                         f"'{values['precision']}'")
     if values["rtc"] and values["action_dt"] < 1e-3:
         raise ValueError(f"parameter 'action_dt' must be at least 0.001 s with rtc (the robot's action rate is "
                          f"1 / action_dt, at most 1000 Hz), got {values['action_dt']}")

@@ -17,7 +17,8 @@ import sys
 _FLAGS = {"checkpoint": "checkpoint", "config": "contract", "camera_topics": "camera_topics",
           "joint_state_topic": "joint_state_topic", "joint_names": "joint_names", "state_topic": "state_topic",
           "device": "device", "dtype": "dtype", "engine": "engine", "tokenizer": "tokenizer", "prompt": "prompt",
-          "act_rate": "act_rate_hz", "observe_rate": "observe_rate_hz", "rtc": "rtc"}
+          "act_rate": "act_rate_hz", "observe_rate": "observe_rate_hz", "rtc": "rtc",
+          "precision": "precision"}
 
 
 def add_subparsers(sub) -> None:
@@ -31,6 +32,8 @@ def add_subparsers(sub) -> None:
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: the contract's)")
     p.add_argument("--engine", choices=("auto", "fused", "reference"), help="default auto")
+    p.add_argument("--precision", choices=("bf16", "w4a16"),
+                   help="bf16, or w4a16: the action expert's weights in 4 bits (default: the contract's, bf16)")
     p.add_argument("--rtc", action="store_const", const=True, default=None,
                    help="real-time chunking in the act stage (node parameters rtc_*: its options)")
     p.add_argument("--tokenizer", help="tokenizer.json / tokenizer.model file or folder (default: hub cache)")

@@ -47,6 +47,8 @@ def runtime_arguments(p, n_cameras: int) -> dict:
                                  ("state_dim", state_dim), ("action_dim", action_dim)) if v > 0}
     if p.engine != "auto":
         options["engine"] = p.engine
+    if p.precision:
+        options["precision"] = p.precision
     if p.rtc:  # the robot executes one action per action_dt
         options["rtc"] = {"execution_horizon": p.rtc_execution_horizon, "max_guidance_weight": p.rtc_max_guidance_weight,
                           "schedule": p.rtc_schedule,

@@ -207,3 +207,73 @@ def test_bench_precision_tiny_reports_each_preset():
     ratio = w4["expert_weight_bytes_per_step"] / bf16["expert_weight_bytes_per_step"]
     assert 0.25 < ratio < 0.3  # packed nibbles + one bf16 scale per group (of 32 / 64 inputs in the tiny model)
     assert w4["act_only_graph"]["p50_ms"] > 0 and w4["whole_decision"]["p50_ms"] > 0
+
+
+# ---- through the contract, the node parameters and `flashrt run` -------------------------------------------
+def _runtime(options):
+    import pathlib
+
+    from flashrt_core.contract.runtime import Runtime
+
+    config = pathlib.Path(__file__).resolve().parents[1] / "config" / "pi05_tiny.yaml"
+    return Runtime.from_config(config, seed=0, options=options, rates={"observe": 10, "act": 50},
+                               deferred={"observe": False}, max_observation_age_ms=1000.0)
+
+
+@pytest.mark.parametrize("engine", ["reference", "fused"])
+def test_contract_precision_runs_the_act_stage_on_4bit_weights(engine):
+    """model.options.precision: w4a16 builds the policy's engine on 4-bit expert weights (gated at load): the
+    runtime's chunk is that engine's flow over the same prefix and noise, and differs from bf16's; the
+    fingerprint names the precision, so a capsule of one precision is refused by the other."""
+    import numpy as np
+
+    from flashrt_core.contract.bindings.pi05 import prefix_cache
+
+    rts = {p: _runtime({"engine": engine, "precision": p}) for p in ("bf16", "w4a16")}
+    assert rts["w4a16"].binding.policy.engine.precision_report["precision"] == "w4a16"
+    rng = np.random.default_rng(2)
+    imgs = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    out = {}
+    for p, rt in rts.items():
+        rt.set_prompt("stack the cups")
+        rt.set_observation(images=imgs, state=np.full(8, 0.1, np.float32), stamp_ns=1)
+        out[p] = rt.step(1).actions
+        draw = torch.randn(50, 32, generator=torch.Generator().manual_seed(0))[None]
+        with torch.no_grad():
+            want = rt.binding.policy.denoise(prefix_cache(rt.buffers), draw)[0]
+        assert (rt.buffers["prev_chunk"] - want).abs().max() < 1e-4, p
+    assert np.abs(out["w4a16"] - out["bf16"]).max() > 1e-3
+    fp = {p: rt.fingerprint_fields()["model"] for p, rt in rts.items()}
+    assert "w4a16" in fp["w4a16"] and fp["w4a16"] != fp["bf16"]
+
+
+def test_contract_precision_options_are_checked():
+    from flashrt_core.errors import ContractError, PrecisionError
+
+    with pytest.raises(ContractError, match="model.options.precision: one of bf16, w4a16"):
+        _runtime({"precision": "fp3"})
+    with pytest.raises(ContractError, match="model.options.precision_gate: a mapping of cosine"):
+        _runtime({"precision": "w4a16", "precision_gate": {"cosine": "high"}})
+    with pytest.raises(PrecisionError, match="precision w4a16 refused"):
+        _runtime({"precision": "w4a16", "precision_gate": {"cosine": 0.999999, "rel_l2": 1e-4}})
+
+
+def test_node_parameter_and_run_flag_set_the_precision():
+    from flashrt_ros.params import PARAMETERS, validate
+    from flashrt_ros.run_cli import node_parameters
+    from flashrt_ros.runtime_loader import runtime_arguments
+
+    values = {name: default for name, (default, *_rest) in PARAMETERS.items()}
+    values.update(precision="w4a16", joint_names=[f"j{i}" for i in range(8)])
+    assert runtime_arguments(validate(values), n_cameras=2)["options"]["precision"] == "w4a16"
+    assert "precision" not in (runtime_arguments(validate({**values, "precision": ""}), 2)["options"] or {})
+    with pytest.raises(ValueError, match="parameter 'precision' must be empty or one of bf16, w4a16"):
+        validate({**values, "precision": "int8"})
+    import argparse
+
+    from flashrt_ros import run_cli
+
+    parser = argparse.ArgumentParser()
+    run_cli.add_subparsers(parser.add_subparsers())
+    args = parser.parse_args(["run", "--checkpoint", "x", "--precision", "w4a16"])
+    assert node_parameters(args)["precision"] == "w4a16"

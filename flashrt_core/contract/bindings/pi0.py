@@ -59,7 +59,8 @@ class Pi0Binding(Pi05Binding):
     def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
         weights = pi0.convert(config, state).to(device=self.device, dtype=self.dtype,
                                                 vision_dtype=torch.float32 if vision == "float32" else None)
-        return pi0.Pi0Policy(config, weights, pi0.policy.make_engine(engine_name, weights), self.device,
+        engine = pi0.policy.make_engine(engine_name, weights, self.precision, self.precision_gate)
+        return pi0.Pi0Policy(config, weights, engine, self.device,
                              self.dtype, seed=self.seed, tokenizer=tokenizer, processors=processors)
 
     @classmethod

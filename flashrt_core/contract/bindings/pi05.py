@@ -22,7 +22,9 @@ prompt_len, prompt_bytes, image_slots, engine (auto: fused on CUDA, reference on
 tokenizer (a tokenizer.json / tokenizer.model path; default: resolved by the checkpoint's tokenizer name),
 vision_dtype (float32 as LeRobot keeps SigLIP, or model: the model dtype; default model for the fused engine,
 whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference),
-rtc (real-time chunking, off by default; `rtc_options`).
+rtc (real-time chunking, off by default; `rtc_options`), precision (bf16 | w4a16 or a mapping per part,
+`flashrt_core.models.precision`; default bf16) and precision_gate ({cosine, rel_l2}: the load check's thresholds
+against the unquantized model; default the format's).
 
 Real-time chunking (`model.options.rtc: {execution_horizon, max_guidance_weight, schedule, inference_delay,
 action_rate_hz}`): every act tick guides its chunk towards the part of the previous chunk the robot has not
@@ -53,9 +55,10 @@ from flashrt_core.models.pi05.preprocess import resize_with_pad
 from flashrt_core.models.pi05.processors import Processors, read_processors
 from flashrt_core.models.random_weights import random_state
 from flashrt_core.models.pi05.prompt import clean_task
+from flashrt_core.models.precision import parse_precision
 
 _OPTIONS = {"rtc", "variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
-            "prompt_bytes", "image_slots", "engine", "vision_dtype", "tokenizer"}
+            "prompt_bytes", "image_slots", "engine", "vision_dtype", "tokenizer", "precision", "precision_gate"}
 DEFAULT_VIEWS, DEFAULT_STATE_DIM, DEFAULT_ACTION_DIM = 2, 8, 7  # without a checkpoint that says
 
 
@@ -206,6 +209,7 @@ class Pi05Binding(ModelBinding):
             cls.prompt_fits(tok, dims, prompt)
         vision = model.options.get("vision_dtype", "model" if engine == "fused" else "float32")
         out = {"engine": engine, "vision dtype": model.dtype if vision == "model" else "float32",
+               "precision": precision_options(model)[0].name,
                "sizes": f"prefix width {config.vlm.width} x {config.vlm.depth} layers, expert width "
                         f"{config.expert.width}, vocab {config.vocab_size}, chunk {config.chunk_size}, "
                         f"{config.num_steps} flow steps, prompt {dims['prompt_len']} tokens",
@@ -238,6 +242,7 @@ class Pi05Binding(ModelBinding):
         procs = checkpoint_processors(model)
         # the tokenizer before the weights: a missing one is refused before minutes of loading
         tok = self.tokenizer_for(model, config, procs, tokenizer)
+        self.precision, self.precision_gate = precision_options(model)
         self.policy = self.make_policy(config, state, engine_name, vision, tok, procs)
         del state
         self.owns_graphs = engine_name == "fused" and self.device.type == "cuda"
@@ -259,7 +264,8 @@ class Pi05Binding(ModelBinding):
         """The model behind the stages (pi0's binding makes its own)."""
         weights = pi05.convert(config, state).to(device=self.device, dtype=self.dtype,
                                                  vision_dtype=torch.float32 if vision == "float32" else None)
-        return pi05.Pi05Policy(config, weights, make_engine(engine_name, weights), self.device, self.dtype,
+        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
+        return pi05.Pi05Policy(config, weights, engine, self.device, self.dtype,
                                seed=self.seed, tokenizer=tokenizer, processors=processors)
 
     def check_prompt(self, text: str) -> None:
@@ -472,7 +478,8 @@ class Pi05Binding(ModelBinding):
         b["actions"].copy_(self._robot_actions(chunk, b))
 
     def identity(self) -> str:
-        return f"{self.name}:" + self.config.to_json().replace("\n", "").replace(" ", "")
+        """Architecture, sizes and weight precision (a capsule of another precision does not restore here)."""
+        return f"{self.name}:{self.precision.name}:" + self.config.to_json().replace("\n", "").replace(" ", "")
 
     def weights(self):
         return list(named_tensors(self.policy.weights, "w"))
@@ -490,6 +497,22 @@ class ContractRTC:
 
 
 _RTC_KEYS = {"execution_horizon", "max_guidance_weight", "schedule", "inference_delay", "action_rate_hz"}
+
+
+def precision_options(model) -> tuple:
+    """(Precision, gate thresholds or None) of `model.options.precision` / `precision_gate`."""
+    try:
+        precision = parse_precision(model.options.get("precision"))
+    except ValueError as exc:
+        raise ContractError(f"model.options.{exc}") from None
+    gate = model.options.get("precision_gate")
+    if gate is not None:
+        if not isinstance(gate, dict) or set(gate) - {"cosine", "rel_l2"} or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in gate.values()):
+            raise ContractError("model.options.precision_gate: a mapping of cosine and / or rel_l2 to numbers, got "
+                                f"{gate!r}")
+        gate = {k: float(v) for k, v in gate.items()}
+    return precision, gate
 
 
 def rtc_options(model) -> ContractRTC | None:
