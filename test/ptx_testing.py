@@ -245,9 +245,9 @@ def precompile_check() -> dict:
 
 
 def engine_scan() -> dict:
-    """Every kernel a W2-shaped pi0.5 decision and a pi0 decision launch (full widths and head dims, one layer
-    per tower, a small vocabulary; skinny GEMMs with CONFIGS[0]), each distinct compiled form once, with the
-    PTX target it was compiled for: {kernel: [summaries]}."""
+    """Every kernel a W2-shaped pi0.5 decision (bf16, and w4a16: 4-bit expert weights) and a pi0 decision launch
+    (full widths and head dims, one layer per tower, a small vocabulary; skinny GEMMs with CONFIGS[0]), each
+    distinct compiled form once, with the PTX target it was compiled for: {kernel: [summaries]}."""
     import dataclasses
 
     from flashrt_core import bench
@@ -257,13 +257,16 @@ def engine_scan() -> dict:
 
     full = pi05.Pi05Config.full()
     out: dict[str, list] = {}
-    for kind, convert, engine_class in (("pi05", pi05.convert, Pi05Engine), ("pi0", pi0.convert, Pi0Engine)):
+    for kind, convert, engine_class, precision in (("pi05", pi05.convert, Pi05Engine, "bf16"),
+                                                   ("pi05", pi05.convert, Pi05Engine, "w4a16"),
+                                                   ("pi0", pi0.convert, Pi0Engine, "bf16")):
         config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512, kind=kind,
                                      vision=dataclasses.replace(full.vision, layers=1),
                                      vlm=dataclasses.replace(full.vlm, depth=1),
                                      expert=dataclasses.replace(full.expert, depth=1))
         engine = engine_class(convert(config, bench.random_state(config, 0, "cpu")), device="cpu",
-                              dtype=torch.bfloat16, backend="triton", graphs=False, gemm="triton", tuning_cache=None)
+                              dtype=torch.bfloat16, backend="triton", graphs=False, gemm="triton", tuning_cache=None,
+                              precision=precision)
         inputs = bench.random_inputs(config, 0, "cpu")
         start = len(COMPILED)
         engine.sample_actions(*bench.decision_args(inputs))

@@ -24,37 +24,44 @@ TOL = {"bf16": 1.5e-2, "fp32": 1e-5, "engine_fp32": 1e-4, "engine_bf16_rel_l2": 
 
 
 def test_quantize_w4_packs_two_inputs_per_byte_low_nibble_first():
-    w = torch.tensor([[7.0, -7.0, 1.0, 0.0, 3.5, -3.5, 0.5, 7.0]])
-    q = quantize_w4(w, group=4)
-    assert q.packed.dtype == torch.uint8 and q.packed.shape == (1, 4) and q.scales.shape == (1, 2)
-    torch.testing.assert_close(q.scales, torch.tensor([[1.0, 1.0]]))
+    w = torch.zeros(2, 64)
+    w[0, :8] = torch.tensor([7.0, -7.0, 1.0, 0.0, 3.5, -3.5, 0.5, 7.0])
+    w[1, 32:] = 14.0
+    q = quantize_w4(w, group=32)
+    assert q.packed.dtype == torch.uint8 and q.packed.shape == (2, 32) and q.scales.shape == (2, 2)  # [groups, N]
+    assert q.scales[0, 0] == 1.0 and q.scales[1, 1] == 2.0  # group-major: group 1 of row 1
     # (q + 8) per input: 15, 1, 9, 8 | 12 (3.5 rounds to 4), 4, 8 (0.5 rounds to 0, half to even), 15
-    assert q.packed[0].tolist() == [15 | (1 << 4), 9 | (8 << 4), 12 | (4 << 4), 8 | (15 << 4)]
-    assert q.shape == (1, 8) and q.nbytes == 4 + 2 * 4
+    assert q.packed[0, :4].tolist() == [15 | (1 << 4), 9 | (8 << 4), 12 | (4 << 4), 8 | (15 << 4)]
+    assert q.packed[1, 16:].tolist() == [15 | (15 << 4)] * 16
+    assert q.shape == (2, 64) and q.nbytes == 64 + 4 * 4
+    torch.testing.assert_close(q.dequantize()[1], w[1])
 
 
 def test_quantize_w4_error_is_at_most_half_a_step_per_entry():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(37, 256, generator=g) * torch.rand(37, 1, generator=g)
     q = quantize_w4(w, group=128)
-    step = q.scales.float().repeat_interleave(128, dim=1)
+    step = q.scales.float().t().repeat_interleave(128, dim=1)
     err = (q.dequantize().float() - w).abs()
     assert (err <= step / 2 + 1e-6).all()
-    assert (w.reshape(37, 2, 128).abs().amax(-1) / 7 - q.scales).abs().max() < 1e-6  # symmetric, max -> 7
+    assert (w.reshape(37, 2, 128).abs().amax(-1) / 7 - q.scales.t()).abs().max() < 1e-6  # symmetric, max -> 7
     # bf16 scales: rounded first, then each entry to the nearest multiple of the stored scale (the dequantized
     # value rounded to bf16 once more: 7 steps at 2^-9)
     qb = quantize_w4(w.bfloat16())
     assert qb.dtype == torch.bfloat16
-    stepb = qb.scales.float().repeat_interleave(128, dim=1)
+    stepb = qb.scales.float().t().repeat_interleave(128, dim=1)
     assert ((qb.dequantize().float() - w.bfloat16().float()).abs() <= stepb / 2 + 2e-2 * stepb + 1e-6).all()
 
 
 def test_quantize_w4_refuses_what_it_cannot_store():
-    with pytest.raises(Exception, match="group size 128 must be even and divide K = 100"):
+    with pytest.raises(Exception, match="group size 128 must be a power of two of at least 32 and divide K = 100"):
         quantize_w4(torch.randn(4, 100))
+    with pytest.raises(Exception, match="group size 16 must be"):
+        quantize_w4(torch.randn(4, 64), group=16)
     with pytest.raises(Exception, match="float"):
         quantize_w4(torch.ones(4, 128, dtype=torch.int32))
-    assert group_for(1024) == 128 and group_for(40) == 40 and group_for(41) is None and group_for(200) is None
+    assert group_for(1024) == 128 and group_for(96) == 32 and group_for(64) == 64
+    assert group_for(40) is None and group_for(200) is None
 
 
 def _rel(got, want):
@@ -65,7 +72,7 @@ def _rel(got, want):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,group,block_k,split,preload", [
     (5, 24, 256, 128, 128, 1, 0), (7, 40, 192, 64, 64, 0, 0), (3, 16, 384, 128, 128, 2, 1), (9, 33, 128, 128, 256, 1, 0),
-    (6, 20, 40, 40, 128, 1, 0)])
+    (6, 20, 96, 32, 128, 1, 0), (4, 18, 512, 128, 512, 0, 0)])
 def test_skinny_gemm_on_4bit_weights_matches_the_dequantized_product(dev, dtype, m, n, k, group, block_k, split,
                                                                       preload):
     g = torch.Generator().manual_seed(m * n + k)
@@ -96,7 +103,13 @@ def test_skinny_gemm_on_4bit_weights_matches_the_dequantized_product(dev, dtype,
 
 
 def _micro(kind):
-    config, state = pi05.build_tiny(3, kernel_testing.micro_config(kind))
+    """The interpreter-sized model with every expert GEMM's inputs a multiple of 32 (4-bit groups of 32)."""
+    from flashrt_core.models.pi05.config import GemmaConfig
+
+    micro = kernel_testing.micro_config(kind)
+    micro = dataclasses.replace(micro, vlm=dataclasses.replace(micro.vlm, head_dim=16),
+                                expert=GemmaConfig(width=32, depth=2, mlp=96, heads=4, kv_heads=1, head_dim=16))
+    config, state = pi05.build_tiny(3, micro)
     return (pi05 if kind == "pi05" else pi0).convert(config, state), kernel_testing.micro_inputs(config)
 
 

@@ -44,26 +44,37 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
-    def _w4_tiles(W, S, rn, jb, n_ok, jb_ok, swn, ssn, GROUP: tl.constexpr):
-        """The dequantized weight tiles [len(jb), BLOCK_N] of the even and the odd inputs 2 jb, 2 jb + 1 of a
-        4-bit weight (`kernels.w4`: byte jb holds them in its low and high nibble), in the scales' dtype."""
-        mask = n_ok[None, :] & jb_ok[:, None]
-        p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None], mask=mask, other=0).to(tl.int32)
-        s = tl.load(S + rn[None, :].to(tl.int64) * ssn + (2 * jb[:, None]) // GROUP, mask=mask,
-                    other=0.0).to(tl.float32)
-        lo = ((p & 15) - 8).to(tl.float32) * s
-        hi = ((p >> 4) - 8).to(tl.float32) * s
-        return lo.to(S.dtype.element_ty), hi.to(S.dtype.element_ty)
+    def _w4_dot(X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+        """X[rm, k0:k0 + BLOCK_K] times a 4-bit weight's rows rn there (`kernels.w4`: byte j of a row holds inputs
+        2j and 2j + 1 in its low and high nibble; scales S [K / GROUP, sgn], group-major), fp32 [BLOCK_M,
+        BLOCK_N]: per group, the even and the odd inputs times the two nibbles (integers, exact in the scales'
+        dtype), the sum times the group's scale. x is loaded contiguously and split in registers."""
+        DT = S.dtype.element_ty
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for g in tl.static_range(BLOCK_K // GROUP):
+            kg = k0 + g * GROUP
+            kk = kg + tl.arange(0, GROUP)
+            x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+            jb = kg // 2 + tl.arange(0, GROUP // 2)
+            p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None],
+                        mask=n_ok[None, :] & (jb < K // 2)[:, None], other=136).to(tl.int32)  # (136: two zeros)
+            lo = ((p & 15) - 8).to(tl.float32)
+            hi = ((p >> 4) - 8).to(tl.float32)
+            if UPCAST:  # (the CPU interpreter: fp32 products of the bf16-rounded x)
+                x = x.to(DT).to(tl.float32)
+            else:
+                x = x.to(DT)
+                lo, hi = lo.to(DT), hi.to(DT)
+            xe, xo = tl.split(tl.reshape(x, [BLOCK_M, GROUP // 2, 2]))
+            # (a group past K, in a tile that overhangs it, multiplies zeros: its scale row is clamped)
+            scale = tl.load(S + tl.minimum(kg // GROUP, K // GROUP - 1) * sgn + rn, mask=n_ok, other=0.0).to(tl.float32)
+            acc += (tl.dot(xe, lo, input_precision=PRECISION) + tl.dot(xo, hi, input_precision=PRECISION)) \
+                * scale[None, :]
+        return acc
 
     @triton.jit
-    def _x_pair(X, rm, jb, m_ok, jb_ok, sxm, DT: tl.constexpr):
-        """The even and the odd inputs 2 jb, 2 jb + 1 of the rows rm of X, in DT."""
-        mask = m_ok[:, None] & jb_ok[None, :]
-        ptr = X + rm[:, None] * sxm + 2 * jb[None, :]
-        return (tl.load(ptr, mask=mask, other=0.0).to(DT), tl.load(ptr + 1, mask=mask, other=0.0).to(DT))
-
-    @triton.jit
-    def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, ssn, sym, sps, up_off, s_up_off,
+    def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
                             W4: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
                             PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -78,9 +89,8 @@ if triton is not None:
         waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
         covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
         RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
-        W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [N, K / GROUP] (`kernels.w4`); each tile
-        is dequantized to the scales' dtype in registers, and the products of the even and the odd inputs are
-        summed (no reordering of either operand)."""
+        W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`, `_w4_dot`);
+        BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused)."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -93,21 +103,14 @@ if triton is not None:
         k_lo = pid_k * k_per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if W4 and PRE_K > 0:  # (the same, for 4-bit weights: inputs in pairs)
-            jp = k_lo // 2 + tl.arange(0, PRE_K // 2)
-            jp_ok = (2 * jp < K) & (2 * jp < k_lo + k_per_split)
-            wlo, whi = _w4_tiles(W, S, rn, jp, n_ok, jp_ok, swn, ssn, GROUP)
-            ulo, uhi = wlo, whi
-            if GEGLU:
-                ulo, uhi = _w4_tiles(W + up_off, S + s_up_off, rn, jp, n_ok, jp_ok, swn, ssn, GROUP)
+        if W4:  # 4-bit weights: every K tile of the split after the PDL wait
             pdl_wait(PDL)
-            xe, xo = _x_pair(X, rm, jp, m_ok, jp_ok, sxm, S.dtype.element_ty)
-            if UPCAST:
-                xe, xo, wlo, whi = xe.to(tl.float32), xo.to(tl.float32), wlo.to(tl.float32), whi.to(tl.float32)
-                ulo, uhi = ulo.to(tl.float32), uhi.to(tl.float32)
-            acc += tl.dot(xe, wlo, input_precision=PRECISION) + tl.dot(xo, whi, input_precision=PRECISION)
-            if GEGLU:
-                acc_up += tl.dot(xe, ulo, input_precision=PRECISION) + tl.dot(xo, uhi, input_precision=PRECISION)
+            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+                acc += _w4_dot(X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP,
+                               UPCAST, PRECISION)
+                if GEGLU:
+                    acc_up += _w4_dot(X, W + up_off, S + s_up_off, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M,
+                                      BLOCK_N, BLOCK_K, GROUP, UPCAST, PRECISION)
         elif PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
             kp = k_lo + tl.arange(0, PRE_K)
             kp_ok = (kp < K) & (kp < k_lo + k_per_split)
@@ -128,21 +131,7 @@ if triton is not None:
                 acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
         else:
             pdl_wait(PDL)
-        if W4 and not ONE_STEP:
-            for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
-                jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-                jb_ok = 2 * jb < K
-                xe, xo = _x_pair(X, rm, jb, m_ok, jb_ok, sxm, S.dtype.element_ty)
-                wlo, whi = _w4_tiles(W, S, rn, jb, n_ok, jb_ok, swn, ssn, GROUP)
-                if UPCAST:
-                    xe, xo, wlo, whi = xe.to(tl.float32), xo.to(tl.float32), wlo.to(tl.float32), whi.to(tl.float32)
-                acc += tl.dot(xe, wlo, input_precision=PRECISION) + tl.dot(xo, whi, input_precision=PRECISION)
-                if GEGLU:
-                    ulo, uhi = _w4_tiles(W + up_off, S + s_up_off, rn, jb, n_ok, jb_ok, swn, ssn, GROUP)
-                    if UPCAST:
-                        ulo, uhi = ulo.to(tl.float32), uhi.to(tl.float32)
-                    acc_up += tl.dot(xe, ulo, input_precision=PRECISION) + tl.dot(xo, uhi, input_precision=PRECISION)
-        elif not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
+        if not W4 and not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
             for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
@@ -254,6 +243,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     quant = isinstance(w, W4Weight)
     wt = w.packed if quant else w  # what the kernel reads as W
     scales = w.scales if quant else wt
+    if quant and block_k % w.group:
+        raise KernelInputError(f"skinny_linear: block_k {block_k} must be a multiple of the 4-bit group {w.group}")
     if not wt.is_contiguous() or w.shape[1] != kdim:
         raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
     m = x2.shape[0]
@@ -287,7 +278,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     launch(_skinny_gemm_kernel, grid,
         x2, wt, b if b is not None else wt, y, part, tickets, residual.gate if residual is not None else wt, scales,
         m, n, kdim, k_per_split, x2.stride(0), wt.stride(0), scales.stride(0), n, m * n, n * wt.stride(0),
-        n * scales.stride(0), W4=quant, GROUP=w.group if quant else 1, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split, ONE_STEP=one_step, RESID=residual is not None,
+        n if quant else 0, W4=quant, GROUP=w.group if quant else 1, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
+        ONE_STEP=one_step, RESID=residual is not None,
         UPCAST=interp and w.dtype != torch.float32,
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PRE_K=pre_k, DEFER=bool(defer), num_warps=num_warps,

@@ -1,11 +1,13 @@
 """4-bit weights (W4A16): the storage format the skinny GEMM reads, and its torch reference.
 
 A weight [N, K] is stored as signed 4-bit integers in groups of `group` consecutive inputs (K), each group with
-its own scale in the activations' dtype (bf16): w ~= scale[n, k // group] * q[n, k], q in -8..7, scale =
+its own scale in the activations' dtype (bf16): w = scale[k // group, n] * q[n, k], q in -8..7, scale =
 max |w| of the group / 7 (symmetric; -8 is never produced). Two inputs share one byte: the low nibble holds
 input 2j, the high nibble input 2j + 1, each as q + 8, so the GEMM multiplies the even and the odd inputs of
-x by the two nibbles without reordering either. The weight bytes a GEMM streams are 1/4 of bf16's (plus one
-scale per group: 1/64 more at group 128).
+x by the two nibbles (integers, exact in bf16) and the group's sum by its scale. Scales are stored group-major
+[K / group, N], so a GEMM tile loads one group's scales of its output columns contiguously. The weight bytes a
+GEMM streams are 1/4 of bf16's (plus one scale per group: 1/64 more at group 128). group: a power of two of
+at least 32 (a GEMM's K tiles hold whole groups, each at least one 16-deep tensor-core product per nibble).
 Reference: `W4Weight.dequantize` then `F.linear`.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ GROUP = 128  # inputs per scale
 
 @dataclass(frozen=True)
 class W4Weight:
-    """A [N, K] weight in 4 bits (module docstring): `packed` uint8 [N, K / 2], `scales` [N, K / group]."""
+    """A [N, K] weight in 4 bits (module docstring): `packed` uint8 [N, K / 2], `scales` [K / group, N]."""
 
     packed: torch.Tensor
     scales: torch.Tensor
@@ -54,17 +56,17 @@ class W4Weight:
         """The [N, K] weight the GEMM multiplies by, in `dtype` (default: the scales')."""
         p = self.packed.to(torch.int16)
         q = torch.stack(((p & 15) - 8, (p >> 4) - 8), dim=-1).flatten(-2).float()  # [N, K], inputs in order
-        s = self.scales.float().repeat_interleave(self.group, dim=1)
+        s = self.scales.float().t().repeat_interleave(self.group, dim=1)
         return (q * s).to(dtype or self.dtype)
 
 
 def group_for(kdim: int, group: int = GROUP) -> int | None:
-    """The group size used for inner dimension `kdim`: `group` where it divides kdim, else kdim itself where
-    kdim is smaller and even (the tiny models' layers); None: not quantizable to 4 bits."""
-    if kdim % group == 0:
-        return group
-    if kdim < group and kdim % 2 == 0:
-        return kdim
+    """The group size used for inner dimension `kdim`: the largest power of two from `group` down to 32 that
+    divides it (the tiny models' layers take smaller groups); None: not quantizable to 4 bits."""
+    while group >= 32:
+        if kdim % group == 0:
+            return group
+        group //= 2
     return None
 
 
@@ -75,14 +77,15 @@ def quantize_w4(w: torch.Tensor, group: int = GROUP, dtype: torch.dtype | None =
     if w.ndim != 2 or not w.is_floating_point():
         raise KernelInputError(f"quantize_w4: a float [N, K] weight, got {tuple(w.shape)} {w.dtype}")
     n, k = w.shape
-    if group < 2 or group % 2 or k % group:
-        raise KernelInputError(f"quantize_w4: the group size {group} must be even and divide K = {k}")
+    if group < 32 or group & (group - 1) or k % group:
+        raise KernelInputError(f"quantize_w4: the group size {group} must be a power of two of at least 32 and "
+                               f"divide K = {k}")
     dtype = dtype or w.dtype
     g = w.float().reshape(n, k // group, group)
     scale = (g.abs().amax(dim=-1) / 7.0).clamp_min(torch.finfo(torch.float32).tiny).to(dtype)
     q = torch.round(g / scale.float()[..., None]).clamp_(-8, 7).to(torch.int16).reshape(n, k) + 8
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8).contiguous()
-    return W4Weight(packed, scale.contiguous(), group)
+    return W4Weight(packed, scale.t().contiguous(), group)
 
 
 def dense(w) -> torch.Tensor:
