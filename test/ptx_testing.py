@@ -275,6 +275,15 @@ def engine_scan() -> dict:
             summary = {**summarize(ptx), **resources(kernel), "target": re.search(r"\.target (\S+)", ptx).group(1)}
             if summary not in out.setdefault(name, []):
                 out[name].append(summary)
+    # the fp8 prefix's row quantization (on a CPU the engine takes its torch reference): at the widest input
+    from flashrt_core.kernels import fp8
+
+    start = len(COMPILED)
+    fp8.quantize_rows(torch.randn(560, full.vlm.mlp, dtype=torch.bfloat16), backend="triton")
+    for name, kernel in COMPILED[start:]:
+        ptx = kernel.asm["ptx"]
+        out.setdefault(name, []).append({**summarize(ptx), **resources(kernel),
+                                         "target": re.search(r"\.target (\S+)", ptx).group(1)})
     return out
 
 

@@ -186,11 +186,11 @@ def test_precision_names_and_errors():
     assert parse_precision(None) == Precision() and parse_precision("bf16").name == "bf16"
     assert parse_precision("w4a16") == Precision(expert="w4a16") and not Precision().quantized
     assert parse_precision({"expert": "w4a16"}).name == "w4a16"
-    with pytest.raises(ValueError, match="precision: one of bf16, w4a16"):
+    with pytest.raises(ValueError, match=r"precision: one of bf16, fp8, w4a16, fp8\+w4a16"):
         parse_precision("fp4")
     with pytest.raises(ValueError, match=r"unknown parts \['head'\]"):
         parse_precision({"head": "w4a16"})
-    with pytest.raises(ValueError, match="precision.prefix: one of bf16, got 'w4a16'"):
+    with pytest.raises(ValueError, match="precision.prefix: one of bf16, fp8, got .w4a16."):
         parse_precision({"prefix": "w4a16"})
 
 
@@ -210,7 +210,8 @@ def test_bench_precision_tiny_reports_each_preset():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import bench_precision
 
-    workload, results = bench_precision.measure("pi05", views=2, prompt_len=16, iters=2, warmup=1, device="cpu",
+    workload, results = bench_precision.measure("pi05", views=2, prompt_len=16, presets=("bf16", "w4a16"), iters=2,
+                                                warmup=1, device="cpu",
                                                 dtype=torch.bfloat16, base_config=pi05.Pi05Config.tiny(),
                                                 log=lambda *a: None)
     assert set(results) == {"bf16", "w4a16"} and workload["presets"] == ["bf16", "w4a16"]
@@ -263,7 +264,7 @@ def test_contract_precision_runs_the_act_stage_on_4bit_weights(engine):
 def test_contract_precision_options_are_checked():
     from flashrt_core.errors import ContractError, PrecisionError
 
-    with pytest.raises(ContractError, match="model.options.precision: one of bf16, w4a16"):
+    with pytest.raises(ContractError, match="model.options.precision: one of bf16, fp8, w4a16"):
         _runtime({"precision": "fp3"})
     with pytest.raises(ContractError, match="model.options.precision_gate: a mapping of cosine"):
         _runtime({"precision": "w4a16", "precision_gate": {"cosine": "high"}})
@@ -280,7 +281,7 @@ def test_node_parameter_and_run_flag_set_the_precision():
     values.update(precision="w4a16", joint_names=[f"j{i}" for i in range(8)])
     assert runtime_arguments(validate(values), n_cameras=2)["options"]["precision"] == "w4a16"
     assert "precision" not in (runtime_arguments(validate({**values, "precision": ""}), 2)["options"] or {})
-    with pytest.raises(ValueError, match="parameter 'precision' must be empty or one of bf16, w4a16"):
+    with pytest.raises(ValueError, match=r"parameter 'precision' must be empty or one of bf16, fp8, w4a16, fp8\+w4a16"):
         validate({**values, "precision": "int8"})
     import argparse
 
@@ -290,3 +291,80 @@ def test_node_parameter_and_run_flag_set_the_precision():
     run_cli.add_subparsers(parser.add_subparsers())
     args = parser.parse_args(["run", "--checkpoint", "x", "--precision", "w4a16"])
     assert node_parameters(args)["precision"] == "w4a16"
+
+
+# ---- fp8 (the prefix) -----------------------------------------------------------------------------------------
+def test_quantize_fp8_scales_each_output_channel_to_448():
+    from flashrt_core.kernels.fp8 import FP8, quantize_fp8
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(19, 72, generator=g) * torch.rand(19, 1, generator=g)
+    q = quantize_fp8(w, torch.bfloat16)
+    assert q.data.dtype == FP8 and q.dtype == torch.bfloat16 and q.scales32.dtype == torch.float32
+    assert (q.data.float().abs().amax(1) == 448).all()
+    # e4m3 keeps 3 mantissa bits: each entry within 2^-4 of itself (and of the channel's smallest step)
+    err = (q.dequantize(torch.float32) - w).abs()
+    assert (err <= w.abs() * 2 ** -4 + q.scales32[:, None] * 2 ** -9).all()
+    assert q.nbytes == 19 * 72 + 19 * 4
+
+
+@pytest.mark.interpret
+def test_row_quantization_kernel_matches_its_reference(dev):
+    from flashrt_core.kernels.fp8 import quantize_rows, quantize_rows_ref
+
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(7, 100, generator=g) * torch.rand(7, 1, generator=g) * 10).bfloat16()
+    x[3] = 0  # an all-zero row: the smallest scale, zeros out
+    q, s = quantize_rows(x.to(dev), backend="triton")
+    qr, sr = quantize_rows_ref(x)
+    torch.testing.assert_close(s.cpu(), sr, rtol=1e-6, atol=0)
+    got, want = q.cpu().float(), qr.float()
+    mismatch = got != want
+    if dev == "cpu":  # Triton's interpreter converts fp32 -> e4m3 without the carry of a round-up into the next
+        # power of two (126.4 -> 64 instead of 128) and rounds exact ties away from zero (42 -> 44, torch 40);
+        # compiled, the conversion is the hardware's round-to-nearest-even
+        carry = (want.abs().log2() % 1 == 0) & (got == want / 2)
+        tie = (got + want) / 2 == x.float() / sr
+        mismatch &= ~(carry | tie)
+    assert not mismatch.any() and (got[3] == 0).all()
+
+
+def test_scaled_linear_is_the_product_of_both_fp8_operands():
+    from flashrt_core.kernels.fp8 import quantize_fp8, quantize_rows_ref, scaled_linear
+
+    g = torch.Generator().manual_seed(3)
+    x, w, b = torch.randn(2, 5, 64, generator=g), torch.randn(24, 64, generator=g), torch.randn(24, generator=g)
+    q = quantize_fp8(w, torch.float32)
+    xq, sx = quantize_rows_ref(x.reshape(10, 64))
+    want = (xq.float() * sx) @ (q.data.float() * q.scales32[:, None]).t() + b
+    got = scaled_linear(x, q, b)
+    assert got.shape == (2, 5, 24) and (got.reshape(10, 24) - want).abs().max() < 1e-4
+    # and close to the unquantized product (fp8 e4m3 on both sides: a few percent)
+    assert _rel(got.reshape(10, 24), x.reshape(10, 64) @ w.t() + b) < 0.05
+
+
+@pytest.mark.parametrize("kind", ["pi05", "pi0"])
+@pytest.mark.parametrize("preset", ["fp8", "fp8+w4a16"])
+def test_fp8_prefix_engines_match_the_reference_and_pass_their_gate(kind, preset):
+    """fp8 prefix (and with 4-bit expert weights): the fused engine (torch routes: the fp8 GEMM's reference) on
+    the tiny model against the reference engine with the same weights dequantized (which does not round its
+    activations to fp8: the difference is that rounding), and the load gate against the unquantized model."""
+    from flashrt_core.kernels.fp8 import FP8Weight
+    from flashrt_core.models.pi05.policy import make_engine as make5
+    from flashrt_core.models.pi0.policy import make_engine as make0
+
+    config, state = pi05.build_tiny(4, dataclasses.replace(pi05.Pi05Config.tiny(), kind=kind))
+    w = (pi05 if kind == "pi05" else pi0).convert(config, state)
+    make = make5 if kind == "pi05" else make0
+    limits = None if kind == "pi05" else {"cosine": 0.99, "rel_l2": 0.15}  # (the tiny pi0 in 4 bits: above)
+    fused, ref = make("fused", w, preset, limits), make("reference", w, preset, limits)
+    assert all(isinstance(L.qkv_w, FP8Weight) for L in fused.weights.vlm_layers)
+    assert isinstance(fused.weights.expert_layers[0].qkv_w, W4Weight) == (preset == "fp8+w4a16")
+    report = fused.precision_report
+    assert report["precision"] == preset and 0 < report["rel_l2"]
+    if preset == "fp8":
+        assert report["cosine"] >= 0.998 and report["rel_l2"] <= 0.05
+    obs, extra, noise = fixed_inputs(config, "cpu", seed=6)
+    got = fused.denoise(fused.encode_prefix(*obs), *extra, noise)
+    want = ref.denoise(ref.encode_prefix(*obs), *extra, noise)
+    assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.999

@@ -19,6 +19,7 @@ from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
+from flashrt_core.kernels.fp8 import FP8Weight, scaled_linear
 from flashrt_core.kernels.w4 import W4Weight, dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
@@ -55,10 +56,14 @@ def _cublas(x, w, b, geglu, backend, residual=None):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a residual added by the
     gated-residual kernel after it (torch ops in fp32 for an fp32 stream). fp32 rows into a bf16 / fp16 GEMM
     are rounded first, as the skinny kernel rounds them on load. A 4-bit weight is dequantized first (the
-    reference route; the skinny kernel dequantizes in registers)."""
+    reference route; the skinny kernel dequantizes in registers); an fp8 weight multiplies fp8 rows
+    (`kernels.fp8.scaled_linear`: per-token scales, cuBLAS's scaled GEMM on CUDA)."""
     x = x.to(w.dtype)
-    w = dense(w)
-    y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
+    if isinstance(w, FP8Weight):
+        y = K.geglu(scaled_linear(x, w), backend=backend) if geglu else scaled_linear(x, w, b)
+    else:
+        w = dense(w)
+        y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
     if residual is not None and residual.x.dtype != y.dtype:  # an fp32 stream (the flow state): torch, in fp32
         y = residual.x.add_(y.to(residual.x.dtype) * residual.gate.to(residual.x.dtype))
     elif residual is not None:
@@ -128,7 +133,8 @@ class LinearPicker:
 
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
-        skinny = m <= SKINNY_MAX_M and K.available(x.device)  # (False without Triton)
+        # (False without Triton; an fp8 weight always takes the scaled GEMM: the skinny kernel has no fp8 form)
+        skinny = m <= SKINNY_MAX_M and K.available(x.device) and not isinstance(w, FP8Weight)
         if self.mode == "torch" or not skinny or backend == "torch":
             return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":

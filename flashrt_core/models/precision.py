@@ -5,9 +5,13 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
   bf16    every part in the model dtype (bf16 on a GPU; the default)
   w4a16   the expert's GEMM weights in 4 bits (groups of 128 inputs, bf16 scales, `kernels.w4`), activations in
           the model dtype: the act stage streams a quarter of the weight bytes
-Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed and
-its skinny GEMM dequantizes in registers; the reference engine multiplies by the same weights dequantized, so
-the two compute the same model. A quantized engine is checked at build against the unquantized reference on a
+  fp8     the Gemma prefix's GEMMs in fp8 e4m3 (`kernels.fp8`: weights per output channel, activations per token,
+          scaled dynamically): the compute-bound observe stage on fp8 tensor cores
+  fp8+w4a16  both
+Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed (the
+skinny GEMM dequantizes 4 bits in registers; fp8 runs cuBLAS's scaled GEMM); the reference engine multiplies
+by the same weights dequantized (for fp8 without the activations' rounding to fp8, which the fused engine
+adds). A quantized engine is checked at build against the unquantized reference on a
 fixed input (`gate`) and refused with the numbers where it falls short of the preset's thresholds.
 """
 from __future__ import annotations
@@ -19,14 +23,17 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core.errors import PrecisionError
+from flashrt_core.kernels.fp8 import quantize_fp8
 from flashrt_core.kernels.w4 import group_for, quantize_w4
 
 PARTS = ("vision", "prefix", "expert")
-FORMATS = {"vision": ("bf16",), "prefix": ("bf16",), "expert": ("bf16", "w4a16")}
-PRESETS = {"bf16": {}, "w4a16": {"expert": "w4a16"}}
-# (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's
-GATES = {"w4a16": {"cosine": 0.995, "rel_l2": 0.1}}
-_EXPERT_GEMMS = ("qkv_w", "o_w", "gate_up_w", "down_w")
+FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "w4a16")}
+PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8"}, "w4a16": {"expert": "w4a16"},
+           "fp8+w4a16": {"prefix": "fp8", "expert": "w4a16"}}
+# (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's, per format
+# (a mix takes the loosest of its formats': the gate bounds the sum of their errors)
+GATES = {"fp8": {"cosine": 0.998, "rel_l2": 0.05}, "w4a16": {"cosine": 0.995, "rel_l2": 0.1}}
+_GEMMS = ("qkv_w", "o_w", "gate_up_w", "down_w")  # a Gemma layer's (the prefix's and the expert's)
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,11 @@ class Precision:
         return any(getattr(self, p) != "bf16" for p in PARTS)
 
     def gate(self) -> dict:
-        """The default thresholds of the strictest quantized part's format ({} where nothing is quantized)."""
+        """The default thresholds: the loosest of the quantized parts' formats ({} where nothing is quantized)."""
         formats = [getattr(self, p) for p in PARTS if getattr(self, p) != "bf16"]
-        return dict(GATES[formats[0]]) if formats else {}
+        if not formats:
+            return {}
+        return {"cosine": min(GATES[f]["cosine"] for f in formats), "rel_l2": max(GATES[f]["rel_l2"] for f in formats)}
 
 
 def parse_precision(value) -> Precision:
@@ -77,23 +86,31 @@ def parse_precision(value) -> Precision:
 
 def quantize(weights, precision: Precision, packed: bool):
     """A copy of an engine-layout weights dataclass (pi0.5's or pi0's) with the parts `precision` quantizes:
-    the expert's GEMM weights (q|k|v, o, gate|up, down) as `kernels.w4.W4Weight` (packed=True: the fused
-    engine) or dequantized back to the model dtype (packed=False: the reference engine). A matrix whose inputs
-    no group size divides stays as it is. The input is not changed."""
-    if precision.expert != "w4a16":
-        return weights
-    layers = []
-    for layer in weights.expert_layers:
-        fields = {}
-        for name in _EXPERT_GEMMS:
-            w = getattr(layer, name)
-            group = group_for(w.shape[1])
-            if group is None:
-                continue
-            q = quantize_w4(w, group)
-            fields[name] = q if packed else q.dequantize()
-        layers.append(dataclasses.replace(layer, **fields))
-    return dataclasses.replace(weights, expert_layers=layers)
+    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16), of the
+    prefix's as `kernels.fp8.FP8Weight` (fp8); packed=True: so (the fused engine), False: dequantized back to
+    the model dtype (the reference engine). A matrix whose inputs no 4-bit group size divides stays as it is.
+    The input is not changed."""
+    def layers(which, make):
+        out = []
+        for layer in getattr(weights, which):
+            fields = {}
+            for name in _GEMMS:
+                q = make(getattr(layer, name))
+                if q is not None:
+                    fields[name] = q if packed else q.dequantize()
+            out.append(dataclasses.replace(layer, **fields))
+        return out
+
+    def w4(w):
+        group = group_for(w.shape[1])
+        return None if group is None else quantize_w4(w, group)
+
+    fields = {}
+    if precision.expert == "w4a16":
+        fields["expert_layers"] = layers("expert_layers", w4)
+    if precision.prefix == "fp8":
+        fields["vlm_layers"] = layers("vlm_layers", quantize_fp8)
+    return dataclasses.replace(weights, **fields) if fields else weights
 
 
 def fixed_inputs(config, device, seed: int = 1234) -> tuple:
