@@ -64,6 +64,7 @@ def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16"
         steps = config.num_steps
         results[preset] = {
             "whole_decision": whole, "act_only_graph": act, "observe_graph": obs, "build_s": built_s,
+            "quantize_s": getattr(eng, "quantize_s", None),
             "gate": eng.precision_report, "vs_reference_fp32": B.compare(eng.sample_actions(*args), truth),
             "expert_weight_bytes_per_step": nbytes,
             "act_expert_weight_gbps": nbytes * steps / (act["p50_ms"] * 1e-3) / 1e9,

@@ -45,6 +45,11 @@ def probe() -> list[tuple[str, bool, str]]:
         "Triton interpreter on CPU (TRITON_INTERPRET=1; tests only, slow)" if (ok_t and interpret)
         else "plain torch references")
     rows.append(("kernel path", True, kernels))
+    if ok:
+        from flashrt_core.models.precision import dispatch_table
+
+        for r in dispatch_table("cuda" if cuda else "cpu"):  # the precision presets' formats on this hardware
+            rows.append((f"precision {r['format']}", r["runs"], f"{r['kernel']} ({r['why']})"))
     ok_r, rclpy = _try(lambda: importlib.import_module("rclpy"))
     rows.append(("rclpy", ok_r, getattr(rclpy, "__file__", rclpy) if ok_r else rclpy))
     ok_m, msg = _try(lambda: importlib.import_module("flashrt_ros.msg").ActionChunk)

@@ -368,3 +368,27 @@ def test_fp8_prefix_engines_match_the_reference_and_pass_their_gate(kind, preset
     got = fused.denoise(fused.encode_prefix(*obs), *extra, noise)
     want = ref.denoise(ref.encode_prefix(*obs), *extra, noise)
     assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) > 0.999
+
+
+def test_dispatch_table_says_what_runs_and_falls_back_by_part(monkeypatch):
+    from flashrt_core.models import precision as P
+
+    cpu = {r["format"]: r for r in P.dispatch_table("cpu")}
+    assert set(cpu) == {"bf16", "fp8", "w4a16"} and all(r["runs"] for r in cpu.values())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
+    a100 = {r["format"]: r for r in P.dispatch_table("cuda")}
+    assert not a100["fp8"]["runs"] and a100["fp8"]["why"] == "needs sm_89, this GPU is sm_80"
+    assert a100["w4a16"]["runs"] and a100["bf16"]["runs"]
+    ran, notes = P.for_device(P.parse_precision("fp8+w4a16"), "cuda")
+    assert ran == P.Precision(expert="w4a16")
+    assert notes == ["precision: prefix in fp8 needs sm_89, this GPU is sm_80: it runs in bf16"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))  # a Jetson AGX Thor
+    assert P.for_device(P.parse_precision("fp8+w4a16"), "cuda") == (P.parse_precision("fp8+w4a16"), [])
+
+
+def test_doctor_prints_the_precision_table():
+    from flashrt_ros.doctor import probe
+
+    rows = {name: (ok, detail) for name, ok, detail in probe()}
+    assert rows["precision w4a16"][0] and "4-bit" in rows["precision w4a16"][1]
+    assert "scaled fp8 GEMM" in rows["precision fp8"][1]

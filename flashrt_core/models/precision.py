@@ -17,6 +17,7 @@ fixed input (`gate`) and refused with the numbers where it falls short of the pr
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +66,46 @@ class Precision:
         if not formats:
             return {}
         return {"cosine": min(GATES[f]["cosine"] for f in formats), "rel_l2": max(GATES[f]["rel_l2"] for f in formats)}
+
+
+# Where each format runs (the hardware dispatch table): the kernel, and the least CUDA compute capability it
+# needs on a GPU. On a CPU every format runs through the torch references (slow: tests, the tiny model).
+DISPATCH = {
+    "bf16": {"kernel": "cuBLAS + the skinny Triton GEMM (bf16)", "min_capability": (8, 0)},
+    "fp8": {"kernel": "Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise scales)",
+            "min_capability": (8, 9)},
+    "w4a16": {"kernel": "skinny Triton GEMM on 4-bit weights (dequantized in registers)",
+              "min_capability": (8, 0)},
+}
+
+
+def dispatch_table(device) -> list[dict]:
+    """{format, kernel, runs, why} per format for `device` (what `flashrt doctor` prints)."""
+    device = torch.device(device)
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    rows = []
+    for fmt, entry in DISPATCH.items():
+        if cap is None:
+            runs, why = True, "CPU: the torch reference"
+        else:
+            runs = tuple(cap) >= entry["min_capability"]
+            need = "sm_{}{}".format(*entry["min_capability"])
+            why = f"sm_{cap[0]}{cap[1]} >= {need}" if runs else f"needs {need}, this GPU is sm_{cap[0]}{cap[1]}"
+        rows.append({"format": fmt, "kernel": entry["kernel"], "runs": runs, "why": why})
+    return rows
+
+
+def for_device(precision: "Precision", device) -> tuple["Precision", list[str]]:
+    """The precision that runs on `device`: each part whose format this hardware lacks falls back to bf16,
+    with a message naming the part, the format and why."""
+    table = {r["format"]: r for r in dispatch_table(device)}
+    changes, notes = {}, []
+    for part in PARTS:
+        fmt = getattr(precision, part)
+        if not table[fmt]["runs"]:
+            changes[part] = "bf16"
+            notes.append(f"precision: {part} in {fmt} {table[fmt]['why']}: it runs in bf16")
+    return (dataclasses.replace(precision, **changes) if changes else precision), notes
 
 
 def parse_precision(value) -> Precision:
@@ -154,10 +195,15 @@ def build_engine(module, reference, weights, precision=None, thresholds: dict | 
     """`module.make_engine(weights, precision)` (the fused or the reference engine module), checked by `gate`
     against `reference.make_engine(weights)` where the precision quantizes anything; the gate's numbers are
     the engine's `precision_report` ({} unquantized)."""
-    precision = parse_precision(precision)
+    asked = parse_precision(precision)
+    precision, fallbacks = for_device(asked, weights.action_in_w.device)
+    for note in fallbacks:
+        warnings.warn(note, stacklevel=3)
     engine = module.make_engine(weights, precision)
     report = {"precision": precision.name}
     if precision.quantized:
         report = gate(engine, reference.make_engine(weights), weights.config, precision, thresholds)
+    if fallbacks:
+        report.update(asked=asked.name, fallbacks=fallbacks)
     engine.precision_report = report
     return engine

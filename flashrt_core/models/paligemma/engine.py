@@ -11,6 +11,7 @@ action expert (`_act_body`, `denoise`, `sample_actions`): pi0.5's in `models/pi0
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
@@ -87,7 +88,11 @@ class PaliGemmaEngine(StagedEngine):
         self.vision_dtype = vision_dtype or dtype
         w = weights.to(device=device, dtype=dtype, vision_dtype=self.vision_dtype)
         self.precision = parse_precision(precision)
+        t0 = time.perf_counter()
         w = quantize(w, self.precision, packed=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.quantize_s = time.perf_counter() - t0  # (made at every build: bench_precision reports it)
         super().__init__(device, **launch)
         self.weights, self.config, self.dtype = w, w.config, dtype
         c = self.config
