@@ -1,7 +1,8 @@
 """Reduced precision on the GPU, full size, every parameter normal(0, 0.02): the fused engine in each precision
-preset (bf16, fp8, w4a16, fp8+w4a16) in one process, W2 shapes: whole decision and act-only p50, the act stage's weight bytes
-and achieved GB/s, each preset's actions against the fp32 reference and its load gate (against the unquantized
-bf16 reference engine), and the skinny 4-bit GEMMs' GB/s per shape.
+preset (bf16, fp8, w4a16, fp8+w4a16) in one process, W2 shapes: whole decision, act-only and observe p50, the
+expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the fp32
+reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the 4-bit
+GEMMs' tuned choices.
 Targets (issue: reduced precision): fp8 whole <= 7 ms (stretch 5.5), act-only <= 3.5 ms; fp8+w4a16 act-only
 <= 3 ms (stretch 2); parity fp8 cosine >= 0.998 / rel L2 <= 5e-2, with 4 bits >= 0.995 / <= 1e-1.
 

@@ -12,7 +12,7 @@ import kernel_testing
 from kernel_testing import dev  # noqa: F401  (fixture)
 from flashrt_core.errors import PrecisionError
 from flashrt_core.kernels.skinny_gemm import GatedResidual, skinny_linear
-from flashrt_core.kernels.w4 import W4Weight, dense, group_for, quantize_w4
+from flashrt_core.kernels.w4 import W4Weight, as_dense, group_for, quantize_w4
 from flashrt_core.models import pi0, pi05
 from flashrt_core.models.pi0 import reference as R0
 from flashrt_core.models.pi05 import reference as R5
@@ -147,7 +147,7 @@ def test_w4a16_on_the_tiny_model_passes_its_gate_and_matches_the_fake_quantized_
     w = (pi05 if kind == "pi05" else pi0).convert(config, state)
     make = make5 if kind == "pi05" else make0
     # the tiny pi0 in 4 bits is at cosine 0.993 / rel L2 0.12 from its fp32 self (groups as wide as its 32-input
-    # layers): below the default gate, which refuses it (test below); here with thresholds given as a contract
+    # layers): below the default gate, which refuses it (the next test); here with thresholds given as a contract
     # would give them
     limits = None if kind == "pi05" else {"cosine": 0.99, "rel_l2": 0.15}
     fused, ref = make("fused", w, "w4a16", limits), make("reference", w, "w4a16", limits)
@@ -160,6 +160,14 @@ def test_w4a16_on_the_tiny_model_passes_its_gate_and_matches_the_fake_quantized_
     want = ref.denoise(ref.encode_prefix(*obs), *extra, noise)
     assert (got - want).abs().max() < TOL["engine_fp32"]
     assert make("fused", w).precision_report == {"precision": "bf16"}
+
+
+def test_the_default_gate_refuses_the_tiny_pi0_in_4_bits():
+    from flashrt_core.models.pi0.policy import make_engine
+
+    config, state = pi05.build_tiny(4, dataclasses.replace(pi05.Pi05Config.tiny(), kind="pi0"))
+    with pytest.raises(PrecisionError, match=r"precision w4a16 refused: .*cosine 0\.99\d+ \(at least 0\.995\)"):
+        make_engine("reference", pi0.convert(config, state), "w4a16")
 
 
 def test_a_precision_that_misses_its_gate_is_refused_with_the_numbers():
@@ -178,7 +186,7 @@ def test_quantize_leaves_its_input_and_the_prefix_alone():
     assert isinstance(q.expert_layers[0].qkv_w, W4Weight) and torch.equal(w.expert_layers[0].qkv_w, before)
     assert q.vlm_layers[0].qkv_w is w.vlm_layers[0].qkv_w
     fake = quantize(w, parse_precision("w4a16"), packed=False).expert_layers[0].qkv_w
-    torch.testing.assert_close(fake, dense(q.expert_layers[0].qkv_w))
+    torch.testing.assert_close(fake, as_dense(q.expert_layers[0].qkv_w))
     assert quantize(w, parse_precision("bf16"), packed=True) is w
 
 
@@ -376,6 +384,7 @@ def test_dispatch_table_says_what_runs_and_falls_back_by_part(monkeypatch):
     cpu = {r["format"]: r for r in P.dispatch_table("cpu")}
     assert set(cpu) == {"bf16", "fp8", "w4a16"} and all(r["runs"] for r in cpu.values())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
+    monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)
     a100 = {r["format"]: r for r in P.dispatch_table("cuda")}
     assert not a100["fp8"]["runs"] and a100["fp8"]["why"] == "needs sm_89, this GPU is sm_80"
     assert a100["w4a16"]["runs"] and a100["bf16"]["runs"]
@@ -383,6 +392,7 @@ def test_dispatch_table_says_what_runs_and_falls_back_by_part(monkeypatch):
     assert ran == P.Precision(expert="w4a16")
     assert notes == ["precision: prefix in fp8 needs sm_89, this GPU is sm_80: it runs in bf16"]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))  # a Jetson AGX Thor
+    monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)  # (where torch's scaled GEMM runs: tried once)
     assert P.for_device(P.parse_precision("fp8+w4a16"), "cuda") == (P.parse_precision("fp8+w4a16"), [])
 
 
@@ -392,3 +402,48 @@ def test_doctor_prints_the_precision_table():
     rows = {name: (ok, detail) for name, ok, detail in probe()}
     assert rows["precision w4a16"][0] and "4-bit" in rows["precision w4a16"][1]
     assert "scaled fp8 GEMM" in rows["precision fp8"][1]
+
+
+@pytest.mark.interpret
+def test_the_picker_checks_deferred_skinny_gemms_against_cublas(dev):
+    """The tuner's agreement check on a split-K GEMM that leaves its partials to the reader (the expert's qkv,
+    o and down): the partials are summed before comparing, for bf16 and 4-bit weights alike (a check that
+    failed here would leave every such GEMM on cuBLAS, and 4-bit ones dequantized on every call)."""
+    from flashrt_core.engine import gemm as G
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(5, 256, generator=g).bfloat16().to(dev)
+    w = torch.randn(40, 256, generator=g).bfloat16()
+    q = quantize_w4(w)
+    for weight in (w.to(dev), W4Weight(q.packed.to(dev), q.scales.to(dev), q.group)):
+        fusion = G.Fusion(defer=True)
+        config = (32, 128, 2, 4, 4)
+        assert config in G.LinearPicker(dev).candidates_for(fusion, 256, weight)
+        got = G._outputs(config, x, weight, None, False, None, fusion)
+        want = G._outputs(None, x, weight, None, False, None, fusion)
+        assert G._same(got, want)
+    offered = G.LinearPicker(dev).candidates_for(G.NO_FUSION, 256, q)
+    assert offered and not any(len(c) > 5 and c[5] for c in offered)  # no preload forms for 4 bits
+
+
+def test_fp8_falls_back_for_a_model_that_is_not_bf16_on_a_gpu(monkeypatch):
+    from flashrt_core.models import precision as P
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)
+    ran, notes = P.for_device(P.parse_precision("fp8"), "cuda", torch.float16)
+    assert ran == P.Precision() and notes == ["precision: prefix in fp8 needs a bfloat16 model on a GPU, this one is "
+                                              "float16: it runs in bf16"]
+    assert P.for_device(P.parse_precision("fp8"), "cuda", torch.bfloat16) == (P.parse_precision("fp8"), [])
+    monkeypatch.setattr(P, "_scaled_mm_error", lambda device: "RuntimeError: Rowwise scaling is not supported")
+    ran, notes = P.for_device(P.parse_precision("fp8+w4a16"), "cuda")
+    assert ran.name == "w4a16" and "scaled fp8 GEMM fails here (RuntimeError: Rowwise" in notes[0]
+
+
+def test_skinny_gemm_refuses_4bit_scales_of_the_wrong_layout():
+    from flashrt_core.kernels._common import KernelInputError
+
+    q = quantize_w4(torch.randn(24, 256))
+    bad = W4Weight(q.packed, q.scales.t().contiguous(), q.group)  # [N, K / group]: the other layout
+    with pytest.raises(KernelInputError, match=r"needs contiguous scales \[2, 24\], got \(24, 2\)"):
+        skinny_linear(torch.randn(3, 256), bad)

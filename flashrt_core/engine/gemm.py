@@ -20,7 +20,7 @@ from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
 from flashrt_core.kernels.fp8 import FP8Weight, scaled_linear
-from flashrt_core.kernels.w4 import W4Weight, dense, weight_bytes
+from flashrt_core.kernels.w4 import W4Weight, as_dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
 MATCH_REL = 3e-2  # a candidate's outputs vs cuBLAS's, relative to their largest entry
@@ -62,7 +62,7 @@ def _cublas(x, w, b, geglu, backend, residual=None):
     if isinstance(w, FP8Weight):
         y = K.geglu(scaled_linear(x, w), backend=backend) if geglu else scaled_linear(x, w, b)
     else:
-        w = dense(w)
+        w = as_dense(w)
         y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
     if residual is not None and residual.x.dtype != y.dtype:  # an fp32 stream (the flow state): torch, in fp32
         y = residual.x.add_(y.to(residual.x.dtype) * residual.gate.to(residual.x.dtype))
@@ -134,7 +134,10 @@ class LinearPicker:
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
         # (False without Triton; an fp8 weight always takes the scaled GEMM: the skinny kernel has no fp8 form)
-        skinny = m <= SKINNY_MAX_M and K.available(x.device) and not isinstance(w, FP8Weight)
+        # (4-bit weights take it at any row count: it spreads rows past SKINNY_MAX_M over programs, where cuBLAS
+        # would need the weight dequantized on every call)
+        skinny = (m <= SKINNY_MAX_M or isinstance(w, W4Weight)) and K.available(x.device) \
+            and not isinstance(w, FP8Weight)
         if self.mode == "torch" or not skinny or backend == "torch":
             return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":
@@ -148,20 +151,24 @@ class LinearPicker:
             self.choices[key] = self._cached(key, x, w, b, geglu, backend, fusion)
         return _route(self.choices[key], x, w, b, geglu, backend, fusion)
 
-    def candidates_for(self, fusion=NO_FUSION, kdim: int | None = None) -> list:
-        """The configurations tried for a call (of inner dimension `kdim`). A deferred reduction (fusion.defer)
-        keeps those of at most DEFER_MAX_SPLITS splits: its reader loads every partial of each row, and that
-        read is not part of the GEMM's timing."""
+    def candidates_for(self, fusion=NO_FUSION, kdim: int | None = None, w=None) -> list:
+        """The configurations tried for a call (of inner dimension `kdim`, weight `w`). A deferred reduction
+        (fusion.defer) keeps those of at most DEFER_MAX_SPLITS splits: its reader loads every partial of each
+        row, and that read is not part of the GEMM's timing. A 4-bit weight keeps those whose K tiles hold
+        whole groups and leaves out the preload forms (the same kernel there: it preloads nothing)."""
+        out = list(self.candidates)
         if fusion.defer and kdim is not None:
-            return [c for c in self.candidates if splits(c, kdim) <= DEFER_MAX_SPLITS]
-        return list(self.candidates)
+            out = [c for c in out if splits(c, kdim) <= DEFER_MAX_SPLITS]
+        if isinstance(w, W4Weight):
+            out = [c for c in out if c[1] % w.group == 0 and not (len(c) > 5 and c[5])]
+        return out
 
     def _cached(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
         """The cache's choice for this shape if it still computes the same as cuBLAS, else a new tuning."""
         def check(config):
             return _same(_outputs(config, x, w, b, geglu, backend, fusion),
                          _outputs(None, x, w, b, geglu, backend, fusion))
-        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion, x.shape[-1]), check,
+        return reuse_or_tune(self.cache, self.cache_name, key, self.candidates_for(fusion, x.shape[-1], w), check,
                              lambda: self._tune(key, x, w, b, geglu, backend, fusion), self.timings, x.device)
 
     def _tune(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):
@@ -171,7 +178,7 @@ class LinearPicker:
         overflow L2 (a decision streams every weight from HBM once per flow step). A residual stream is
         never touched here: every trial writes into copies."""
         candidates = {"cublas": None}
-        for c in self.candidates_for(fusion, x.shape[-1]):
+        for c in self.candidates_for(fusion, x.shape[-1], w):
             candidates[str(c)] = c
         trial = fusion.scratch()
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)

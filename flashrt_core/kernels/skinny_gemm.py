@@ -243,6 +243,11 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     quant = isinstance(w, W4Weight)
     wt = w.packed if quant else w  # what the kernel reads as W
     scales = w.scales if quant else wt
+    if quant and (tuple(w.scales.shape) != (w.shape[1] // w.group, w.shape[0]) or not w.scales.is_contiguous()
+                  or w.shape[1] % w.group):
+        raise KernelInputError(f"skinny_linear: a 4-bit weight [{w.shape[0]}, {w.shape[1]}] in groups of {w.group} "
+                               f"needs contiguous scales [{w.shape[1] // w.group}, {w.shape[0]}], got "
+                               f"{tuple(w.scales.shape)}")
     if quant and block_k % w.group:
         raise KernelInputError(f"skinny_linear: block_k {block_k} must be a multiple of the 4-bit group {w.group}")
     if not wt.is_contiguous() or w.shape[1] != kdim:

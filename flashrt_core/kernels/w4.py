@@ -74,7 +74,7 @@ def group_for(kdim: int, group: int = GROUP) -> int | None:
 def quantize_w4(w: torch.Tensor, group: int = GROUP, dtype: torch.dtype | None = None) -> W4Weight:
     """w [N, K] (any float dtype) -> W4Weight with scales in `dtype` (default: w's; an fp32 weight gets fp32
     scales). Each entry is rounded to the nearest multiple of its group's scale as stored (rounded to
-    `dtype`), so the dequantized weight is what the GEMM computes with."""
+    `dtype`); the GEMM applies that scale in fp32, `dequantize` rounds the product to `dtype` (2^-9 apart)."""
     if w.ndim != 2 or not w.is_floating_point():
         raise KernelInputError(f"quantize_w4: a float [N, K] weight, got {tuple(w.shape)} {w.dtype}")
     n, k = w.shape
@@ -89,7 +89,7 @@ def quantize_w4(w: torch.Tensor, group: int = GROUP, dtype: torch.dtype | None =
     return W4Weight(packed, scale.t().contiguous(), group)
 
 
-def dense(w) -> torch.Tensor:
+def as_dense(w) -> torch.Tensor:
     """A weight as a dense tensor: a quantized one (W4Weight, kernels.fp8.FP8Weight) dequantized, any other
     tensor as it is."""
     return w.dequantize() if isinstance(w, (W4Weight, FP8Weight)) else w

@@ -32,7 +32,7 @@ FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "w
 PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8"}, "w4a16": {"expert": "w4a16"},
            "fp8+w4a16": {"prefix": "fp8", "expert": "w4a16"}}
 # (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's, per format
-# (a mix takes the loosest of its formats': the gate bounds the sum of their errors)
+# (a mix takes the loosest of its formats')
 GATES = {"fp8": {"cosine": 0.998, "rel_l2": 0.05}, "w4a16": {"cosine": 0.995, "rel_l2": 0.1}}
 _GEMMS = ("qkv_w", "o_w", "gate_up_w", "down_w")  # a Gemma layer's (the prefix's and the expert's)
 
@@ -79,8 +79,27 @@ DISPATCH = {
 }
 
 
+_SCALED_MM: dict = {}  # device -> None (cuBLAS's row-wise scaled fp8 GEMM runs) or why not
+
+
+def _scaled_mm_error(device) -> str | None:
+    """Whether torch's row-wise scaled fp8 GEMM runs on this GPU (tried once on a 16 x 16 product: torch
+    builds it for some GPUs only), None or the error."""
+    key = str(device)
+    if key not in _SCALED_MM:
+        try:
+            a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+            one = torch.ones(16, 1, device=device)
+            torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one.t(), out_dtype=torch.bfloat16)
+            _SCALED_MM[key] = None
+        except Exception as exc:  # (any failure means the format does not run here: the table says which)
+            _SCALED_MM[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    return _SCALED_MM[key]
+
+
 def dispatch_table(device) -> list[dict]:
-    """{format, kernel, runs, why} per format for `device` (what `flashrt doctor` prints)."""
+    """{format, kernel, runs, why} per format for `device` (what `flashrt doctor` prints): a format runs on a
+    GPU of at least its compute capability where its kernel works (fp8: torch's scaled GEMM tried once)."""
     device = torch.device(device)
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     rows = []
@@ -91,25 +110,31 @@ def dispatch_table(device) -> list[dict]:
             runs = tuple(cap) >= entry["min_capability"]
             need = "sm_{}{}".format(*entry["min_capability"])
             why = f"sm_{cap[0]}{cap[1]} >= {need}" if runs else f"needs {need}, this GPU is sm_{cap[0]}{cap[1]}"
+            if runs and fmt == "fp8" and _scaled_mm_error(device) is not None:
+                runs, why = False, f"torch's scaled fp8 GEMM fails here ({_scaled_mm_error(device)})"
         rows.append({"format": fmt, "kernel": entry["kernel"], "runs": runs, "why": why})
     return rows
 
 
-def for_device(precision: "Precision", device) -> tuple["Precision", list[str]]:
-    """The precision that runs on `device`: each part whose format this hardware lacks falls back to bf16,
-    with a message naming the part, the format and why."""
+def for_device(precision: "Precision", device, dtype: torch.dtype = torch.bfloat16) -> tuple["Precision", list[str]]:
+    """The precision that runs on `device` for a model in `dtype`: each part whose format this hardware lacks
+    (or, for fp8 on a GPU, whose output dtype is not bf16: the row-wise scaled GEMM writes bf16) falls back to
+    bf16, with a message naming the part, the format and why."""
     table = {r["format"]: r for r in dispatch_table(device)}
     changes, notes = {}, []
     for part in PARTS:
         fmt = getattr(precision, part)
-        if not table[fmt]["runs"]:
+        why = None if table[fmt]["runs"] else table[fmt]["why"]
+        if why is None and fmt == "fp8" and torch.device(device).type == "cuda" and dtype != torch.bfloat16:
+            why = f"needs a bfloat16 model on a GPU, this one is {str(dtype).replace('torch.', '')}"
+        if why is not None:
             changes[part] = "bf16"
-            notes.append(f"precision: {part} in {fmt} {table[fmt]['why']}: it runs in bf16")
+            notes.append(f"precision: {part} in {fmt} {why}: it runs in bf16")
     return (dataclasses.replace(precision, **changes) if changes else precision), notes
 
 
 def parse_precision(value) -> Precision:
-    """A preset name (bf16, w4a16), a {part: format} mapping, a Precision, or None (bf16)."""
+    """A preset name (`PRESETS`), a {part: format} mapping, a Precision, or None (bf16)."""
     if value is None or isinstance(value, Precision):
         return value or Precision()
     if isinstance(value, str):
@@ -187,16 +212,18 @@ def gate(engine, plain, config, precision: Precision, thresholds: dict | None = 
     if not (cos >= limits.get("cosine", -1.0) and rel <= limits.get("rel_l2", float("inf"))):
         raise PrecisionError(f"precision {precision.name} refused: against the unquantized model on a fixed input, "
                              f"cosine {cos:.5f} (at least {limits.get('cosine')}), relative L2 {rel:.3g} (at most "
-                             f"{limits.get('rel_l2')}); use precision bf16, or loosen model.options.precision_gate")
+                             f"{limits.get('rel_l2')}); use precision bf16, or loosen the gate "
+                             "(model.options.precision_gate, make_engine(..., gate=))")
     return report
 
 
 def build_engine(module, reference, weights, precision=None, thresholds: dict | None = None):
-    """`module.make_engine(weights, precision)` (the fused or the reference engine module), checked by `gate`
-    against `reference.make_engine(weights)` where the precision quantizes anything; the gate's numbers are
-    the engine's `precision_report` ({} unquantized)."""
+    """`module.make_engine(weights, precision)` (the fused or the reference engine module) in the precision this
+    device runs (`for_device`), checked by `gate` against `reference.make_engine(weights)` where it quantizes
+    anything. The engine's `precision_report`: {"precision": the name that runs} and the gate's numbers, with
+    "asked" and "fallbacks" where a part fell back."""
     asked = parse_precision(precision)
-    precision, fallbacks = for_device(asked, weights.action_in_w.device)
+    precision, fallbacks = for_device(asked, weights.action_in_w.device, weights.action_in_w.dtype)
     for note in fallbacks:
         warnings.warn(note, stacklevel=3)
     engine = module.make_engine(weights, precision)

@@ -22,7 +22,7 @@ prompt_len, prompt_bytes, image_slots, engine (auto: fused on CUDA, reference on
 tokenizer (a tokenizer.json / tokenizer.model path; default: resolved by the checkpoint's tokenizer name),
 vision_dtype (float32 as LeRobot keeps SigLIP, or model: the model dtype; default model for the fused engine,
 whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference),
-rtc (real-time chunking, off by default; `rtc_options`), precision (bf16 | w4a16 or a mapping per part,
+rtc (real-time chunking, off by default; `rtc_options`), precision (bf16 | fp8 | w4a16 | fp8+w4a16 or a mapping per part,
 `flashrt_core.models.precision`; default bf16) and precision_gate ({cosine, rel_l2}: the load check's thresholds
 against the unquantized model; default the format's).
 
@@ -479,7 +479,8 @@ class Pi05Binding(ModelBinding):
 
     def identity(self) -> str:
         """Architecture, sizes and weight precision (a capsule of another precision does not restore here)."""
-        return f"{self.name}:{self.precision.name}:" + self.config.to_json().replace("\n", "").replace(" ", "")
+        ran = self.policy.engine.precision_report["precision"]  # (after a fallback: what runs, not what was asked)
+        return f"{self.name}:{ran}:" + self.config.to_json().replace("\n", "").replace(" ", "")
 
     def weights(self):
         return list(named_tensors(self.policy.weights, "w"))
