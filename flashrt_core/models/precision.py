@@ -120,6 +120,8 @@ def for_device(precision: "Precision", device, dtype: torch.dtype = torch.bfloat
     """The precision that runs on `device` for a model in `dtype`: each part whose format this hardware lacks
     (or, for fp8 on a GPU, whose output dtype is not bf16: the row-wise scaled GEMM writes bf16) falls back to
     bf16, with a message naming the part, the format and why."""
+    if not precision.quantized:  # (bf16 runs wherever the engine does: no probe of the other formats)
+        return precision, []
     table = {r["format"]: r for r in dispatch_table(device)}
     changes, notes = {}, []
     for part in PARTS:
