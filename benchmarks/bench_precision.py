@@ -37,8 +37,9 @@ def expert_bytes(engine) -> int:
     return total
 
 
-def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16", "fp8+w4a16"), iters=30, warmup=5, seed=0,
-            device="cuda", dtype=torch.bfloat16, base_config=None, log=print) -> tuple[dict, dict]:
+def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16", "fp8+w4a16"), iters=30, warmup=5,
+            seed=0, device="cuda", dtype=torch.bfloat16, base_config=None, log=print) -> tuple[dict, dict]:
+    """-> (workload, {preset: numbers}). device / base_config other than the defaults: the CPU test's tiny run."""
     import importlib
 
     config = B.workload_config(views, prompt_len, 10 if base_config is None else 3, 50 if base_config is None else 5,

@@ -75,7 +75,8 @@ if triton is not None:
 
     @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
-                            W4: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+                            W4: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr,
+                            SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
                             PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
