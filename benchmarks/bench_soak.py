@@ -21,7 +21,7 @@ the StepResult, whether the camera frame changed, which capsule verbs ran just b
 collections inside it (gc.callbacks: count, highest generation, ms), the thread's CPU time, involuntary
 context switches and minor page faults. The JSON keeps tick percentiles per kind of tick (and after a verb or
 not, with a collection or not, preempted or not), what the ticks over 12 ms had in common, and the 20
-slowest ticks with their facts. `--no-gc-freeze` runs the warm-up without its gc.freeze() (an A/B).
+slowest ticks with their facts.
 """
 from __future__ import annotations
 
@@ -262,12 +262,12 @@ def parse_rates(text: str | None) -> dict | None:
     return out
 
 
-def soak(minutes: float, device: str, log, config=None, rates=None, deferred=None, freeze_gc=True,
+def soak(minutes: float, device: str, log, config=None, rates=None, deferred=None,
          end_by_s: float | None = None) -> dict:
     t0 = time.time()
     kw = {k: v for k, v in (("rates", rates), ("deferred", deferred)) if v}
     rt = Runtime.from_config(config or REPO / "config" / "pi05.yaml", device=device, **kw)
-    rt.warmup(freeze_gc=freeze_gc)
+    rt.warmup()
     build_s = time.time() - t0
     # (gc.get_objects() lists the objects a collection walks: frozen ones are not among them)
     gc_extra = {"frozen_objects_after_warmup": gc.get_freeze_count(),
@@ -387,7 +387,6 @@ def soak(minutes: float, device: str, log, config=None, rates=None, deferred=Non
            "engine": getattr(rt.binding, "engine_name", None),
            "dtype": str(rt.dtype).removeprefix("torch."),
            "rates": {n: f"{v:g} Hz" + (", deferred" if rt.contract.stages[n].deferred else "") for n, v in hz.items()},
-           "gc_frozen_at_warmup": freeze_gc,
            "build_and_warmup_s": build_s, "ticks": ticks, "deadline_misses": late + dropped, "late_ticks": late,
            "skipped_periods": dropped, "scheduler_missed_periods": skipped, "ticks_without_actions": no_actions,
            "tick": latencies(rec["ms"]), "verbs": {k: verb_stats(v) for k, v in verbs.items()},
@@ -432,12 +431,11 @@ def main() -> int:
     ap.add_argument("--config", default=None, help="contract file (default config/pi05.yaml: full size)")
     ap.add_argument("--rates", default=None, help="stage rate overrides, e.g. act=10,observe=2")
     ap.add_argument("--deferred", default=None, help="stages to defer, e.g. observe (comma list)")
-    ap.add_argument("--no-gc-freeze", action="store_true", help="warm up without gc.freeze() (an A/B)")
     ap.add_argument("--json", default=str(REPO / "benchmarks" / "results" / "soak_pi05_w2.json"))
     args = ap.parse_args()
     deferred = {s.strip(): True for s in args.deferred.split(",")} if args.deferred else None
     res = soak(args.minutes, args.device, print, config=args.config, rates=parse_rates(args.rates),
-               deferred=deferred, freeze_gc=not args.no_gc_freeze, end_by_s=args.end_by)
+               deferred=deferred, end_by_s=args.end_by)
     verbs = res["verbs"]
     checks = {
         "no_deadline_misses": res["deadline_misses"] == 0 and not any(res["scheduler_missed_periods"].values()),
@@ -452,7 +450,7 @@ def main() -> int:
              + (f", deferred {args.deferred}" if args.deferred else ""))
     rates = ", ".join(f"{n} {v}" for n, v in res["rates"].items()) + ", cameras 30 Hz"
     doc = write_result(args.json, workload={"model": model, "device": args.device, "minutes": res["minutes"],
-                                            "rates": rates, "gc_freeze": not args.no_gc_freeze,
+                                            "rates": rates,
                                             "capsules": "device snapshot + restore every 10 s, fork every 30 s, "
                                                         "drop after 10 s"},
                        results={"runtime": res}, extra={"checks": checks})
