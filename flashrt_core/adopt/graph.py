@@ -13,12 +13,15 @@ device tensor recorded for it, after checking the host value is the same as at w
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from flashrt_core.adopt.signature import call_signature, canonical_call, parameters_of
 from flashrt_core.adopt.wrappers import UnitStats
+from flashrt_core.engine.graphs import capture, warm_up
 
 _UPLOADERS = {torch.tensor, torch.as_tensor, torch.Tensor.to, torch.Tensor.cuda}
 
@@ -88,6 +91,12 @@ class _HoistUploads(TorchFunctionMode):
         return device_tensor
 
 
+@contextlib.contextmanager
+def _no_grad_hoisting(uploads: list):
+    with torch.no_grad(), _HoistUploads(uploads):
+        yield
+
+
 class GraphedMethod:
     """One CUDA graph of `owner.<name>(*args, **kwargs)`; outputs are cloned so callers may keep them."""
 
@@ -106,19 +115,19 @@ class GraphedMethod:
         # The call's tensors in a fixed order; a call whose nesting differs (another dict layout, a list of
         # another length) has another tree structure and runs eagerly.
         self._static_leaves, self._tree = tree_flatten((self.static_args, self.static_kwargs))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(stream):
+        hoist = _HoistUploads(None)
+
+        def warm():
             for _ in range(max(0, warmups - 1)):
                 self.eager(*self.static_args, **self.static_kwargs)
-            hoist = _HoistUploads(None)
             with hoist:
                 self.eager(*self.static_args, **self.static_kwargs)
-        torch.cuda.current_stream().wait_stream(stream)
+        warm_up(warm, context=torch.no_grad)
         self._uploads = hoist.recorded  # kept alive: the graph reads these device tensors
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph), _HoistUploads(self._uploads):
-            self.static_out = self.eager(*self.static_args, **self.static_kwargs)
+        out = []
+        self.graph = capture(lambda: out.append(self.eager(*self.static_args, **self.static_kwargs)),
+                             context=lambda: _no_grad_hoisting(self._uploads))
+        self.static_out = out[0]
 
     @property
     def uploads_hoisted(self) -> int:

@@ -111,6 +111,8 @@ class Runtime:
         # eagerly here: a graph launch inside another graph's capture is not something to rely on.
         own = getattr(self.binding, "owns_graphs", False)
         self.graphs = GraphCache(self.buffers, enabled=contract.graphs != "off" and not own, debug=debug_graphs)
+        if own:
+            self.binding.debug_graphs(debug_graphs)
         self.capsules = None  # created lazily by flashrt_core.capsule (snapshot/restore/fork verbs)
         self._io = StageIO(self.buffers, self.generator)
         self._device_parts = {s: self.binding.device_part(s) for s in contract.stages}

@@ -10,13 +10,15 @@ runs them:
 - `run_stage(stage, pre, post, key)` / `run_decision(DecisionHooks, key)`: the same with a caller's copies
   recorded in the graph (one launch for a runtime's tick; hooks that cannot be captured run eagerly around
   the stage graphs, `hook_capture_errors` says why);
-- the launch context of every kernel (no autograd, the stage's split-K ticket workspace, PDL on or off), one
-  graph memory pool per engine, and the act-graph ranking of the deferred GEMMs (`engine.rerank`).
+- the launch context of every kernel (no autograd, the stage's split-K ticket workspace, PDL on or off), the
+  graphs (`engine.graphs.GraphSet`: one memory pool per engine, address checks with `debug_graphs`), and
+  the act-graph ranking of the deferred GEMMs (`engine.rerank`).
 Without CUDA (or with graphs off) the same bodies run eagerly.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -26,6 +28,7 @@ import torch
 from flashrt_core import kernels as K
 from flashrt_core.engine.attention import AttentionPicker
 from flashrt_core.engine.gemm import LinearPicker
+from flashrt_core.engine.graphs import GraphSet, warm_up
 from flashrt_core.engine.rerank import rerank
 from flashrt_core.engine.timing import cuda_samples
 from flashrt_core.engine.tuning import TuningCache
@@ -87,14 +90,12 @@ class StagedEngine:
             self.tuning_cache = TuningCache.for_device(device, tuning_cache, pdl=self.pdl)
         self.linear = LinearPicker(device, mode=gemm, cache=self.tuning_cache)
         self.attend = AttentionPicker(device, enabled=tune_attention, cache=self.tuning_cache)
-        self._graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._graphs = GraphSet(device, addresses=self._buffer_addresses)
         # Tickets of the split kernels' in-kernel reductions, one buffer per stage: the stage graphs may
         # replay concurrently on different streams (observe beside act) and must not share them.
         # (the decision graph has none of its own: its observe and act parts each enter their stage's)
         self._tickets = {stage: K.new_semaphore_workspace(device) for stage in ("observe", "act")}
-        self._pool = None
         self._act_stream = None  # the decision graph's second stream (created on the first decision)
-        self.captures = 0  # how many graphs were captured (tests and benchmarks read it)
         # graphs that could not be captured, and why: run_stage / run_decision hooks ((stage, key)), "decision"
         self.hook_capture_errors: dict = {}
 
@@ -143,6 +144,28 @@ class StagedEngine:
             _call(post)
 
     # ---- graphs ---------------------------------------------------------------------------------------
+    @property
+    def captures(self) -> int:
+        """How many graphs were captured and kept (tests and benchmarks read it)."""
+        return self._graphs.captures
+
+    @property
+    def debug_graphs(self) -> bool:
+        """Check before every replay that no buffer the graphs use moved since their capture."""
+        return self._graphs.debug
+
+    @debug_graphs.setter
+    def debug_graphs(self, on: bool) -> None:
+        self._graphs.debug = bool(on)
+
+    def _buffer_addresses(self) -> dict[str, int]:
+        """{name: data_ptr} of the tensors of the engine's static buffers (`buffers`, a dataclass of tensors)."""
+        buf = getattr(self, "buffers", None)
+        if buf is None or not dataclasses.is_dataclass(buf):
+            return {}
+        return {f.name: t.data_ptr() for f in dataclasses.fields(buf)
+                if isinstance(t := getattr(buf, f.name), torch.Tensor)}
+
     def _launch_context(self, stage: str) -> contextlib.ExitStack:
         """What every kernel launch of a stage runs under: no autograd, the stage's ticket workspace, PDL on/off."""
         stack = contextlib.ExitStack()
@@ -170,10 +193,9 @@ class StagedEngine:
             with self._launch_context(stage):
                 body()
             return
-        graph = self._graphs.get(name)
-        if graph is None:
-            graph = self._capture(stage, body, name)
-        graph.replay()
+        if name not in self._graphs:
+            self._capture(stage, body, name)
+        self._graphs.replay(name)
 
     def run_stage(self, stage: str, pre=None, post=None, key: str = "hooks") -> None:
         """Run `observe` or `act` with `pre` (fill the engine's buffers from a caller's static buffers) and
@@ -214,9 +236,8 @@ class StagedEngine:
     def _run_hooked(self, stage: str, name, whole, eager) -> None:
         """Replay the graph `name` of `whole` (`_hooked_graph`); where there is none, `eager()` runs the same
         work around the stage graphs."""
-        graph = self._hooked_graph(stage, name, whole)
-        if graph is not None:
-            graph.replay()
+        if self._hooked_graph(stage, name, whole) is not None:
+            self._graphs.replay(name)
             return
         with torch.no_grad():
             eager()
@@ -234,11 +255,12 @@ class StagedEngine:
                  keep: bool = True) -> torch.cuda.CUDAGraph | None:
         """Warm up, then capture `body` as the graph `name` (default: `stage`); keep=False: return it without
         keeping or counting it."""
-        # Warm up on a side stream first: Triton compiles, cuBLAS picks algorithms and the GEMM picker
+        # Warm up first (`graphs.warm_up`): Triton compiles, cuBLAS picks algorithms and the GEMM picker
         # times its candidates outside the capture (none of that may happen inside it).
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with self._launch_context(stage), torch.cuda.stream(side):
+        refused = None
+
+        def warm():
+            nonlocal refused
             self.linear.tuning = self.attend.tuning = True
             try:
                 body()
@@ -246,49 +268,35 @@ class StagedEngine:
                 self.linear.tuning = self.attend.tuning = False
                 if self.tuning_cache is not None:
                     self.tuning_cache.save()
-            refused = None
-            if tolerate:  # hooks that wait for the device (.item(), a blocking copy) cannot be captured:
-                # find out here, not by a failed capture (which can leave the allocator's pool capturing)
-                mode = torch.cuda.get_sync_debug_mode()
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    body()
-                except RuntimeError as exc:
-                    refused = f"waits for the device: {exc}"
-                finally:
-                    torch.cuda.set_sync_debug_mode(mode)
-            else:
+            if not tolerate:
                 body()
-        caller = torch.cuda.current_stream(self.device)
-        caller.wait_stream(side)
-        if self._act_stream is not None:  # (a decision's act stream, joined into `side` already: belt and braces)
-            caller.wait_stream(self._act_stream)
+                return
+            # hooks that wait for the device (.item(), a blocking copy) cannot be captured: find out
+            # here, not by a failed capture
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                body()
+            except RuntimeError as exc:
+                refused = f"waits for the device: {exc}"
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        warm_up(warm, self.device, context=lambda: self._launch_context(stage))
+        if self._act_stream is not None:  # (a decision's act stream, joined into the side stream already)
+            torch.cuda.current_stream(self.device).wait_stream(self._act_stream)
         if refused is not None:
             self.hook_capture_errors[name] = refused
             return None
         if stage in ("act", "decision") and not self._reranked:
             self._reranked = True  # (first: the ranking captures act graphs of its own)
             self.rerank_timings = rerank(self.linear, self.tuning_cache, self._act_graph_ms)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         try:
-            with self._launch_context(stage), torch.cuda.graph(graph, pool=self._pool):
-                body()
+            return self._graphs.capture(name or stage, body, context=lambda: self._launch_context(stage), keep=keep)
         except Exception as exc:
             if not tolerate:
                 raise
-            torch.cuda.set_stream(caller)  # a capture_end that raises skips the capture stream's own exit
-            try:  # ... and the allocator's end of recording into the pool: end it, or later captures fail
-                torch._C._cuda_endAllocateToPool(self.device.index or torch.cuda.current_device(), self._pool)
-            except Exception:  # noqa: BLE001 (already ended, or a torch without this hook)
-                pass
             self.hook_capture_errors[name] = f"{type(exc).__name__}: {exc}"
             return None
-        if keep:
-            self._graphs[name or stage] = graph
-            self.captures += 1
-        return graph
 
     def _act_graph_ms(self, iters: int = 15) -> float:
         """ms of one replay of a fresh act graph (captured with the pickers' current choices, then dropped),

@@ -11,6 +11,8 @@ import statistics
 
 import torch
 
+from flashrt_core.engine.graphs import capture
+
 
 def cuda_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
     """CUDA-event latency in ms of each call, in call order (a sync after each, so calls never overlap)."""
@@ -36,14 +38,15 @@ def graph_ms(fn, items, rounds: int = 3, device=None) -> float:
     stream = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
+
+    def calls():
+        for item in items:
+            fn(item)
+    graph = None
     try:
         with torch.cuda.stream(side):
-            for item in items:  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
-                fn(item)
-            with torch.cuda.graph(graph, stream=side):
-                for item in items:
-                    fn(item)
+            calls()  # warm-up: Triton compiles and cuBLAS picks its algorithm outside the capture
+            graph = capture(calls, stream=side, device=device)
             graph.replay()
             times = []
             for _ in range(rounds):

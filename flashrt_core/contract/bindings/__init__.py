@@ -45,6 +45,10 @@ class ModelBinding:
         engine with static buffers of its own may take the contract's persistent ones as its own here, so
         that no stage copies between the two (default: nothing)."""
 
+    def debug_graphs(self, on: bool) -> None:
+        """Graphs the binding's engine captures itself (`owns_graphs`) check before every replay that no buffer
+        moved since capture (the runtime's `debug_graphs`; default: nothing to check)."""
+
     def restored(self, bufs, rewind_time: bool) -> None:
         """Called after a capsule restore wrote the persistent buffers: state that describes the world rather
         than the model (what the robot is executing now) may need to follow a live restore (default: nothing)."""

@@ -477,6 +477,9 @@ class Pi05Binding(ModelBinding):
         b["prev_chunk"].copy_(chunk)  # model space: what the next chunk would be conditioned on
         b["actions"].copy_(self._robot_actions(chunk, b))
 
+    def debug_graphs(self, on: bool) -> None:
+        self.policy.engine.debug_graphs = on
+
     def identity(self) -> str:
         """Architecture, sizes and weight precision (a capsule of another precision does not restore here)."""
         ran = self.policy.engine.precision_report["precision"]  # (after a fallback: what runs, not what was asked)
