@@ -10,17 +10,16 @@ pi0's act stage (LeRobot 0.6.1 `PI0Pytorch.denoise_step`) runs the expert over a
 state token sees the valid prefix and itself, never the actions; the action tokens see the valid prefix, the
 state token and each other. So the state token's hidden states, and its K/V at every layer, depend on the
 prefix and the state only, not on the flow step or x_t: the reference recomputes the same values at every
-Euler step. Here they are computed ONCE per act (a 1-token pass through the expert: state_proj, then per
-layer RMSNorm -> QKV + RoPE at position n_valid -> attention over [valid prefix, itself] -> o + residual ->
-RMSNorm -> GeGLU MLP + residual; of the last layer only its K/V) into slot 0 of a per-layer suffix K/V buffer
-of 1 + chunk rows, and each Euler step runs the chunk's action tokens only (positions n_valid + 1 ..., their
-K/V written into slots 1 ..), attending to the valid prefix (pad mask) and all 1 + chunk suffix keys. This is
-exact, the reference's own math, not an approximation: the masked action keys the reference's state query
-skips carry an additive -2.4e38 and get an exactly zero softmax weight. (Floating point: the state token's
-GEMMs run on 1 row instead of inside 51, so cuBLAS may sum in another order: bf16 rounding level.)
-
-The state pass's layer i runs just before the first flow step's layer i, so in the decision graph (act on a
-second stream beside observe) the first flow step still waits only for each prefix layer's K/V in turn.
+Euler step. Here they are computed ONCE per act, inside the first Euler step: that step runs the expert over
+all 1 + chunk rows (the state token's GEMMs share the action tokens' weight stream and launches; its K/V go to
+slot 0 of a per-layer suffix K/V buffer of 1 + chunk rows, the action tokens' to slots 1 ..), with two attention
+launches per layer for the block-causal mask: the state row over [valid prefix, suffix slot 0], the action rows
+over [valid prefix, all suffix slots]. Every later step runs the chunk's action tokens only (positions
+n_valid + 1 ...), attending to the valid prefix (pad mask) and all 1 + chunk suffix keys; the state row's
+hidden states are not needed past the first step. This is exact, the reference's own math, not an
+approximation: the masked action keys the reference's state query skips carry an additive -2.4e38 and get an
+exactly zero softmax weight. (Floating point: the later steps' GEMMs run on 50 rows instead of 51, so a tuned
+GEMM may sum in another order: bf16 rounding level.)
 
 Action tokens: a = action_in(x_t); h = silu(action_time_in([a, time_emb[step]])); token = action_time_out(h).
 The time half of action_time_in is a per-step constant, folded once per engine into a [num_steps, width] bias
@@ -115,52 +114,41 @@ class Pi0Engine(PaliGemmaEngine):
         self._out_b = w.action_out_b.float().contiguous()
 
     # ---- the act stage ----------------------------------------------------------------------------------
-    def _state_input(self):
-        """state buffer -> (the state token's residual stream [B, 1, width], its first RMSNorm)."""
-        w, c = self.weights, self.config
-        s = self.linear(self.buffers.state[:, None], w.state_w, w.state_b)  # (fp32 rounded to the weights' dtype)
-        return s, K.rms_norm(s, w.expert_layers[0].attn_norm, c.rms_eps, weight_offset=0.0, backend=self.backend)
+    def _state_token(self):
+        """state buffer -> the state token's residual stream [B, 1, width] (before any layer)."""
+        w = self.weights
+        return self.linear(self.buffers.state[:, None], w.state_w, w.state_b)  # (fp32 rounded to the weights' dtype)
 
-    def _state_layer(self, i: int, s, h, positions, wait):
-        """Expert layer i for the state token: its K/V into suffix row 0; the attention over [valid prefix,
-        itself] and the MLP (not in the last layer, whose output nothing reads). wait(i) before the prefix read."""
-        c, buf, be, lin = self.config, self.buffers, self.backend, self.linear
-        e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
-        L = layers[i]
-        q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],
-                             buf.suffix_v[i], 0, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
-                             constant_positions=True, backend=be)
-        wait(i)
-        if i == len(layers) - 1:
-            return s, h
-        a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=buf.suffix_k[i][:, :, :1],
-                        v2=buf.suffix_v[i][:, :, :1], backend=be)
-        s, h = K.add_rms_norm(lin(a.flatten(2), L.o_w), s, L.mlp_norm, eps, weight_offset=0.0, residual_out=s,
-                              backend=be)
-        d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
-        return K.add_rms_norm(d, s, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=s, backend=be)
-
-    def _action_tokens(self, x_t, step: int):
-        """Flow state x_t [B, chunk, action_dim] fp32 -> (action tokens [B, chunk, width], their first RMSNorm)."""
-        w, c, lin = self.weights, self.config, self.linear
+    def _action_embedding(self, x_t, step: int):
+        """Flow state x_t [B, chunk, action_dim] fp32 -> action tokens [B, chunk, width] (before any layer)."""
+        w, lin = self.weights, self.linear
         a = lin(x_t, w.action_in_w, w.action_in_b)  # (the fp32 state is rounded to the weights' dtype on load)
         hidden = F.silu(lin(a, self._time_in_w, self._time_bias[step]))
-        x = lin(hidden, w.action_time_out_w, w.action_time_out_b)
-        return x, K.rms_norm(x, w.expert_layers[0].attn_norm, c.rms_eps, weight_offset=0.0, backend=self.backend)
+        return lin(hidden, w.action_time_out_w, w.action_time_out_b)
 
-    def _action_layer(self, i: int, x, h, positions):
-        """Expert layer i for the action tokens: K/V into suffix rows 1 .., attention over [valid prefix, the
-        whole suffix], o + residual, MLP + residual; h the next layer's (or the final) RMSNorm of x."""
+    def _layer(self, i: int, x, h, positions, with_state: bool, wait=None):
+        """Expert layer i over the suffix rows x (residual) / h (its RMSNorm): with_state, the state row and the
+        action rows (the first Euler step: K/V into suffix slots 0 ..), else the action rows only (slots 1 ..);
+        K/V written, attention over [valid prefix, the suffix keys the rows may see], o + residual, MLP +
+        residual. Returns (x, the next layer's or the final RMSNorm of x). wait(i) before the prefix read."""
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
         L = layers[i]
         # defer=True: the QKV GEMM may leave its split-K partials to the split/rotate kernel (it adds them up
         # as it loads the row); the o and down GEMMs feed add_rms_norm, which reads finished rows only.
         q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],
-                             buf.suffix_v[i], 1, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
+                             buf.suffix_v[i], 0 if with_state else 1, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
                              constant_positions=True, backend=be)
-        a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=buf.suffix_k[i],
-                        v2=buf.suffix_v[i], backend=be)
+        if wait is not None:
+            wait(i)
+        k, v = buf.suffix_k[i], buf.suffix_v[i]
+        if with_state:  # block-causal: the state row sees only itself of the suffix
+            a = torch.cat((self.attend(q[:, :1], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask,
+                                       k2=k[:, :, :1], v2=v[:, :, :1], backend=be),
+                           self.attend(q[:, 1:], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v,
+                                       backend=be)), dim=1)
+        else:
+            a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v, backend=be)
         x, h = K.add_rms_norm(lin(a.flatten(2), L.o_w), x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x,
                               backend=be)
         d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
@@ -168,11 +156,12 @@ class Pi0Engine(PaliGemmaEngine):
         return K.add_rms_norm(d, x, norm, eps, weight_offset=0.0, residual_out=x, backend=be)
 
     def _act_body(self, prefix_wait=None, rtc: bool = False) -> None:
-        """noise + state + prefix buffers -> the state token's K/V once, then `num_steps` Euler steps over the
-        action tokens -> actions (the `act` stage). prefix_wait(i) is called before the first read of prefix
-        layer i's K/V (-1: of the valid count), each once; rtc: each step guided towards the RTC buffers'
-        previous chunk (`set_rtc`)."""
-        c, buf = self.config, self.buffers
+        """noise + state + prefix buffers -> `num_steps` Euler steps (the first over the state token too) ->
+        actions (the `act` stage). prefix_wait(i) is called before the first read of prefix layer i's K/V (-1:
+        of the valid count), each once; rtc: each step guided towards the RTC buffers' previous chunk
+        (`set_rtc`)."""
+        c, buf, be = self.config, self.buffers, self.backend
+        first_norm = self.weights.expert_layers[0].attn_norm
         waited = set()
 
         def wait(i):
@@ -182,16 +171,19 @@ class Pi0Engine(PaliGemmaEngine):
         wait(-1)
         # Positions are computed by torch before the first Triton kernel (constant_positions: the kernels of
         # the stage's PDL chain read them before waiting for the kernel before them).
-        state_pos = buf.n_valid[:, None].contiguous()
+        suffix_pos = buf.n_valid[:, None] + torch.arange(0, 1 + c.chunk_size, device=self.device)
         action_pos = buf.n_valid[:, None] + torch.arange(1, 1 + c.chunk_size, device=self.device)
         x_t = buf.noise.clone()  # the fp32 flow state
-        s, hs = self._state_input()
         for step in range(c.num_steps):
-            x, h = self._action_tokens(x_t, step)
+            x = self._action_embedding(x_t, step)
+            if step == 0:  # [state token, action tokens]
+                x = torch.cat((self._state_token(), x), dim=1)
+            h = K.rms_norm(x, first_norm, c.rms_eps, weight_offset=0.0, backend=be)
             for i in range(c.expert.depth):
-                if step == 0:  # the state token's layer i first: its K/V are suffix row 0 of that layer
-                    s, hs = self._state_layer(i, s, hs, state_pos, wait)
-                x, h = self._action_layer(i, x, h, action_pos)
+                x, h = self._layer(i, x, h, suffix_pos if step == 0 else action_pos, step == 0,
+                                   wait if step == 0 else None)
+            if step == 0:
+                h = h[:, 1:]
             # x_t += dt * velocity in the fp32 action-out GEMM (h is the final norm, in the model dtype)
             if rtc:  # the velocity out, then the guided step
                 self._guided_update(x_t, self.linear(h.float(), self._out_w, self._out_b), step)
