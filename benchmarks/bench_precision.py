@@ -2,11 +2,14 @@
 preset (bf16, fp8, w4a16, fp8+w4a16) in one process, W2 shapes: whole decision, act-only and observe p50, the
 expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the fp32
 reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the 4-bit
-GEMMs' tuned choices.
+GEMMs' tuned choices. `--part gemms` (also part of `all`): each expert GEMM of one flow step alone at 50 rows,
+bf16 and 4-bit, every launch candidate timed as the engine's tuner times it (a CUDA graph, the weight cycled
+through copies that overflow L2), the fastest one's GB/s over its weight bytes against the copy ceiling (a
+device-to-device copy of 1 GiB: bytes read / time).
 Targets (issue: reduced precision): fp8 whole <= 7 ms (stretch 5.5), act-only <= 3.5 ms; fp8+w4a16 act-only
 <= 3 ms (stretch 2); parity fp8 cosine >= 0.998 / rel L2 <= 5e-2, with 4 bits >= 0.995 / <= 1e-1.
 
-    python benchmarks/bench_precision.py [--model pi05|pi0] [--json benchmarks/results/precision_pi05_w2.json]
+    python benchmarks/bench_precision.py [--model pi05|pi0] [--part all|presets|gemms] [--json PATH]
 """
 from __future__ import annotations
 
@@ -35,6 +38,53 @@ def expert_bytes(engine) -> int:
     for layer in engine.weights.expert_layers:
         total += sum(weight_bytes(getattr(layer, n)) for n in ("qkv_w", "o_w", "gate_up_w", "down_w"))
     return total
+
+
+def copy_ceiling_gbps(device="cuda", nbytes=2 ** 30, iters=10) -> float:
+    """Bytes read per second of a device-to-device copy of `nbytes` (median of `iters`): the most a kernel that
+    streams its weights once can reach."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = B.time_cuda(lambda: dst.copy_(src), 3, iters, device)["p50_ms"]
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def expert_gemms(config, rows: int = 50) -> list[tuple[str, int, int, bool]]:
+    """(name, N, K, geglu) of the expert's four GEMMs in one layer."""
+    e = config.expert
+    qkv = (e.heads + 2 * e.kv_heads) * e.head_dim
+    return [("qkv", qkv, e.width, False), ("o", e.width, e.heads * e.head_dim, False),
+            ("gate|up (GeGLU)", 2 * e.mlp, e.width, True), ("down", e.width, e.mlp, False)]
+
+
+def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
+    """Each expert GEMM alone (module docstring): {name: {bf16 / w4: {best, ms, gbps, candidates}}, copy}."""
+    from flashrt_core.engine.gemm import LinearPicker
+    from flashrt_core.kernels.w4 import group_for, quantize_w4
+
+    config = B.workload_config(2, 48, 10, 50, kind, None)
+    g = torch.Generator(device=device).manual_seed(seed)
+    ceiling = copy_ceiling_gbps(device)
+    out = {"copy_ceiling_gbps": ceiling, "rows": rows, "gemms": {}}
+    for name, n, k, geglu in expert_gemms(config, rows):
+        x = torch.randn(rows, k, device=device, generator=g).to(torch.bfloat16)
+        w = (torch.randn(n, k, device=device, generator=g) * B.WEIGHT_STD).to(torch.bfloat16)
+        row = {}
+        for label, weight in (("bf16", w), ("w4", quantize_w4(w, group_for(k)))):
+            picker = LinearPicker(device, cache=None)
+            picker.tuning = True
+            (picker.geglu(x, weight) if geglu else picker(x, weight))
+            key, times = next(iter(picker.timings.items()))
+            valid = {c: t for c, t in times.items() if isinstance(t, float)}
+            best = min(valid, key=valid.get)
+            nbytes = weight_bytes(weight)
+            row[label] = {"best": best, "ms": valid[best], "weight_bytes": nbytes,
+                          "gbps": nbytes / (valid[best] * 1e-3) / 1e9, "cublas_ms": valid.get("cublas"),
+                          "candidates": times}
+            log(f"[gemm] {name:<16} {label:<4} N={n} K={k}  {valid[best] * 1e3:7.1f} us  "
+                f"{row[label]['gbps']:6.0f} GB/s ({row[label]['gbps'] / ceiling:.0%} of copy)  {best}")
+        out["gemms"][name] = row
+    return out
 
 
 def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16", "fp8+w4a16"), iters=30, warmup=5,
@@ -90,13 +140,20 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="pi05", choices=("pi05", "pi0"))
     p.add_argument("--presets", default="bf16,fp8,w4a16,fp8+w4a16")
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--part", default="all", choices=("all", "presets", "gemms"),
+                   help="presets: the engine per preset; gemms: each expert GEMM alone; all: both")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_precision needs a CUDA GPU", file=sys.stderr)
         return 2
     path = args.json or f"benchmarks/results/precision_{args.model}_w2.json"
-    workload, results = measure(args.model, presets=tuple(args.presets.split(",")), iters=args.iters)
+    workload, results = {"model": args.model, "part": args.part}, {}
+    if args.part != "gemms":
+        workload, results = measure(args.model, presets=tuple(args.presets.split(",")), iters=args.iters)
+        workload["part"] = args.part
+    if args.part != "presets":
+        results["gemms"] = gemm_table(args.model)
     write_result(path, workload, results)
     print(f"wrote {path}")
     return 0
