@@ -49,7 +49,7 @@ def copy_ceiling_gbps(device="cuda", nbytes=2 ** 30, iters=10) -> float:
     return nbytes / (ms * 1e-3) / 1e9
 
 
-def expert_gemms(config, rows: int = 50) -> list[tuple[str, int, int, bool]]:
+def expert_gemms(config) -> list[tuple[str, int, int, bool]]:
     """(name, N, K, geglu) of the expert's four GEMMs in one layer."""
     e = config.expert
     qkv = (e.heads + 2 * e.kv_heads) * e.head_dim
@@ -66,7 +66,7 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
     g = torch.Generator(device=device).manual_seed(seed)
     ceiling = copy_ceiling_gbps(device)
     out = {"copy_ceiling_gbps": ceiling, "rows": rows, "gemms": {}}
-    for name, n, k, geglu in expert_gemms(config, rows):
+    for name, n, k, geglu in expert_gemms(config):
         x = torch.randn(rows, k, device=device, generator=g).to(torch.bfloat16)
         w = (torch.randn(n, k, device=device, generator=g) * B.WEIGHT_STD).to(torch.bfloat16)
         row = {}
@@ -74,7 +74,7 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
             picker = LinearPicker(device, cache=None)
             picker.tuning = True
             (picker.geglu(x, weight) if geglu else picker(x, weight))
-            key, times = next(iter(picker.timings.items()))
+            times = next(iter(picker.timings.values()))
             valid = {c: t for c, t in times.items() if isinstance(t, float)}
             best = min(valid, key=valid.get)
             nbytes = weight_bytes(weight)

@@ -103,13 +103,6 @@ class GraphSet:
             self.check(key)
         self._graphs[key].replay()
 
-    def run(self, key, body: Callable[[], object], context=None) -> None:
-        """Replay the graph `key`; on first use warm `body` up and capture it."""
-        if key not in self._graphs:
-            warm_up(body, self.device, context)
-            self.capture(key, body, context)
-        self.replay(key)
-
     def check(self, key) -> None:
         """Raise if a buffer recorded at the capture of `key` moved since (`addresses`)."""
         if self.addresses is None or key not in self._recorded:

@@ -126,11 +126,12 @@ class Pi0Engine(PaliGemmaEngine):
         hidden = F.silu(lin(a, self._time_in_w, self._time_bias[step]))
         return lin(hidden, w.action_time_out_w, w.action_time_out_b)
 
-    def _layer(self, i: int, x, h, positions, with_state: bool, wait=None):
+    def _layer(self, i: int, x, h, positions, with_state: bool, wait):
         """Expert layer i over the suffix rows x (residual) / h (its RMSNorm): with_state, the state row and the
         action rows (the first Euler step: K/V into suffix slots 0 ..), else the action rows only (slots 1 ..);
         K/V written, attention over [valid prefix, the suffix keys the rows may see], o + residual, MLP +
-        residual. Returns (x, the next layer's or the final RMSNorm of x). wait(i) before the prefix read."""
+        residual. Returns (x, the next layer's or the final RMSNorm of x). wait(i) before the prefix read (a
+        no-op after the first step's)."""
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
         L = layers[i]
@@ -139,8 +140,7 @@ class Pi0Engine(PaliGemmaEngine):
         q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],
                              buf.suffix_v[i], 0 if with_state else 1, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
                              constant_positions=True, backend=be)
-        if wait is not None:
-            wait(i)
+        wait(i)
         k, v = buf.suffix_k[i], buf.suffix_v[i]
         if with_state:  # block-causal: the state row sees only itself of the suffix
             a = torch.cat((self.attend(q[:, :1], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask,
@@ -180,8 +180,7 @@ class Pi0Engine(PaliGemmaEngine):
                 x = torch.cat((self._state_token(), x), dim=1)
             h = K.rms_norm(x, first_norm, c.rms_eps, weight_offset=0.0, backend=be)
             for i in range(c.expert.depth):
-                x, h = self._layer(i, x, h, suffix_pos if step == 0 else action_pos, step == 0,
-                                   wait if step == 0 else None)
+                x, h = self._layer(i, x, h, suffix_pos if step == 0 else action_pos, step == 0, wait)
             if step == 0:
                 h = h[:, 1:]
             # x_t += dt * velocity in the fp32 action-out GEMM (h is the final norm, in the model dtype)
