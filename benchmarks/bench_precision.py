@@ -1,11 +1,12 @@
 """Reduced precision on the GPU, full size, every parameter normal(0, 0.02): the fused engine in each precision
 preset (bf16, fp8, w4a16, fp8+w4a16) in one process, W2 shapes: whole decision, act-only and observe p50, the
 expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the fp32
-reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the 4-bit
+reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the quantized
 GEMMs' tuned choices. `--part gemms` (also part of `all`): each expert GEMM of one flow step alone at 50 rows,
-bf16 and 4-bit, every launch candidate timed as the engine's tuner times it (a CUDA graph, the weight cycled
-through copies that overflow L2), the fastest one's GB/s over its weight bytes against the copy ceiling (a
-device-to-device copy of 1 GiB: bytes read / time).
+bf16, fp8 (W8A16 in the skinny GEMM, or cuBLAS's scaled GEMM on fp8 rows) and 4-bit, every launch candidate
+timed as the engine's tuner times it (a CUDA graph, the weight cycled through copies that overflow L2), the
+fastest one's GB/s over its weight bytes against the copy ceiling (a device-to-device copy of 1 GiB: bytes
+read / time).
 Targets (issue: reduced precision): fp8 whole <= 7 ms (stretch 5.5), act-only <= 3.5 ms; fp8+w4a16 act-only
 <= 3 ms (stretch 2); parity fp8 cosine >= 0.998 / rel L2 <= 5e-2, with 4 bits >= 0.995 / <= 1e-1.
 
@@ -60,6 +61,7 @@ def expert_gemms(config) -> list[tuple[str, int, int, bool]]:
 def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
     """Each expert GEMM alone (module docstring): {name: {bf16 / w4: {best, ms, gbps, candidates}}, copy}."""
     from flashrt_core.engine.gemm import LinearPicker
+    from flashrt_core.kernels.fp8 import quantize_fp8
     from flashrt_core.kernels.w4 import group_for, quantize_w4
 
     config = B.workload_config(2, 48, 10, 50, kind, None)
@@ -70,7 +72,7 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
         x = torch.randn(rows, k, device=device, generator=g).to(torch.bfloat16)
         w = (torch.randn(n, k, device=device, generator=g) * B.WEIGHT_STD).to(torch.bfloat16)
         row = {}
-        for label, weight in (("bf16", w), ("w4", quantize_w4(w, group_for(k)))):
+        for label, weight in (("bf16", w), ("fp8", quantize_fp8(w)), ("w4", quantize_w4(w, group_for(k)))):
             picker = LinearPicker(device, cache=None)
             picker.tuning = True
             (picker.geglu(x, weight) if geglu else picker(x, weight))
@@ -120,7 +122,8 @@ def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16"
             "gate": eng.precision_report, "vs_reference_fp32": B.compare(eng.sample_actions(*args), truth),
             "expert_weight_bytes_per_step": nbytes,
             "act_expert_weight_gbps": nbytes * steps / (act["p50_ms"] * 1e-3) / 1e9,
-            "gemm_choices": [c for c in eng.linear.report() if any("w4" in str(f) for f in c["fused"])]
+            "gemm_choices": [c for c in eng.linear.report()
+                             if any(str(f).startswith(("w4", "fp8")) for f in c["fused"])]
             if hasattr(eng, "linear") else []}
         log(f"[precision] {preset:<6} whole {whole['p50_ms']:.3f} ms  act {act['p50_ms']:.3f} ms  observe "
             f"{obs['p50_ms']:.3f} ms  expert {nbytes / 1e6:.0f} MB/step "

@@ -102,6 +102,45 @@ def test_skinny_gemm_on_4bit_weights_matches_the_dequantized_product(dev, dtype,
         assert parts.dtype == dtype and _rel(parts.total().float().cpu(), x.float() @ d.T) < tol
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,block_k,split,preload", [
+    (5, 24, 256, 128, 1, 0), (7, 40, 192, 64, 0, 0), (3, 16, 384, 128, 2, 1), (9, 33, 96, 256, 1, 0),
+    (4, 18, 512, 128, 4, 2)])
+def test_skinny_gemm_on_fp8_weights_matches_the_dequantized_product(dev, dtype, m, n, k, block_k, split, preload):
+    """W8A16: e4m3 weights with per-channel scales widened in the skinny GEMM's registers, x unrounded: against
+    F.linear of the dequantized weight (plain, GeGLU over merged rows, the Euler update into an fp32 stream,
+    deferred split-K partials)."""
+    from flashrt_core.kernels.fp8 import FP8Weight, quantize_fp8
+
+    g = torch.Generator().manual_seed(m * n + k + 1)
+    tol = TOL["fp32" if dtype == torch.float32 else "bf16"]
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+    q = quantize_fp8(w, dtype)
+    kw = dict(block_n=16, block_k=block_k, split_k=split, preload=preload)
+    qd = FP8Weight(q.data.to(dev), q.scales32.to(dev), dtype)
+    d = q.dequantize(torch.float32)
+    y = skinny_linear(x.to(dev), qd, **kw).cpu()
+    assert y.dtype == dtype and _rel(y, x.float() @ d.T) < tol
+    qg = quantize_fp8(torch.randn(2 * n, k, generator=g), dtype)
+    dg = qg.dequantize(torch.float32)
+    want = F.gelu(x.float() @ dg[:n].T, approximate="tanh") * (x.float() @ dg[n:].T)
+    got = skinny_linear(x.to(dev), FP8Weight(qg.data.to(dev), qg.scales32.to(dev), dtype), geglu=True, **kw).cpu()
+    assert _rel(got, want) < tol
+    state = torch.randn(m, n, generator=g)
+    gate = torch.randn(n, generator=g).to(dtype)
+    stream = state.clone().to(dev)
+    skinny_linear(x.to(dev), qd, residual=GatedResidual(stream, gate.to(dev)), **kw)
+    prod = (x.float() @ d.T).to(dtype).float()
+    assert _rel(stream.cpu(), state + prod * gate.float()) < tol
+    if split != 1:
+        parts = skinny_linear(x.to(dev), qd, defer=True, **kw)
+        assert parts.dtype == dtype and _rel(parts.total().float().cpu(), x.float() @ d.T) < tol
+    if dtype == torch.float32:  # and the weights are e4m3 (3 mantissa bits): the product moved from w's
+        assert 1e-3 < _rel(y, x @ w.T) < 0.1
+
+
 def _micro(kind):
     """The interpreter-sized model with every expert GEMM's inputs a multiple of 32 (4-bit groups of 32)."""
     from flashrt_core.models.pi05.config import GemmaConfig
@@ -118,20 +157,24 @@ def _decide(engine, inputs):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("expert", ["w4a16", "fp8"])
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
-def test_w4a16_fused_engine_matches_the_reference_with_the_same_weights(dev, kind):
-    """The Triton engine with 4-bit expert weights (the skinny GEMM dequantizing in registers) against the
-    reference engine multiplying by the same weights dequantized: the same model."""
+def test_quantized_expert_fused_engine_matches_the_reference_with_the_same_weights(dev, kind, expert):
+    """The Triton engine with 4-bit or e4m3 expert weights (the skinny GEMM dequantizing / widening them in
+    registers) against the reference engine multiplying by the same weights dequantized: the same model."""
+    from flashrt_core.kernels.fp8 import FP8Weight
     from flashrt_core.models.pi0.engine import Pi0Engine
     from flashrt_core.models.pi05.engine import Pi05Engine
 
     w, inputs = _micro(kind)
     R = R5 if kind == "pi05" else R0
-    want = _decide(R.make_engine(w, "w4a16"), inputs)
+    precision = Precision(expert=expert)
+    want = _decide(R.make_engine(w, precision), inputs)
     engine = (Pi05Engine if kind == "pi05" else Pi0Engine)(w, device=dev, backend="triton", gemm="triton",
-                                                           graphs=False, precision="w4a16")
-    assert all(isinstance(L.down_w, W4Weight) for L in engine.weights.expert_layers)
-    assert not any(isinstance(L.down_w, W4Weight) for L in engine.weights.vlm_layers)
+                                                           graphs=False, precision=precision)
+    fmt = W4Weight if expert == "w4a16" else FP8Weight
+    assert all(isinstance(L.down_w, fmt) for L in engine.weights.expert_layers)
+    assert not any(isinstance(L.down_w, fmt) for L in engine.weights.vlm_layers)
     got = _decide(engine, [t.to(dev) for t in inputs]).cpu()
     assert (got - want).abs().max() < TOL["engine_fp32"] * 10
     # and the quantization moved the actions (else this test could not tell 4 bits from 16)
@@ -367,7 +410,7 @@ def test_fp8_prefix_engines_match_the_reference_and_pass_their_gate(kind, preset
     limits = None if kind == "pi05" else {"cosine": 0.99, "rel_l2": 0.15}  # (the tiny pi0 in 4 bits: above)
     fused, ref = make("fused", w, preset, limits), make("reference", w, preset, limits)
     assert all(isinstance(L.qkv_w, FP8Weight) for L in fused.weights.vlm_layers)
-    assert isinstance(fused.weights.expert_layers[0].qkv_w, W4Weight) == (preset == "fp8+w4a16")
+    assert isinstance(fused.weights.expert_layers[0].qkv_w, W4Weight if preset == "fp8+w4a16" else FP8Weight)
     report = fused.precision_report
     assert report["precision"] == preset and 0 < report["rel_l2"]
     if preset == "fp8":
@@ -432,8 +475,9 @@ def test_fp8_falls_back_for_a_model_that_is_not_bf16_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)
     ran, notes = P.for_device(P.parse_precision("fp8"), "cuda", torch.float16)
-    assert ran == P.Precision() and notes == ["precision: prefix in fp8 needs a bfloat16 model on a GPU, this one is "
-                                              "float16: it runs in bf16"]
+    assert ran == P.Precision() and notes == [
+        f"precision: {part} in fp8 needs a bfloat16 model on a GPU, this one is float16: it runs in bf16"
+        for part in ("prefix", "expert")]
     assert P.for_device(P.parse_precision("fp8"), "cuda", torch.bfloat16) == (P.parse_precision("fp8"), [])
     monkeypatch.setattr(P, "_scaled_mm_error", lambda device: "RuntimeError: Rowwise scaling is not supported")
     ran, notes = P.for_device(P.parse_precision("fp8+w4a16"), "cuda")

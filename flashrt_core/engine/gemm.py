@@ -133,11 +133,10 @@ class LinearPicker:
 
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
-        # (False without Triton; an fp8 weight always takes the scaled GEMM: the skinny kernel has no fp8 form)
-        # (4-bit weights take it at any row count: it spreads rows past SKINNY_MAX_M over programs, where cuBLAS
-        # would need the weight dequantized on every call)
-        skinny = (m <= SKINNY_MAX_M or isinstance(w, W4Weight)) and K.available(x.device) \
-            and not isinstance(w, FP8Weight)
+        # (False without Triton. 4-bit weights take it at any row count: it spreads rows past SKINNY_MAX_M over
+        # programs, where cuBLAS would need the weight dequantized on every call. An fp8 weight at few rows: the
+        # skinny kernel's W8A16 against cuBLAS's scaled fp8 GEMM on fp8 rows; at more, the scaled GEMM)
+        skinny = (m <= SKINNY_MAX_M or isinstance(w, W4Weight)) and K.available(x.device)
         if self.mode == "torch" or not skinny or backend == "torch":
             return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":
@@ -145,6 +144,8 @@ class LinearPicker:
         key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags(w.dtype))
         if isinstance(w, W4Weight):  # another kernel specialization (and cuBLAS only after dequantizing)
             key += (f"w4g{w.group}",)
+        elif isinstance(w, FP8Weight):  # another kernel specialization (and cuBLAS's scaled fp8 GEMM)
+            key += ("fp8",)
         if key not in self.choices:
             if not (self.tuning and x.device.type == "cuda"):
                 return _route(None, x, w, b, geglu, backend, fusion)

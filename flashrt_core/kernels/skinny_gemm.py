@@ -23,6 +23,7 @@ import torch
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
                                          semaphores)
 from flashrt_core.kernels.partials import Partials
+from flashrt_core.kernels.fp8 import FP8Weight
 from flashrt_core.kernels.w4 import W4Weight
 
 SKINNY_MAX_M = 128  # rows per program at most (the picker offers this kernel up to this many rows)
@@ -37,6 +38,8 @@ except ImportError:  # pragma: no cover
     triton = None
 
 if triton is not None:
+    _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
     @triton.jit
     def _gelu_tanh(g):
         z = 1.5957691216057308 * (g + 0.044715 * g * g * g)  # 2 sqrt(2/pi) (g + 0.044715 g^3)
@@ -75,12 +78,13 @@ if triton is not None:
 
     @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
-                            W4: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr,
-                            SPLIT: tl.constexpr,
+                            W4: tl.constexpr, W8: tl.constexpr, GROUP: tl.constexpr, CDT: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
                             PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
-        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to W's dtype on load (an fp32 X into a bf16 GEMM);
+        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to the compute dtype CDT on load (an fp32 X into a
+        bf16 GEMM);
         GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu the weight rows up_off elements further.
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
@@ -91,7 +95,9 @@ if triton is not None:
         covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
         RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
         W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`, `_w4_dot`);
-        BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused)."""
+        BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused).
+        W8: W holds e4m3 weights [N, K] with one fp32 scale per output channel S [N] (`kernels.fp8.FP8Weight`):
+        each tile is widened to CDT in registers, the scales multiply the accumulator (W8A16)."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -122,11 +128,14 @@ if triton is not None:
                 wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
             pdl_wait(PDL)
             xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :],
-                         other=0.0).to(W.dtype.element_ty)
+                         other=0.0).to(CDT)
             if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
                 xp = xp.to(tl.float32)
                 wp = wp.to(tl.float32)
                 wpu = wpu.to(tl.float32)
+            elif W8:
+                wp = wp.to(CDT)
+                wpu = wpu.to(CDT)
             acc += tl.dot(xp, wp, input_precision=PRECISION)
             if GEGLU:
                 acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
@@ -137,18 +146,26 @@ if triton is not None:
                 kk = k0 + rk
                 k_ok = kk < K
                 x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                            other=0.0).to(W.dtype.element_ty)
+                            other=0.0).to(CDT)
                 w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
                 w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T
                 if UPCAST:
                     x = x.to(tl.float32)
                     w = w.to(tl.float32)
+                elif W8:
+                    w = w.to(CDT)
                 acc += tl.dot(x, w, input_precision=PRECISION)
                 if GEGLU:
                     wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
                     if UPCAST:
                         wu = wu.to(tl.float32)
+                    elif W8:
+                        wu = wu.to(CDT)
                     acc_up += tl.dot(x, wu, input_precision=PRECISION)
+        if W8:  # the output channels' scales (the up half's follow the gate half's)
+            acc *= tl.load(S + rn, mask=n_ok, other=0.0)[None, :]
+            if GEGLU:
+                acc_up *= tl.load(S + s_up_off + rn, mask=n_ok, other=0.0)[None, :]
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = True
         if DEFER or SPLIT > 1:
@@ -176,11 +193,8 @@ if triton is not None:
                 acc = _gelu_tanh(acc) * acc_up
             y_ptr = Y + rm[:, None] * sym + rn[None, :]
             if RESID:
-                if W4:
-                    if Y.dtype.element_ty != S.dtype.element_ty:
-                        acc = acc.to(S.dtype.element_ty).to(tl.float32)
-                elif Y.dtype.element_ty != W.dtype.element_ty:  # a wider stream (fp32 flow state): the result
-                    acc = acc.to(W.dtype.element_ty).to(tl.float32)  # is rounded as an unfused GEMM stores it
+                if Y.dtype.element_ty != CDT:  # a wider stream (fp32 flow state): the result is rounded as an
+                    acc = acc.to(CDT).to(tl.float32)  # unfused GEMM stores it
                 acc = tl.load(y_ptr, mask=out_mask, other=0.0).to(tl.float32) + \
                     acc * tl.load(G + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             tl.store(y_ptr, acc.to(Y.dtype.element_ty), mask=out_mask)
@@ -230,7 +244,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
     `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
     are spread over programs of SKINNY_MAX_M rows. w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
-    its scales' dtype)."""
+    its scales' dtype) or a `kernels.fp8.FP8Weight` (e4m3 weights widened in registers, computed in its dtype:
+    W8A16)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -242,8 +257,9 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     quant = isinstance(w, W4Weight)
-    wt = w.packed if quant else w  # what the kernel reads as W
-    scales = w.scales if quant else wt
+    w8 = isinstance(w, FP8Weight)
+    wt = w.packed if quant else w.data if w8 else w  # what the kernel reads as W
+    scales = w.scales if quant else w.scales32 if w8 else wt
     if quant and (tuple(w.scales.shape) != (w.shape[1] // w.group, w.shape[0]) or not w.scales.is_contiguous()
                   or w.shape[1] % w.group):
         raise KernelInputError(f"skinny_linear: a 4-bit weight [{w.shape[0]}, {w.shape[1]}] in groups of {w.group} "
@@ -284,7 +300,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     launch(_skinny_gemm_kernel, grid,
         x2, wt, b if b is not None else wt, y, part, tickets, residual.gate if residual is not None else wt, scales,
         m, n, kdim, k_per_split, x2.stride(0), wt.stride(0), scales.stride(0), n, m * n, n * wt.stride(0),
-        n if quant else 0, W4=quant, GROUP=w.group if quant else 1, HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
+        n if quant or w8 else 0, W4=quant, W8=w8, GROUP=w.group if quant else 1, CDT=_TL_DTYPES[w.dtype],
+        HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
         ONE_STEP=one_step, RESID=residual is not None,
         UPCAST=interp and w.dtype != torch.float32,
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,

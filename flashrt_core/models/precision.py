@@ -5,13 +5,15 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
   bf16    every part in the model dtype (bf16 on a GPU; the default)
   w4a16   the expert's GEMM weights in 4 bits (groups of 128 inputs, bf16 scales, `kernels.w4`), activations in
           the model dtype: the act stage streams a quarter of the weight bytes
-  fp8     the Gemma prefix's GEMMs in fp8 e4m3 (`kernels.fp8`: weights per output channel, activations per token,
-          scaled dynamically): the compute-bound observe stage on fp8 tensor cores
-  fp8+w4a16  both
+  fp8     the Gemma prefix's and the expert's GEMM weights in fp8 e4m3 with one scale per output channel
+          (`kernels.fp8`): the compute-bound prefix multiplies fp8 activations (per token, scaled dynamically) on
+          fp8 tensor cores; the bandwidth-bound expert (50 rows) widens its weights to bf16 in the skinny GEMM's
+          registers (W8A16): the act stage streams half of bf16's weight bytes
+  fp8+w4a16  the fp8 prefix, the expert in 4 bits
 Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed (the
-skinny GEMM dequantizes 4 bits in registers; fp8 runs cuBLAS's scaled GEMM); the reference engine multiplies
-by the same weights dequantized (for fp8 without the activations' rounding to fp8, which the fused engine
-adds). A quantized engine is checked at build against the unquantized reference on a
+skinny GEMM dequantizes 4 bits or widens e4m3 in registers; the prefix's fp8 runs cuBLAS's scaled GEMM); the
+reference engine multiplies by the same weights dequantized (for the fp8 prefix without the activations'
+rounding to fp8, which the fused engine adds). A quantized engine is checked at build against the unquantized reference on a
 fixed input (`gate`) and refused with the numbers where it falls short of the preset's thresholds.
 """
 from __future__ import annotations
@@ -28,8 +30,8 @@ from flashrt_core.kernels.fp8 import quantize_fp8
 from flashrt_core.kernels.w4 import group_for, quantize_w4
 
 PARTS = ("vision", "prefix", "expert")
-FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "w4a16")}
-PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8"}, "w4a16": {"expert": "w4a16"},
+FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "fp8", "w4a16")}
+PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8", "expert": "fp8"}, "w4a16": {"expert": "w4a16"},
            "fp8+w4a16": {"prefix": "fp8", "expert": "w4a16"}}
 # (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's, per format
 # (a mix takes the loosest of its formats')
@@ -72,7 +74,9 @@ class Precision:
 # needs on a GPU. On a CPU every format runs through the torch references (slow: tests, the tiny model).
 DISPATCH = {
     "bf16": {"kernel": "cuBLAS + the skinny Triton GEMM (bf16)", "min_capability": (8, 0)},
-    "fp8": {"kernel": "Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise scales)",
+    "fp8": {"kernel": "many rows: Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise "
+                      "scales); few rows (the expert): the skinny Triton GEMM widening e4m3 weights (W8A16) or the "
+                      "scaled GEMM, whichever measures faster",
             "min_capability": (8, 9)},
     "w4a16": {"kernel": "skinny Triton GEMM on 4-bit weights (dequantized in registers)",
               "min_capability": (8, 0)},
@@ -154,8 +158,8 @@ def parse_precision(value) -> Precision:
 
 def quantize(weights, precision: Precision, packed: bool):
     """A copy of an engine-layout weights dataclass (pi0.5's or pi0's) with the parts `precision` quantizes:
-    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16), of the
-    prefix's as `kernels.fp8.FP8Weight` (fp8); packed=True: so (the fused engine), False: dequantized back to
+    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16) or
+    `kernels.fp8.FP8Weight` (fp8), of the prefix's as `kernels.fp8.FP8Weight` (fp8); packed=True: so (the fused engine), False: dequantized back to
     the model dtype (the reference engine). A matrix whose inputs no 4-bit group size divides stays as it is.
     The input is not changed."""
     def layers(which, make):
@@ -176,6 +180,8 @@ def quantize(weights, precision: Precision, packed: bool):
     fields = {}
     if precision.expert == "w4a16":
         fields["expert_layers"] = layers("expert_layers", w4)
+    elif precision.expert == "fp8":
+        fields["expert_layers"] = layers("expert_layers", quantize_fp8)
     if precision.prefix == "fp8":
         fields["vlm_layers"] = layers("vlm_layers", quantize_fp8)
     return dataclasses.replace(weights, **fields) if fields else weights
