@@ -200,8 +200,12 @@ def compare(actions: torch.Tensor, truth: torch.Tensor) -> dict:
 
 
 # ---- FLOPs and bytes per stage (for achieved TFLOP/s and GB/s) -------------------------------------------------
-def stage_costs(config, weight_bytes: int = 2, vision_bytes: int = 2) -> dict:
-    """Matmul FLOPs and compulsory DRAM bytes (weights once, prefix K/V) of `observe` and `act`."""
+def stage_parts(config) -> dict:
+    """Per model part, what a W2-style decision multiplies: {part: {"weights": GEMM weight elements read per
+    pass, "passes": passes per decision, "gemm_flops", "attn_flops", "other_bytes_per_pass" (in elements: K/V
+    read or written, token embeddings)}}. Parts: vision (SigLIP + projector), prefix (the Gemma layers),
+    expert (the action expert's layers: what a precision quantizes), expert_io (its input / output and time
+    projections, kept in the model dtype). `stage_costs` and the roofline tables add them up."""
     v, g, e = config.vision, config.vlm, config.expert
     views, t = config.num_image_slots, v.num_patches
     p = config.prefix_len
@@ -210,30 +214,44 @@ def stage_costs(config, weight_bytes: int = 2, vision_bytes: int = 2) -> dict:
     mlp = lambda tw: 3 * tw.width * tw.mlp  # noqa: E731
     vis_layer = 4 * v.hidden * v.hidden + 2 * v.hidden * v.mlp
     vis_params = v.layers * vis_layer + 3 * v.patch ** 2 * v.hidden + v.hidden * g.width
-    vis_flops = views * (2 * t * vis_params + v.layers * 4 * t * t * v.hidden)
     vlm_params = (g.depth - 1) * (qkv(g) + o(g) + mlp(g)) + qkv(g)
-    vlm_flops = 2 * p * vlm_params + (g.depth - 1) * 4 * p * p * g.heads * g.head_dim
-    kv_bytes = g.depth * 2 * p * g.kv_heads * g.head_dim * weight_bytes
-    observe = {"flops": vis_flops + vlm_flops,
-               "bytes": vis_params * vision_bytes + vlm_params * weight_bytes + kv_bytes
-               + config.tokenizer_max_length * g.width * weight_bytes}
-    c = config.chunk_size
+    kv = g.depth * 2 * p * g.kv_heads * g.head_dim
+    c, steps = config.chunk_size, config.num_steps
     layer_params = e.depth * (qkv(e) + o(e) + mlp(e))
     io_params = 2 * config.action_dim * e.width
     attend = e.depth * 4 * e.heads * e.head_dim  # per query and key
-    once = 0  # what an act computes once, not per step
+    once_gemm = once_attn = 0  # what an act computes once, not per step
     if config.kind == "pi0":
         # pi0's action tokens pass the action-time MLP: its input half over the action embedding (the time
         # half is a per-step constant) and its output, w x w each; they attend to the prefix, the state token
         # and each other. The state token depends on the state and the prefix only: once per act.
         io_params += 2 * e.width * e.width
-        step_flops = 2 * c * (layer_params + io_params) + attend * c * (p + 1 + c)
-        once = 2 * layer_params + attend * (p + 1) + 2 * config.state_dim * e.width
+        keys = p + 1 + c
+        once_gemm, once_attn = 2 * layer_params + 2 * config.state_dim * e.width, attend * (p + 1)
     else:  # (pi0.5's per-step time MLP and AdaRMS projections are left out)
-        step_flops = 2 * c * (layer_params + io_params) + attend * c * (p + c)
-    act = {"flops": config.num_steps * step_flops + once,
-           "bytes": config.num_steps * ((layer_params + io_params) * weight_bytes + kv_bytes)}
-    return {"observe": observe, "act": act}
+        keys = p + c
+    return {
+        "vision": {"weights": vis_params, "passes": 1, "gemm_flops": views * 2 * t * vis_params,
+                   "attn_flops": views * v.layers * 4 * t * t * v.hidden, "other_bytes_per_pass": 0},
+        "prefix": {"weights": vlm_params, "passes": 1, "gemm_flops": 2 * p * vlm_params,
+                   "attn_flops": (g.depth - 1) * 4 * p * p * g.heads * g.head_dim,
+                   "other_bytes_per_pass": kv + config.tokenizer_max_length * g.width},
+        "expert": {"weights": layer_params, "passes": steps, "gemm_flops": steps * 2 * c * layer_params + once_gemm,
+                   "attn_flops": steps * attend * c * keys + once_attn, "other_bytes_per_pass": kv},
+        "expert_io": {"weights": io_params, "passes": steps, "gemm_flops": steps * 2 * c * io_params,
+                      "attn_flops": 0, "other_bytes_per_pass": 0}}
+
+
+def stage_costs(config, weight_bytes: int = 2, vision_bytes: int = 2) -> dict:
+    """Matmul FLOPs and compulsory DRAM bytes (weights once per pass, prefix K/V) of `observe` and `act`."""
+    parts = stage_parts(config)
+
+    def total(names):
+        flops = sum(parts[n]["gemm_flops"] + parts[n]["attn_flops"] for n in names)
+        nbytes = sum(parts[n]["passes"] * (parts[n]["weights"] * (vision_bytes if n == "vision" else weight_bytes)
+                                           + parts[n]["other_bytes_per_pass"] * weight_bytes) for n in names)
+        return {"flops": flops, "bytes": nbytes}
+    return {"observe": total(("vision", "prefix")), "act": total(("expert", "expert_io"))}
 
 
 def achieved(cost: dict, ms: float) -> dict:
