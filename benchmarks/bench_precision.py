@@ -1,9 +1,9 @@
 """Reduced precision on the GPU, full size, every parameter normal(0, 0.02): the fused engine in each precision
-preset (bf16, fp8, w4a16, fp8+w4a16) in one process, W2 shapes: whole decision, act-only and observe p50, the
+preset (bf16, fp8, w4a16, fp8+w4a16, fp8+mxfp4) in one process, W2 shapes: whole decision, act-only and observe p50, the
 expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the fp32
 reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the quantized
 GEMMs' tuned choices. `--part gemms` (also part of `all`): each expert GEMM of one flow step alone at 50 rows,
-bf16, fp8 (W8A16 in the skinny GEMM, or cuBLAS's scaled GEMM on fp8 rows) and 4-bit, every launch candidate
+bf16, fp8 (W8A16 in the skinny GEMM, or cuBLAS's scaled GEMM on fp8 rows), 4-bit and MXFP4, every candidate
 timed as the engine's tuner times it (a CUDA graph, the weight cycled through copies that overflow L2), the
 fastest one's GB/s over its weight bytes against the copy ceiling (a device-to-device copy of 1 GiB: bytes
 read / time).
@@ -62,6 +62,7 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
     """Each expert GEMM alone (module docstring): {name: {bf16 / w4: {best, ms, gbps, candidates}}, copy}."""
     from flashrt_core.engine.gemm import LinearPicker
     from flashrt_core.kernels.fp8 import quantize_fp8
+    from flashrt_core.kernels.mx4 import quantize_mx4
     from flashrt_core.kernels.w4 import group_for, quantize_w4
 
     config = B.workload_config(2, 48, 10, 50, kind, None)
@@ -72,7 +73,8 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
         x = torch.randn(rows, k, device=device, generator=g).to(torch.bfloat16)
         w = (torch.randn(n, k, device=device, generator=g) * B.WEIGHT_STD).to(torch.bfloat16)
         row = {}
-        for label, weight in (("bf16", w), ("fp8", quantize_fp8(w)), ("w4", quantize_w4(w, group_for(k)))):
+        for label, weight in (("bf16", w), ("fp8", quantize_fp8(w)), ("w4", quantize_w4(w, group_for(k))),
+                              ("mx4", quantize_mx4(w))):
             picker = LinearPicker(device, cache=None)
             picker.tuning = True
             (picker.geglu(x, weight) if geglu else picker(x, weight))
@@ -89,8 +91,9 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
     return out
 
 
-def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16", "fp8+w4a16"), iters=30, warmup=5,
-            seed=0, device="cuda", dtype=torch.bfloat16, base_config=None, log=print) -> tuple[dict, dict]:
+def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16", "fp8+w4a16", "fp8+mxfp4"),
+            iters=30, warmup=5, seed=0, device="cuda", dtype=torch.bfloat16, base_config=None,
+            log=print) -> tuple[dict, dict]:
     """-> (workload, {preset: numbers}). device / base_config other than the defaults: the CPU test's tiny run."""
     import importlib
 
@@ -141,7 +144,7 @@ def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16"
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default="pi05", choices=("pi05", "pi0"))
-    p.add_argument("--presets", default="bf16,fp8,w4a16,fp8+w4a16")
+    p.add_argument("--presets", default="bf16,fp8,w4a16,fp8+w4a16,fp8+mxfp4")
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--part", default="all", choices=("all", "presets", "gemms"),
                    help="presets: the engine per preset; gemms: each expert GEMM alone; all: both")

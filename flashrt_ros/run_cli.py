@@ -21,6 +21,11 @@ _FLAGS = {"checkpoint": "checkpoint", "config": "contract", "camera_topics": "ca
           "precision": "precision"}
 
 
+# the presets of flashrt_core.models.precision.PRESETS (not imported here: it would load torch for `--help`;
+# test_precision checks that the two agree)
+PRECISIONS = ("bf16", "fp8", "w4a16", "fp8+w4a16", "fp8+mxfp4")
+
+
 def add_subparsers(sub) -> None:
     p = sub.add_parser("run", help="start the policy node from a LeRobot checkpoint folder (--dry-run: show the plan)")
     p.add_argument("--checkpoint", help="LeRobot pi0.5 checkpoint folder (as save_pretrained writes it)")
@@ -32,9 +37,10 @@ def add_subparsers(sub) -> None:
     p.add_argument("--device", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: the contract's)")
     p.add_argument("--engine", choices=("auto", "fused", "reference"), help="default auto")
-    p.add_argument("--precision", choices=("bf16", "fp8", "w4a16", "fp8+w4a16"),
-                   help="bf16; fp8 (the prefix's GEMMs in fp8); w4a16 (the action expert's weights in 4 bits); "
-                        "fp8+w4a16 (default: the contract's, bf16)")
+    p.add_argument("--precision", choices=PRECISIONS,
+                   help="bf16; fp8 (the prefix's and the action expert's GEMM weights in fp8); w4a16 (the action "
+                        "expert's weights in 4 bits); fp8+w4a16; fp8+mxfp4 (the expert in MXFP4: Blackwell / "
+                        "Thor) (default: the contract's, bf16)")
     p.add_argument("--rtc", action="store_const", const=True, default=None,
                    help="real-time chunking in the act stage (node parameters rtc_*: its options)")
     p.add_argument("--tokenizer", help="tokenizer.json / tokenizer.model file or folder (default: hub cache)")

@@ -141,13 +141,76 @@ def test_skinny_gemm_on_fp8_weights_matches_the_dequantized_product(dev, dtype, 
         assert 1e-3 < _rel(y, x @ w.T) < 0.1
 
 
+def test_quantize_mx4_stores_e2m1_pairs_and_power_of_two_scales():
+    from flashrt_core.kernels.mx4 import E2M1, MX4Weight, quantize_mx4
+
+    w = torch.zeros(2, 64)
+    w[0, :6] = torch.tensor([6.0, -6.0, 0.5, 1.4, -3.2, 0.2])  # block 0 of row 0: max 6 -> scale 1
+    w[1, 32:] = 12.0  # block 1 of row 1: max 12 -> scale 2, every entry the code of 6
+    q = quantize_mx4(w)
+    assert isinstance(q, MX4Weight) and q.packed.shape == (2, 32) and q.scales.shape == (2, 2)
+    assert q.scales[0, 0] == 127 and q.scales[1, 1] == 128 and q.shape == (2, 64) and q.nbytes == 64 + 4
+    # codes (sign << 3 | magnitude index): 6 -> 7, -6 -> 15, 0.5 -> 1, 1.4 -> 1.5 (3), -3.2 -> -3 (13), 0.2 -> 0
+    assert q.packed[0, :3].tolist() == [7 | (15 << 4), 1 | (3 << 4), 13 | (0 << 4)]
+    assert q.packed[1, 16:].tolist() == [7 | (7 << 4)] * 16
+    torch.testing.assert_close(q.dequantize()[1], w[1])
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(24, 128, generator=g) * torch.rand(24, 1, generator=g)
+    q = quantize_mx4(w)
+    d = q.dequantize()
+    scale = torch.exp2(q.scales.float() - 127).repeat_interleave(32, dim=1)
+    assert (w.abs() <= 6 * scale).all()  # no entry clips
+    # each entry on the e2m1 grid times its scale, the nearest grid point (half the widest gap, 2, at most)
+    assert torch.isin((d / scale).abs(), torch.tensor(E2M1)).all()
+    assert ((d - w).abs() <= scale + 1e-6).all()
+    with pytest.raises(Exception, match="K = 100 must be a multiple of 32"):
+        quantize_mx4(torch.randn(4, 100))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,n,k,block_k,split", [(5, 24, 256, 128, 1), (7, 40, 192, 64, 0), (3, 16, 384, 128, 2),
+                                                 (9, 33, 128, 256, 1)])
+def test_skinny_gemm_on_mxfp4_weights_matches_the_dequantized_product(dev, dtype, m, n, k, block_k, split):
+    """MXFP4 through Triton's scaled dot: against F.linear of the dequantized weight with x rounded to bf16 (the
+    scaled dot's activations), plain, GeGLU, the Euler update into an fp32 stream, deferred partials."""
+    from flashrt_core.kernels.mx4 import MX4Weight, quantize_mx4
+
+    g = torch.Generator().manual_seed(m * n + k + 2)
+    tol = TOL["bf16"]  # (the scaled dot multiplies in bf16 for an fp32 output too)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    xb = x.bfloat16().float()
+    q = quantize_mx4(torch.randn(n, k, generator=g), dtype)
+    kw = dict(block_n=16, block_k=block_k, split_k=split)
+    qd = MX4Weight(q.packed.to(dev), q.scales.to(dev), dtype)
+    d = q.dequantize(torch.float32)
+    y = skinny_linear(x.to(dev), qd, **kw).cpu()
+    assert y.dtype == dtype and _rel(y, xb @ d.T) < tol
+    qg = quantize_mx4(torch.randn(2 * n, k, generator=g), dtype)
+    dg = qg.dequantize(torch.float32)
+    want = F.gelu(xb @ dg[:n].T, approximate="tanh") * (xb @ dg[n:].T)
+    got = skinny_linear(x.to(dev), MX4Weight(qg.packed.to(dev), qg.scales.to(dev), dtype), geglu=True, **kw).cpu()
+    assert _rel(got, want) < tol
+    state = torch.randn(m, n, generator=g)
+    gate = torch.randn(n, generator=g).to(dtype)
+    stream = state.clone().to(dev)
+    skinny_linear(x.to(dev), qd, residual=GatedResidual(stream, gate.to(dev)), **kw)
+    assert _rel(stream.cpu(), state + (xb @ d.T).to(dtype).float() * gate.float()) < tol
+    if split != 1:
+        parts = skinny_linear(x.to(dev), qd, defer=True, **kw)
+        assert _rel(parts.total().float().cpu(), xb @ d.T) < tol
+    with pytest.raises(Exception, match="multiples of 32 and 64"):
+        skinny_linear(x.to(dev), qd, block_n=16, block_k=32)
+
+
 def _micro(kind):
-    """The interpreter-sized model with every expert GEMM's inputs a multiple of 32 (4-bit groups of 32)."""
+    """The interpreter-sized model with every expert GEMM's inputs a multiple of 64 (4-bit groups of 64, MXFP4's
+    K tiles)."""
     from flashrt_core.models.pi05.config import GemmaConfig
 
     micro = kernel_testing.micro_config(kind)
     micro = dataclasses.replace(micro, vlm=dataclasses.replace(micro.vlm, head_dim=16),
-                                expert=GemmaConfig(width=32, depth=2, mlp=96, heads=4, kv_heads=1, head_dim=16))
+                                expert=GemmaConfig(width=64, depth=2, mlp=128, heads=4, kv_heads=1, head_dim=16))
     config, state = pi05.build_tiny(3, micro)
     return (pi05 if kind == "pi05" else pi0).convert(config, state), kernel_testing.micro_inputs(config)
 
@@ -157,12 +220,13 @@ def _decide(engine, inputs):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("expert", ["w4a16", "fp8"])
+@pytest.mark.parametrize("expert", ["w4a16", "fp8", "mxfp4"])
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
 def test_quantized_expert_fused_engine_matches_the_reference_with_the_same_weights(dev, kind, expert):
     """The Triton engine with 4-bit or e4m3 expert weights (the skinny GEMM dequantizing / widening them in
     registers) against the reference engine multiplying by the same weights dequantized: the same model."""
     from flashrt_core.kernels.fp8 import FP8Weight
+    from flashrt_core.kernels.mx4 import MX4Weight
     from flashrt_core.models.pi0.engine import Pi0Engine
     from flashrt_core.models.pi05.engine import Pi05Engine
 
@@ -172,13 +236,18 @@ def test_quantized_expert_fused_engine_matches_the_reference_with_the_same_weigh
     want = _decide(R.make_engine(w, precision), inputs)
     engine = (Pi05Engine if kind == "pi05" else Pi0Engine)(w, device=dev, backend="triton", gemm="triton",
                                                            graphs=False, precision=precision)
-    fmt = W4Weight if expert == "w4a16" else FP8Weight
+    fmt = {"w4a16": W4Weight, "fp8": FP8Weight, "mxfp4": MX4Weight}[expert]
     assert all(isinstance(L.down_w, fmt) for L in engine.weights.expert_layers)
     assert not any(isinstance(L.down_w, fmt) for L in engine.weights.vlm_layers)
     got = _decide(engine, [t.to(dev) for t in inputs]).cpu()
-    assert (got - want).abs().max() < TOL["engine_fp32"] * 10
-    # and the quantization moved the actions (else this test could not tell 4 bits from 16)
-    assert (want - _decide(R.make_engine(w), inputs)).abs().max() > 1e-3
+    if expert == "mxfp4":  # the scaled dot multiplies bf16-rounded activations, in an fp32 model too
+        assert (got - want).norm() / want.norm() < TOL["engine_bf16_rel_l2"]
+    else:
+        assert (got - want).abs().max() < TOL["engine_fp32"] * 10
+    # and the quantization moved the actions (else this test could not tell 4 bits from 16), by more than the
+    # fused engine's distance from the reference
+    moved = (want - _decide(R.make_engine(w), inputs)).abs().max()
+    assert moved > 1e-3 and moved > 2 * (got - want).abs().max()
 
 
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
@@ -332,7 +401,8 @@ def test_node_parameter_and_run_flag_set_the_precision():
     values.update(precision="w4a16", joint_names=[f"j{i}" for i in range(8)])
     assert runtime_arguments(validate(values), n_cameras=2)["options"]["precision"] == "w4a16"
     assert "precision" not in (runtime_arguments(validate({**values, "precision": ""}), 2)["options"] or {})
-    with pytest.raises(ValueError, match=r"parameter 'precision' must be empty or one of bf16, fp8, w4a16, fp8\+w4a16"):
+    with pytest.raises(ValueError, match=r"parameter 'precision' must be empty or one of bf16, fp8, w4a16, "
+                                         r"fp8\+w4a16, fp8\+mxfp4"):
         validate({**values, "precision": "int8"})
     import argparse
 
@@ -342,6 +412,9 @@ def test_node_parameter_and_run_flag_set_the_precision():
     run_cli.add_subparsers(parser.add_subparsers())
     args = parser.parse_args(["run", "--checkpoint", "x", "--precision", "w4a16"])
     assert node_parameters(args)["precision"] == "w4a16"
+    from flashrt_core.models.precision import PRESETS
+
+    assert run_cli.PRECISIONS == tuple(PRESETS)
 
 
 # ---- fp8 (the prefix) -----------------------------------------------------------------------------------------
@@ -425,7 +498,7 @@ def test_dispatch_table_says_what_runs_and_falls_back_by_part(monkeypatch):
     from flashrt_core.models import precision as P
 
     cpu = {r["format"]: r for r in P.dispatch_table("cpu")}
-    assert set(cpu) == {"bf16", "fp8", "w4a16"} and all(r["runs"] for r in cpu.values())
+    assert set(cpu) == {"bf16", "fp8", "w4a16", "mxfp4"} and all(r["runs"] for r in cpu.values())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # an A100
     monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)
     a100 = {r["format"]: r for r in P.dispatch_table("cuda")}

@@ -24,6 +24,7 @@ from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableErr
                                          semaphores)
 from flashrt_core.kernels.partials import Partials
 from flashrt_core.kernels.fp8 import FP8Weight
+from flashrt_core.kernels.mx4 import BLOCK as MX4_BLOCK, MX4Weight
 from flashrt_core.kernels.w4 import W4Weight
 
 SKINNY_MAX_M = 128  # rows per program at most (the picker offers this kernel up to this many rows)
@@ -77,8 +78,21 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_K: tl.constexpr):
+        """acc + X[rm, k0:k0 + BLOCK_K] (rounded to bf16) times an MXFP4 weight's rows rn there (`kernels.mx4`:
+        e2m1 pairs along K, e8m0 scales [N, K / 32]) through Triton's scaled dot."""
+        kk = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+        jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None], mask=n_ok[None, :] & (jb < K // 2)[:, None],
+                    other=0)
+        sb = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(S + rn[:, None] * sgn + sb[None, :], mask=n_ok[:, None] & (sb < K // 32)[None, :], other=127)
+        return tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", p, s, "e2m1", acc)
+
+    @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
-                            W4: tl.constexpr, W8: tl.constexpr, GROUP: tl.constexpr, CDT: tl.constexpr,
+                            W4: tl.constexpr, W8: tl.constexpr, MX4: tl.constexpr, GROUP: tl.constexpr, CDT: tl.constexpr,
                             HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
                             PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -97,7 +111,9 @@ if triton is not None:
         W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`, `_w4_dot`);
         BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused).
         W8: W holds e4m3 weights [N, K] with one fp32 scale per output channel S [N] (`kernels.fp8.FP8Weight`):
-        each tile is widened to CDT in registers, the scales multiply the accumulator (W8A16)."""
+        each tile is widened to CDT in registers, the scales multiply the accumulator (W8A16).
+        MX4: W holds MXFP4 weights [N, K / 2] with e8m0 scales S [N, K / 32] (`kernels.mx4`, `_mx4_dot`): every
+        K tile after the PDL wait, X rounded to bf16."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -118,6 +134,13 @@ if triton is not None:
                 if GEGLU:
                     acc_up += _w4_dot(X, W + up_off, S + s_up_off, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M,
                                       BLOCK_N, BLOCK_K, GROUP, UPCAST, PRECISION)
+        elif MX4:
+            pdl_wait(PDL)
+            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+                acc = _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_K)
+                if GEGLU:
+                    acc_up = _mx4_dot(acc_up, X, W + up_off, S + s_up_off, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn,
+                                      BLOCK_K)
         elif PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
             kp = k_lo + tl.arange(0, PRE_K)
             kp_ok = (kp < K) & (kp < k_lo + k_per_split)
@@ -141,7 +164,7 @@ if triton is not None:
                 acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
         else:
             pdl_wait(PDL)
-        if not W4 and not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
+        if not W4 and not MX4 and not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
             for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
@@ -244,8 +267,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
     `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
     are spread over programs of SKINNY_MAX_M rows. w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
-    its scales' dtype) or a `kernels.fp8.FP8Weight` (e4m3 weights widened in registers, computed in its dtype:
-    W8A16)."""
+    its scales' dtype), a `kernels.fp8.FP8Weight` (e4m3 weights widened in registers, computed in its dtype:
+    W8A16) or a `kernels.mx4.MX4Weight` (MXFP4 through Triton's scaled dot, activations in bf16)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -258,8 +281,15 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         x2 = x2.contiguous()
     quant = isinstance(w, W4Weight)
     w8 = isinstance(w, FP8Weight)
-    wt = w.packed if quant else w.data if w8 else w  # what the kernel reads as W
-    scales = w.scales if quant else w.scales32 if w8 else wt
+    mx4 = isinstance(w, MX4Weight)
+    wt = w.packed if quant or mx4 else w.data if w8 else w  # what the kernel reads as W
+    scales = w.scales if quant or mx4 else w.scales32 if w8 else wt
+    if mx4 and (w.shape[1] % MX4_BLOCK or block_k % (2 * MX4_BLOCK) or tuple(w.scales.shape) != (
+            w.shape[0], w.shape[1] // MX4_BLOCK) or not w.scales.is_contiguous()):
+        raise KernelInputError(f"skinny_linear: an MXFP4 weight [{w.shape[0]}, {w.shape[1]}] needs K and block_k "
+                               f"multiples of {MX4_BLOCK} and {2 * MX4_BLOCK} and contiguous scales "
+                               f"[{w.shape[0]}, {w.shape[1] // MX4_BLOCK}], got block_k {block_k}, scales "
+                               f"{tuple(w.scales.shape)}")
     if quant and (tuple(w.scales.shape) != (w.shape[1] // w.group, w.shape[0]) or not w.scales.is_contiguous()
                   or w.shape[1] % w.group):
         raise KernelInputError(f"skinny_linear: a 4-bit weight [{w.shape[0]}, {w.shape[1]}] in groups of {w.group} "
@@ -300,7 +330,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     launch(_skinny_gemm_kernel, grid,
         x2, wt, b if b is not None else wt, y, part, tickets, residual.gate if residual is not None else wt, scales,
         m, n, kdim, k_per_split, x2.stride(0), wt.stride(0), scales.stride(0), n, m * n, n * wt.stride(0),
-        n if quant or w8 else 0, W4=quant, W8=w8, GROUP=w.group if quant else 1, CDT=_TL_DTYPES[w.dtype],
+        n * scales.stride(0) if mx4 else n if quant or w8 else 0, W4=quant, W8=w8, MX4=mx4, GROUP=w.group if quant else 1, CDT=_TL_DTYPES[w.dtype],
         HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
         ONE_STEP=one_step, RESID=residual is not None,
         UPCAST=interp and w.dtype != torch.float32,

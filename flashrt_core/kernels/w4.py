@@ -18,6 +18,7 @@ import torch
 
 from flashrt_core.kernels._common import KernelInputError
 from flashrt_core.kernels.fp8 import FP8Weight
+from flashrt_core.kernels.mx4 import MX4Weight
 
 GROUP = 128  # inputs per scale
 
@@ -90,11 +91,11 @@ def quantize_w4(w: torch.Tensor, group: int = GROUP, dtype: torch.dtype | None =
 
 
 def as_dense(w) -> torch.Tensor:
-    """A weight as a dense tensor: a quantized one (W4Weight, kernels.fp8.FP8Weight) dequantized, any other
-    tensor as it is."""
-    return w.dequantize() if isinstance(w, (W4Weight, FP8Weight)) else w
+    """A weight as a dense tensor: a quantized one (W4Weight, kernels.fp8.FP8Weight, kernels.mx4.MX4Weight)
+    dequantized, any other tensor as it is."""
+    return w.dequantize() if isinstance(w, (W4Weight, FP8Weight, MX4Weight)) else w
 
 
 def weight_bytes(w) -> int:
     """The bytes a GEMM streams for weight `w` (a quantized one's data and scales)."""
-    return w.nbytes if isinstance(w, (W4Weight, FP8Weight)) else w.numel() * w.element_size()
+    return w.nbytes if isinstance(w, (W4Weight, FP8Weight, MX4Weight)) else w.numel() * w.element_size()

@@ -10,6 +10,10 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
           fp8 tensor cores; the bandwidth-bound expert (50 rows) widens its weights to bf16 in the skinny GEMM's
           registers (W8A16): the act stage streams half of bf16's weight bytes
   fp8+w4a16  the fp8 prefix, the expert in 4 bits
+  fp8+mxfp4  the fp8 prefix, the expert in OCP MXFP4 (`kernels.mx4`: e2m1 values, a power-of-two scale per 32
+          inputs) through Triton's scaled dot: the format Blackwell's tensor cores (B200, Jetson AGX Thor) take
+          natively; elsewhere Triton widens it to bf16 in registers. (NVFP4 proper, e4m3 scales per 16 inputs and
+          fp4 activations, is not built: the pinned Triton's interpreter cannot check it)
 Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed (the
 skinny GEMM dequantizes 4 bits or widens e4m3 in registers; the prefix's fp8 runs cuBLAS's scaled GEMM); the
 reference engine multiplies by the same weights dequantized (for the fp8 prefix without the activations'
@@ -27,15 +31,17 @@ import torch.nn.functional as F
 
 from flashrt_core.errors import PrecisionError
 from flashrt_core.kernels.fp8 import quantize_fp8
+from flashrt_core.kernels.mx4 import quantize_mx4
 from flashrt_core.kernels.w4 import group_for, quantize_w4
 
 PARTS = ("vision", "prefix", "expert")
-FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "fp8", "w4a16")}
+FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "fp8", "w4a16", "mxfp4")}
 PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8", "expert": "fp8"}, "w4a16": {"expert": "w4a16"},
-           "fp8+w4a16": {"prefix": "fp8", "expert": "w4a16"}}
+           "fp8+w4a16": {"prefix": "fp8", "expert": "w4a16"}, "fp8+mxfp4": {"prefix": "fp8", "expert": "mxfp4"}}
 # (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's, per format
 # (a mix takes the loosest of its formats')
-GATES = {"fp8": {"cosine": 0.998, "rel_l2": 0.05}, "w4a16": {"cosine": 0.995, "rel_l2": 0.1}}
+GATES = {"fp8": {"cosine": 0.998, "rel_l2": 0.05}, "w4a16": {"cosine": 0.995, "rel_l2": 0.1},
+         "mxfp4": {"cosine": 0.995, "rel_l2": 0.1}}
 _GEMMS = ("qkv_w", "o_w", "gate_up_w", "down_w")  # a Gemma layer's (the prefix's and the expert's)
 
 
@@ -80,6 +86,8 @@ DISPATCH = {
             "min_capability": (8, 9)},
     "w4a16": {"kernel": "skinny Triton GEMM on 4-bit weights (dequantized in registers)",
               "min_capability": (8, 0)},
+    "mxfp4": {"kernel": "skinny Triton GEMM through tl.dot_scaled (Blackwell: scaled MMA; sm_90: widened to bf16 "
+                        "by Triton)", "min_capability": (9, 0)},
 }
 
 
@@ -158,9 +166,10 @@ def parse_precision(value) -> Precision:
 
 def quantize(weights, precision: Precision, packed: bool):
     """A copy of an engine-layout weights dataclass (pi0.5's or pi0's) with the parts `precision` quantizes:
-    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16) or
-    `kernels.fp8.FP8Weight` (fp8), of the prefix's as `kernels.fp8.FP8Weight` (fp8); packed=True: so (the fused engine), False: dequantized back to
-    the model dtype (the reference engine). A matrix whose inputs no 4-bit group size divides stays as it is.
+    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16),
+    `kernels.fp8.FP8Weight` (fp8) or `kernels.mx4.MX4Weight` (mxfp4), of the prefix's as `kernels.fp8.FP8Weight`
+    (fp8); packed=True: so (the fused engine), False: dequantized back to the model dtype (the reference engine).
+    A matrix whose inputs no 4-bit group size divides (mxfp4: not a multiple of 64) stays as it is.
     The input is not changed."""
     def layers(which, make):
         out = []
@@ -180,6 +189,8 @@ def quantize(weights, precision: Precision, packed: bool):
     fields = {}
     if precision.expert == "w4a16":
         fields["expert_layers"] = layers("expert_layers", w4)
+    elif precision.expert == "mxfp4":
+        fields["expert_layers"] = layers("expert_layers", lambda w: None if w.shape[1] % 64 else quantize_mx4(w))
     elif precision.expert == "fp8":
         fields["expert_layers"] = layers("expert_layers", quantize_fp8)
     if precision.prefix == "fp8":

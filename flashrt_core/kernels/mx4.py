@@ -1,0 +1,72 @@
+"""MXFP4 weights (OCP microscaling, 4-bit e2m1 values with one power-of-two scale per 32 inputs): the format
+Triton's scaled dot (`tl.dot_scaled`) takes, native on Blackwell-class tensor cores (B200, Jetson AGX Thor)
+and upcast to bf16 in registers elsewhere; and its torch reference.
+
+A weight [N, K] is stored as e2m1 codes (sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per byte along
+K (input 2j in the low nibble, 2j + 1 in the high one), and one e8m0 scale per 32 consecutive inputs (a byte
+e: the scale 2^(e - 127)), stored [N, K / 32]. The scale of a block is the smallest power of two that brings
+its largest |w| to at most 6 (no value clips), each entry then rounds to the nearest e2m1 value. Bytes per
+weight: 0.5 + 1/32. The skinny GEMM multiplies bf16 activations by it (`kernels.skinny_gemm`, W4A16 in this
+format). Reference: `MX4Weight.dequantize` then `F.linear` (activations rounded to bf16).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashrt_core.kernels._common import KernelInputError
+
+BLOCK = 32  # inputs per scale (fixed by the format)
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude per code 0..7; code + 8: the same, negative
+
+
+@dataclass(frozen=True)
+class MX4Weight:
+    """A [N, K] weight in MXFP4 (module docstring): `packed` uint8 [N, K / 2], `scales` uint8 [N, K / 32] (e8m0),
+    `dtype` the dtype the GEMM writes (its activations are multiplied in bf16)."""
+
+    packed: torch.Tensor
+    scales: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.packed.shape[0], self.packed.shape[1] * 2))
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales.numel()
+
+    def clone(self) -> "MX4Weight":
+        return MX4Weight(self.packed.clone(), self.scales.clone(), self.dtype)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The [N, K] weight the GEMM multiplies by, in `dtype` (default: the weight's; exact in bf16)."""
+        p = self.packed.to(torch.int64)
+        codes = torch.stack((p & 15, p >> 4), dim=-1).flatten(-2)  # [N, K], inputs in order
+        table = torch.tensor(E2M1 + tuple(-v for v in E2M1), device=p.device)
+        scale = torch.exp2(self.scales.float() - 127.0).repeat_interleave(BLOCK, dim=1)
+        return (table[codes] * scale).to(dtype or self.dtype)
+
+
+def quantize_mx4(w: torch.Tensor, dtype: torch.dtype | None = None) -> MX4Weight:
+    """w [N, K] (K a multiple of 32) -> MX4Weight (module docstring); dtype: the GEMM's output dtype (default w's)."""
+    if w.ndim != 2 or not w.is_floating_point():
+        raise KernelInputError(f"quantize_mx4: a float [N, K] weight, got {tuple(w.shape)} {w.dtype}")
+    n, k = w.shape
+    if k % BLOCK:
+        raise KernelInputError(f"quantize_mx4: K = {k} must be a multiple of {BLOCK}")
+    g = w.float().reshape(n, k // BLOCK, BLOCK)
+    amax = g.abs().amax(dim=-1).clamp_min(2.0 ** -126)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp_(-127, 127)
+    v = g / torch.exp2(e)[..., None]  # |v| <= 6
+    mags = torch.tensor(E2M1, device=w.device)
+    code = (v.abs()[..., None] - mags).abs().argmin(dim=-1)  # nearest magnitude (ties: the smaller)
+    code = (code + 8 * (v < 0)).reshape(n, k)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8).contiguous()
+    return MX4Weight(packed, (e + 127).to(torch.uint8).contiguous(), dtype or w.dtype)
