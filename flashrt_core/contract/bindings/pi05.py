@@ -22,9 +22,9 @@ prompt_len, prompt_bytes, image_slots, engine (auto: fused on CUDA, reference on
 tokenizer (a tokenizer.json / tokenizer.model path; default: resolved by the checkpoint's tokenizer name),
 vision_dtype (float32 as LeRobot keeps SigLIP, or model: the model dtype; default model for the fused engine,
 whose bf16 SigLIP meets the LeRobot parity targets at half the observe time, float32 for the reference),
-rtc (real-time chunking, off by default; `model_options.rtc_options`), precision (bf16 | fp8 | w4a16 |
-fp8+w4a16 or a mapping per part, `flashrt_core.models.precision`; default bf16) and precision_gate ({cosine, rel_l2}: the load check's thresholds
-against the unquantized model; default the format's).
+rtc (real-time chunking, off by default; `model_options.rtc_options`), precision (a preset of
+`flashrt_core.models.precision.PRESETS` or a mapping per part; default bf16) and precision_gate ({cosine,
+rel_l2}: the load check's thresholds against the unquantized model; default the format's).
 
 Real-time chunking (`model.options.rtc: {execution_horizon, max_guidance_weight, schedule, inference_delay,
 action_rate_hz}`): every act tick guides its chunk towards the part of the previous chunk the robot has not
