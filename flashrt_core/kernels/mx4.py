@@ -47,11 +47,15 @@ class MX4Weight:
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The [N, K] weight the GEMM multiplies by, in `dtype` (default: the weight's; exact in bf16)."""
-        p = self.packed.to(torch.int64)
+        p = self.packed.to(torch.int32)
         codes = torch.stack((p & 15, p >> 4), dim=-1).flatten(-2)  # [N, K], inputs in order
-        table = torch.tensor(E2M1 + tuple(-v for v in E2M1), device=p.device)
+        # e2m1 by its bits (no host table: this runs inside CUDA graph captures): exponent e, mantissa m; e = 0
+        # is subnormal (m / 2), else 2^(e - 1) (1 + m / 2); bit 3 the sign
+        e, m = ((codes >> 1) & 3).float(), (codes & 1).float()
+        mag = torch.where(e == 0, m * 0.5, torch.exp2(e - 1) * (1 + m * 0.5))
+        value = torch.where(codes >= 8, -mag, mag)
         scale = torch.exp2(self.scales.float() - 127.0).repeat_interleave(BLOCK, dim=1)
-        return (table[codes] * scale).to(dtype or self.dtype)
+        return (value * scale).to(dtype or self.dtype)
 
 
 def quantize_mx4(w: torch.Tensor, dtype: torch.dtype | None = None) -> MX4Weight:

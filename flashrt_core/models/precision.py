@@ -6,9 +6,9 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
   w4a16   the expert's GEMM weights in 4 bits (groups of 128 inputs, bf16 scales, `kernels.w4`), activations in
           the model dtype: the act stage streams a quarter of the weight bytes
   fp8     the Gemma prefix's and the expert's GEMM weights in fp8 e4m3 with one scale per output channel
-          (`kernels.fp8`): the compute-bound prefix multiplies fp8 activations (per token, scaled dynamically) on
-          fp8 tensor cores; the bandwidth-bound expert (50 rows) widens its weights to bf16 in the skinny GEMM's
-          registers (W8A16): the act stage streams half of bf16's weight bytes
+          (`kernels.fp8`), activations scaled dynamically to e4m3 too, on fp8 tensor cores: the compute-bound
+          prefix per token (cuBLAS's scaled GEMM), the bandwidth-bound expert (50 rows) per token and 128-input
+          block inside the skinny GEMM (W8A8): the act stage streams half of bf16's weight bytes
   fp8+w4a16  the fp8 prefix, the expert in 4 bits
   fp8+mxfp4  the fp8 prefix, the expert in OCP MXFP4 (`kernels.mx4`: e2m1 values, a power-of-two scale per 32
           inputs) through Triton's scaled dot: the format Blackwell's tensor cores (B200, Jetson AGX Thor) take
@@ -16,8 +16,8 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
           fp4 activations, is not built: the pinned Triton's interpreter cannot check it)
 Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed (the
 skinny GEMM dequantizes 4 bits or widens e4m3 in registers; the prefix's fp8 runs cuBLAS's scaled GEMM); the
-reference engine multiplies by the same weights dequantized (for the fp8 prefix without the activations'
-rounding to fp8, which the fused engine adds). A quantized engine is checked at build against the unquantized reference on a
+reference engine multiplies by the same weights dequantized (for fp8 without the activations' rounding to
+fp8, which the fused engine adds). A quantized engine is checked at build against the unquantized reference on a
 fixed input (`gate`) and refused with the numbers where it falls short of the preset's thresholds.
 """
 from __future__ import annotations
@@ -81,8 +81,8 @@ class Precision:
 DISPATCH = {
     "bf16": {"kernel": "cuBLAS + the skinny Triton GEMM (bf16)", "min_capability": (8, 0)},
     "fp8": {"kernel": "many rows: Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise "
-                      "scales); few rows (the expert): the skinny Triton GEMM widening e4m3 weights (W8A16) or the "
-                      "scaled GEMM, whichever measures faster",
+                      "scales); few rows (the expert): the skinny Triton GEMM scaling each row's 128-input blocks "
+                      "to e4m3 in registers (W8A8) or the scaled GEMM, whichever measures faster",
             "min_capability": (8, 9)},
     "w4a16": {"kernel": "skinny Triton GEMM on 4-bit weights (dequantized in registers)",
               "min_capability": (8, 0)},
