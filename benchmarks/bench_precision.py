@@ -26,6 +26,7 @@ from _common import write_result  # noqa: E402
 import torch  # noqa: E402
 
 from flashrt_core import bench as B  # noqa: E402
+from flashrt_core.errors import PrecisionError  # noqa: E402
 from flashrt_core.kernels.w4 import weight_bytes  # noqa: E402
 from flashrt_core.models.precision import GATES, build_engine  # noqa: E402
 
@@ -111,7 +112,12 @@ def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16"
     results = {}
     for preset in presets:
         t0 = time.time()
-        eng = build_engine(fused, R, wmodel, preset)
+        try:
+            eng = build_engine(fused, R, wmodel, preset)
+        except PrecisionError as exc:  # refused by its load gate: the numbers say by how much
+            results[preset] = {"refused": str(exc)}
+            log(f"[precision] {preset:<6} refused: {exc}")
+            continue
         eng.sample_actions(*args)
         built_s = time.time() - t0
         whole = B.time_cuda(lambda: eng.sample_actions(*args), warmup, iters, device)
