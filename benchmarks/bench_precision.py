@@ -3,7 +3,7 @@ preset (bf16, fp8, w4a16, fp8+w4a16, fp8+mxfp4) in one process, W2 shapes: whole
 expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the fp32
 reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the quantized
 GEMMs' tuned choices. `--part gemms` (also part of `all`): each expert GEMM of one flow step alone at 50 rows,
-bf16, fp8 (W8A8 in the skinny GEMM, or cuBLAS's scaled GEMM on fp8 rows), 4-bit and MXFP4, every candidate
+bf16, fp8 (cuBLAS's scaled GEMM on fp8 rows: the skinny kernel has no fp8 form), 4-bit and MXFP4, every candidate
 timed as the engine's tuner times it (a CUDA graph, the weight cycled through copies that overflow L2), the
 fastest one's GB/s over its weight bytes against the copy ceiling (a device-to-device copy of 1 GiB: bytes
 read and written / time).

@@ -3,7 +3,7 @@ bandwidth and tensor throughput, so a user sees which precision can meet which r
 by default). For each stage (observe: SigLIP + the Gemma prefix; act: 10 flow steps of the action expert) and
 preset: the bytes a decision must read (every GEMM weight once per pass in its stored format, the prefix K/V,
 token embeddings: `flashrt_core.bench.stage_parts`), the matmul FLOPs at the tensor rate each GEMM runs at
-(bf16 for weights widened in registers: 4-bit W4A16; fp8 for the prefix's and the expert's W8A8; fp4 for
+(bf16 for weights widened in registers: 4-bit W4A16 and MXFP4; fp8 for W8A8; fp4 for
 NVFP4), and the floor max(bytes / bandwidth, FLOPs / rate). No kernel reaches a floor: measured stages on an
 H200 run at 22-45% of theirs (benchmarks/README.md).
 
@@ -36,15 +36,18 @@ DEVICES = {
 # bytes per weight (scales included) and the tensor rate its GEMM runs at, per format and part
 FORMATS = {
     "bf16": {"bytes": 2.0, "rate": "bf16"},
-    "fp8-w8a8": {"bytes": 1.0, "rate": "fp8"},  # fp8 rows on fp8 tensor cores (prefix and expert)
+    "fp8-w8a8": {"bytes": 1.0, "rate": "fp8"},  # fp8 rows on fp8 tensor cores
     "w4a16": {"bytes": 0.5 + 2 / 128, "rate": "bf16"},  # groups of 128, one bf16 scale each
+    "mxfp4": {"bytes": 0.5 + 1 / 32, "rate": "bf16"},  # e2m1, one e8m0 scale per 32; bf16 activations
     "nvfp4": {"bytes": 0.5 + 1 / 16, "rate": "fp4"},  # e2m1, one e4m3 scale per 16 (not built: see the issue)
 }
 PRESETS = {  # part -> format; "built": whether the engine has it today
     "bf16": ({"vision": "bf16", "prefix": "bf16", "expert": "bf16"}, True),
-    "fp8": ({"vision": "bf16", "prefix": "fp8-w8a8", "expert": "fp8-w8a8"}, True),
+    "fp8": ({"vision": "bf16", "prefix": "fp8-w8a8", "expert": "bf16"}, True),
     "w4a16": ({"vision": "bf16", "prefix": "bf16", "expert": "w4a16"}, True),
     "fp8+w4a16": ({"vision": "bf16", "prefix": "fp8-w8a8", "expert": "w4a16"}, True),
+    "fp8+mxfp4": ({"vision": "bf16", "prefix": "fp8-w8a8", "expert": "mxfp4"}, True),
+    "fp8, expert too": ({"vision": "bf16", "prefix": "fp8-w8a8", "expert": "fp8-w8a8"}, False),
     "nvfp4": ({"vision": "nvfp4", "prefix": "nvfp4", "expert": "nvfp4"}, False),
 }
 STAGES = {"observe": ("vision", "prefix"), "act": ("expert", "expert_io")}

@@ -20,9 +20,9 @@ PARAMETERS = {
                "auto | fused | reference; auto = the contract's choice (default: fused on CUDA, reference on CPU)",
                None),
     "precision": ("", ParameterType.PARAMETER_STRING,
-                  "bf16 | fp8 (the prefix's and the action expert's GEMM weights in fp8) | w4a16 (the action "
-                  "expert's weights in 4 bits) | fp8+w4a16 | fp8+mxfp4 (the expert in MXFP4), checked at load "
-                  "against the unquantized model; empty = the contract's "
+                  "bf16 | fp8 (the prefix's GEMMs in fp8) | w4a16 (the action expert's weights in 4 bits) | "
+                  "fp8+w4a16 | fp8+mxfp4 (the expert in MXFP4, sm_100+), checked at load against the unquantized "
+                  "model; empty = the contract's "
                   "model.options.precision (default bf16)", None),
     "tokenizer": ("", ParameterType.PARAMETER_STRING,
                   "tokenizer.json / tokenizer.model file or folder; empty = the tokenizer the checkpoint names, "

@@ -38,9 +38,9 @@ def add_subparsers(sub) -> None:
     p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: the contract's)")
     p.add_argument("--engine", choices=("auto", "fused", "reference"), help="default auto")
     p.add_argument("--precision", choices=PRECISIONS,
-                   help="bf16; fp8 (the prefix's and the action expert's GEMM weights in fp8); w4a16 (the action "
-                        "expert's weights in 4 bits); fp8+w4a16; fp8+mxfp4 (the expert in MXFP4: Blackwell / "
-                        "Thor) (default: the contract's, bf16)")
+                   help="bf16; fp8 (the prefix's GEMMs in fp8); w4a16 (the action expert's weights in 4 bits); "
+                        "fp8+w4a16; fp8+mxfp4 (the expert in MXFP4: Blackwell / Thor) (default: the contract's, "
+                        "bf16)")
     p.add_argument("--rtc", action="store_const", const=True, default=None,
                    help="real-time chunking in the act stage (node parameters rtc_*: its options)")
     p.add_argument("--tokenizer", help="tokenizer.json / tokenizer.model file or folder (default: hub cache)")

@@ -245,8 +245,8 @@ def precompile_check() -> dict:
 
 
 def engine_scan() -> dict:
-    """Every kernel a W2-shaped pi0.5 decision (bf16; w4a16: 4-bit expert weights; fp8: e4m3 expert weights in the
-    skinny GEMM, the prefix's fp8 GEMMs are cuBLAS's; fp8+mxfp4: the scaled dot) and a pi0 decision launch
+    """Every kernel a W2-shaped pi0.5 decision (bf16; w4a16: 4-bit expert weights; fp8+mxfp4: the scaled dot,
+    the prefix's fp8 GEMMs are cuBLAS's) and a pi0 decision launch
     (full widths and head dims, one layer per tower, a small vocabulary; skinny GEMMs with CONFIGS[0]), each
     distinct compiled form once, with the PTX target it was compiled for: {kernel: [summaries]}."""
     import dataclasses
@@ -260,7 +260,6 @@ def engine_scan() -> dict:
     out: dict[str, list] = {}
     for kind, convert, engine_class, precision in (("pi05", pi05.convert, Pi05Engine, "bf16"),
                                                    ("pi05", pi05.convert, Pi05Engine, "w4a16"),
-                                                   ("pi05", pi05.convert, Pi05Engine, "fp8"),
                                                    ("pi05", pi05.convert, Pi05Engine, "fp8+mxfp4"),
                                                    ("pi0", pi0.convert, Pi0Engine, "bf16")):
         config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512, kind=kind,

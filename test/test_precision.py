@@ -102,46 +102,6 @@ def test_skinny_gemm_on_4bit_weights_matches_the_dequantized_product(dev, dtype,
         assert parts.dtype == dtype and _rel(parts.total().float().cpu(), x.float() @ d.T) < tol
 
 
-@pytest.mark.interpret
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m,n,k,split,preload", [(5, 24, 256, 1, 0), (7, 40, 192, 0, 0), (3, 16, 384, 2, 1),
-                                                 (9, 33, 96, 1, 0), (4, 18, 512, 4, 1)])
-def test_skinny_gemm_on_fp8_weights_matches_its_block_scaled_reference(dev, dtype, m, n, k, split, preload):
-    """W8A8: e4m3 weights with per-channel scales, each row's 128-input block of x scaled to e4m3 in the skinny
-    GEMM's registers: against `block_rows_linear_ref` (the same rounding in fp32 torch; plain, GeGLU over merged
-    rows, the Euler update into an fp32 stream, deferred split-K partials), and within fp8's error of the
-    product with unrounded x."""
-    from flashrt_core.kernels.fp8 import FP8Weight, block_rows_linear_ref, quantize_fp8
-
-    g = torch.Generator().manual_seed(m * n + k + 1)
-    tol = TOL["fp32" if dtype == torch.float32 else "bf16"]
-    x = torch.randn(m, k, generator=g).to(dtype) * (1 + 10 * torch.rand(m, 1, generator=g)).to(dtype)
-    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
-    q = quantize_fp8(w, dtype)
-    kw = dict(block_n=16, block_k=128, split_k=split, preload=preload)
-    qd = FP8Weight(q.data.to(dev), q.scales32.to(dev), dtype)
-    want = block_rows_linear_ref(x, q)
-    y = skinny_linear(x.to(dev), qd, **kw).cpu()
-    assert y.dtype == dtype and _rel(y, want) < tol
-    d = q.dequantize(torch.float32)
-    assert 1e-3 < _rel(y, x.float() @ d.T) < 0.06  # (x in e4m3 moves it, by fp8's error)
-    qg = quantize_fp8(torch.randn(2 * n, k, generator=g), dtype)
-    gate_up = block_rows_linear_ref(x, qg)
-    want_g = F.gelu(gate_up[:, :n], approximate="tanh") * gate_up[:, n:]
-    got = skinny_linear(x.to(dev), FP8Weight(qg.data.to(dev), qg.scales32.to(dev), dtype), geglu=True, **kw).cpu()
-    assert _rel(got, want_g) < tol
-    state = torch.randn(m, n, generator=g)
-    gate = torch.randn(n, generator=g).to(dtype)
-    stream = state.clone().to(dev)
-    skinny_linear(x.to(dev), qd, residual=GatedResidual(stream, gate.to(dev)), **kw)
-    assert _rel(stream.cpu(), state + want.to(dtype).float() * gate.float()) < tol
-    if split != 1:
-        parts = skinny_linear(x.to(dev), qd, defer=True, **kw)
-        assert parts.dtype == dtype and _rel(parts.total().float().cpu(), want) < tol
-    with pytest.raises(Exception, match="fp8 weight takes block_k 128"):
-        skinny_linear(x.to(dev), qd, block_n=16, block_k=256)
-
-
 def test_quantize_mx4_stores_e2m1_pairs_and_power_of_two_scales():
     from flashrt_core.kernels.mx4 import E2M1, MX4Weight, quantize_mx4
 
@@ -221,12 +181,11 @@ def _decide(engine, inputs):
 
 
 @pytest.mark.interpret
-@pytest.mark.parametrize("expert", ["w4a16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("expert", ["w4a16", "mxfp4"])
 @pytest.mark.parametrize("kind", ["pi05", "pi0"])
 def test_quantized_expert_fused_engine_matches_the_reference_with_the_same_weights(dev, kind, expert):
-    """The Triton engine with 4-bit or e4m3 expert weights (the skinny GEMM dequantizing / widening them in
-    registers) against the reference engine multiplying by the same weights dequantized: the same model."""
-    from flashrt_core.kernels.fp8 import FP8Weight
+    """The Triton engine with 4-bit or MXFP4 expert weights (the skinny GEMM dequantizing them in registers, or
+    Triton's scaled dot) against the reference engine multiplying by the same weights dequantized."""
     from flashrt_core.kernels.mx4 import MX4Weight
     from flashrt_core.models.pi0.engine import Pi0Engine
     from flashrt_core.models.pi05.engine import Pi05Engine
@@ -237,15 +196,15 @@ def test_quantized_expert_fused_engine_matches_the_reference_with_the_same_weigh
     want = _decide(R.make_engine(w, precision), inputs)
     engine = (Pi05Engine if kind == "pi05" else Pi0Engine)(w, device=dev, backend="triton", gemm="triton",
                                                            graphs=False, precision=precision)
-    fmt = {"w4a16": W4Weight, "fp8": FP8Weight, "mxfp4": MX4Weight}[expert]
+    fmt = {"w4a16": W4Weight, "mxfp4": MX4Weight}[expert]
     assert all(isinstance(L.down_w, fmt) for L in engine.weights.expert_layers)
     assert not any(isinstance(L.down_w, fmt) for L in engine.weights.vlm_layers)
     got = _decide(engine, [t.to(dev) for t in inputs]).cpu()
-    # the same model: exactly for 4 bits; the fused engine alone rounds activations for mxfp4 (to bf16, the scaled
-    # dot's input, in an fp32 model too) and fp8 (each row's 128-input blocks to e4m3: W8A8)
+    # the same model: exactly for 4 bits; for mxfp4 the fused engine alone rounds activations to bf16 (the scaled
+    # dot's input, in an fp32 model too)
     rel = ((got - want).norm() / want.norm()).item()
     close = {"w4a16": (got - want).abs().max() < TOL["engine_fp32"] * 10,
-             "mxfp4": rel < TOL["engine_bf16_rel_l2"], "fp8": rel < GATES["fp8"]["rel_l2"]}[expert]
+             "mxfp4": rel < TOL["engine_bf16_rel_l2"]}[expert]
     assert close, f"{expert}: fused vs reference rel L2 {rel:.3g}, max {(got - want).abs().max():.3g}"
     # and the quantization moved the actions (else this test could not tell 4 bits from 16)
     moved = (want - _decide(R.make_engine(w), inputs)).abs().max()
@@ -485,7 +444,7 @@ def test_fp8_prefix_engines_match_the_reference_and_pass_their_gate(kind, preset
     limits = None if kind == "pi05" else {"cosine": 0.99, "rel_l2": 0.15}  # (the tiny pi0 in 4 bits: above)
     fused, ref = make("fused", w, preset, limits), make("reference", w, preset, limits)
     assert all(isinstance(L.qkv_w, FP8Weight) for L in fused.weights.vlm_layers)
-    assert isinstance(fused.weights.expert_layers[0].qkv_w, W4Weight if preset == "fp8+w4a16" else FP8Weight)
+    assert isinstance(fused.weights.expert_layers[0].qkv_w, W4Weight) == (preset == "fp8+w4a16")
     report = fused.precision_report
     assert report["precision"] == preset and 0 < report["rel_l2"]
     if preset == "fp8":
@@ -509,9 +468,14 @@ def test_dispatch_table_says_what_runs_and_falls_back_by_part(monkeypatch):
     ran, notes = P.for_device(P.parse_precision("fp8+w4a16"), "cuda")
     assert ran == P.Precision(expert="w4a16")
     assert notes == ["precision: prefix in fp8 needs sm_89, this GPU is sm_80: it runs in bf16"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # an H100 / H200
+    ran, notes = P.for_device(P.parse_precision("fp8+mxfp4"), "cuda")
+    assert ran.name == "fp8" and notes == ["precision: expert in mxfp4 needs sm_100, this GPU is sm_90: it runs "
+                                           "in bf16"]
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (11, 0))  # a Jetson AGX Thor
     monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)  # (where torch's scaled GEMM runs: tried once)
-    assert P.for_device(P.parse_precision("fp8+w4a16"), "cuda") == (P.parse_precision("fp8+w4a16"), [])
+    for preset in ("fp8+w4a16", "fp8+mxfp4"):
+        assert P.for_device(P.parse_precision(preset), "cuda") == (P.parse_precision(preset), [])
 
 
 def test_doctor_prints_the_precision_table():
@@ -550,9 +514,8 @@ def test_fp8_falls_back_for_a_model_that_is_not_bf16_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(P, "_scaled_mm_error", lambda device: None)
     ran, notes = P.for_device(P.parse_precision("fp8"), "cuda", torch.float16)
-    assert ran == P.Precision() and notes == [
-        f"precision: {part} in fp8 needs a bfloat16 model on a GPU, this one is float16: it runs in bf16"
-        for part in ("prefix", "expert")]
+    assert ran == P.Precision() and notes == ["precision: prefix in fp8 needs a bfloat16 model on a GPU, this one is "
+                                              "float16: it runs in bf16"]
     assert P.for_device(P.parse_precision("fp8"), "cuda", torch.bfloat16) == (P.parse_precision("fp8"), [])
     monkeypatch.setattr(P, "_scaled_mm_error", lambda device: "RuntimeError: Rowwise scaling is not supported")
     ran, notes = P.for_device(P.parse_precision("fp8+w4a16"), "cuda")

@@ -19,7 +19,7 @@ from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
-from flashrt_core.kernels.fp8 import ROW_BLOCK as FP8_BLOCK, FP8Weight, scaled_linear
+from flashrt_core.kernels.fp8 import FP8Weight, scaled_linear
 from flashrt_core.kernels.mx4 import MX4Weight
 from flashrt_core.kernels.w4 import W4Weight, as_dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
@@ -134,10 +134,11 @@ class LinearPicker:
 
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):
         m = x.numel() // x.shape[-1]
-        # (False without Triton. 4-bit weights take it at any row count: it spreads rows past SKINNY_MAX_M over
-        # programs, where cuBLAS would need the weight dequantized on every call. An fp8 weight at few rows: the
-        # skinny kernel's W8A8 against cuBLAS's scaled fp8 GEMM on fp8 rows; at more, the scaled GEMM)
-        skinny = (m <= SKINNY_MAX_M or isinstance(w, (W4Weight, MX4Weight))) and K.available(x.device)
+        # (False without Triton; an fp8 weight always takes the scaled GEMM: the skinny kernel's fp8 forms measured
+        # slower than bf16, docs/performance-history.md. 4-bit weights take it at any row count: it spreads rows
+        # past SKINNY_MAX_M over programs, where cuBLAS would need the weight dequantized on every call)
+        skinny = (m <= SKINNY_MAX_M or isinstance(w, (W4Weight, MX4Weight))) and K.available(x.device) \
+            and not isinstance(w, FP8Weight)
         if self.mode == "torch" or not skinny or backend == "torch":
             return _route(None, x, w, b, geglu, backend, fusion)
         if self.mode == "triton":
@@ -145,8 +146,6 @@ class LinearPicker:
         key = (m, tuple(w.shape), b is not None, geglu, x.dtype, *fusion.tags(w.dtype))
         if isinstance(w, W4Weight):  # another kernel specialization (and cuBLAS only after dequantizing)
             key += (f"w4g{w.group}",)
-        elif isinstance(w, FP8Weight):  # another kernel specialization (and cuBLAS's scaled fp8 GEMM)
-            key += ("fp8",)
         elif isinstance(w, MX4Weight):
             key += ("mx4",)
         if key not in self.choices:
@@ -165,8 +164,6 @@ class LinearPicker:
             out = [c for c in out if splits(c, kdim) <= DEFER_MAX_SPLITS]
         if isinstance(w, W4Weight):
             out = [c for c in out if c[1] % w.group == 0 and not (len(c) > 5 and c[5])]
-        if isinstance(w, FP8Weight):  # (K tiles of one activation-scale block; at most one tile preloaded)
-            out = [c for c in out if c[1] == FP8_BLOCK and not (len(c) > 5 and c[5] > 1)]
         if isinstance(w, MX4Weight):  # (K tiles of whole 64-input pairs of scale blocks; nothing preloaded)
             out = [c for c in out if c[1] % 64 == 0 and not (len(c) > 5 and c[5])]
         return out

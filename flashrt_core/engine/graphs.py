@@ -94,7 +94,11 @@ class GraphSet:
         counting it (a graph timed once and dropped)."""
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = capture(body, pool=self._pool, device=self.device, context=context)
+        try:
+            graph = capture(body, pool=self._pool, device=self.device, context=context)
+        except Exception:
+            self._pool = None  # (the next capture records into a fresh pool: this one's state is the failure's)
+            raise
         if keep:
             self._graphs[key] = graph
             self.captures += 1

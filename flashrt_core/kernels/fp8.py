@@ -16,7 +16,6 @@ from flashrt_core.kernels._common import KernelInputError, launch, pdl_launch
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite e4m3 value
-ROW_BLOCK = 128  # inputs per activation scale in the skinny GEMM's W8A8 (a scale per row and 128-input block)
 _TINY = 1e-12  # the smallest scale (an all-zero row or channel)
 
 try:  # Triton is optional on CPU-only installs: scaled_linear then runs its reference
@@ -70,23 +69,6 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     xf = x.float()
     scale = (xf.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
     return (xf / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
-
-
-def block_rows_linear_ref(x: torch.Tensor, w: FP8Weight, block: int = None) -> torch.Tensor:
-    """The skinny GEMM's W8A8 (`kernels.skinny_gemm` on an FP8Weight) in fp32 torch: each row's `block`-input
-    blocks of x (default ROW_BLOCK) scaled so their largest |x| is 448 and rounded to e4m3, each block's fp8
-    product times its row scale, the sum times the channel scales; fp32 [M, N]."""
-    block = block or ROW_BLOCK
-    x2 = x.reshape(-1, x.shape[-1]).float()
-    m, k = x2.shape
-    out = torch.zeros(m, w.shape[0], device=x.device)
-    wd = w.data.float()
-    for k0 in range(0, k, block):
-        xb = x2[:, k0:k0 + block]
-        s = (xb.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(_TINY)
-        q = (xb / s).clamp_(-FP8_MAX, FP8_MAX).to(FP8).float()
-        out += (q @ wd[:, k0:k0 + block].t()) * s
-    return out * w.scales32[None, :]
 
 
 def scaled_linear_ref(x: torch.Tensor, w: FP8Weight, b: torch.Tensor | None = None) -> torch.Tensor:

@@ -23,7 +23,6 @@ import torch
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
                                          semaphores)
 from flashrt_core.kernels.partials import Partials
-from flashrt_core.kernels.fp8 import ROW_BLOCK as FP8_BLOCK, FP8Weight
 from flashrt_core.kernels.mx4 import BLOCK as MX4_BLOCK, MX4Weight
 from flashrt_core.kernels.w4 import W4Weight
 
@@ -78,28 +77,6 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _fp8_rows(x, UPCAST: tl.constexpr):
-        """x [BLOCK_M, BLOCK_K] -> (x / s in e4m3, s [BLOCK_M] fp32): each row scaled so its largest |x| is 448.
-        UPCAST (the CPU interpreter, whose fp32 -> e4m3 conversion loses a rounding's carry into the exponent):
-        the e4m3 values as fp32, rounded by arithmetic (to nearest, ties away from zero)."""
-        xf = x.to(tl.float32)
-        s = tl.maximum(tl.max(tl.abs(xf), axis=1) / 448.0, 1e-12)
-        v = xf / s[:, None]
-        if UPCAST:
-            a = tl.abs(v)
-            step = tl.exp2(tl.floor(tl.log2(tl.maximum(a, 0.015625))) - 3.0)  # 3 mantissa bits; 2^-9 below 2^-6
-            q = tl.minimum(tl.floor(a / step + 0.5) * step, 448.0)
-            return tl.where(v < 0, -q, q), s
-        return v.to(tl.float8e4nv), s
-
-    @triton.jit
-    def _w8_dot(xq, w, UPCAST: tl.constexpr):
-        """e4m3 [M, K] x e4m3 [K, N] -> fp32 (the interpreter: in fp32, exact for e4m3 operands)."""
-        if UPCAST:
-            return tl.dot(xq.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        return tl.dot(xq, w)
-
-    @triton.jit
     def _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_K: tl.constexpr):
         """acc + X[rm, k0:k0 + BLOCK_K] (rounded to bf16) times an MXFP4 weight's rows rn there (`kernels.mx4`:
         e2m1 pairs along K, e8m0 scales [N, K / 32]) through Triton's scaled dot."""
@@ -114,7 +91,7 @@ if triton is not None:
 
     @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
-                            W4: tl.constexpr, W8: tl.constexpr, MX4: tl.constexpr, GROUP: tl.constexpr,
+                            W4: tl.constexpr, MX4: tl.constexpr, GROUP: tl.constexpr,
                             CDT: tl.constexpr,
                             HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
@@ -133,10 +110,6 @@ if triton is not None:
         RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
         W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`, `_w4_dot`);
         BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused).
-        W8: W holds e4m3 weights [N, K] with one fp32 scale per output channel S [N] (`kernels.fp8.FP8Weight`),
-        BLOCK_K = 128: each row's 128-input block of X is scaled to e4m3 in registers (its largest |x| to 448),
-        the fp8 product of each K step takes its row scales, the channel scales the sum (W8A8, fp8 tensor cores;
-        `kernels.fp8.block_rows_linear_ref`).
         MX4: W holds MXFP4 weights [N, K / 2] with e8m0 scales S [N, K / 32] (`kernels.mx4`, `_mx4_dot`): every
         K tile after the PDL wait, X rounded to bf16."""
         pdl_trigger(PDL)
@@ -177,19 +150,13 @@ if triton is not None:
             pdl_wait(PDL)
             xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :],
                          other=0.0).to(CDT)
-            if W8:  # the rows' block in e4m3 too: an fp8 product, its row scales on the partial sum
-                xq, sx = _fp8_rows(xp, UPCAST)
-                acc += _w8_dot(xq, wp, UPCAST) * sx[:, None]
-                if GEGLU:
-                    acc_up += _w8_dot(xq, wpu, UPCAST) * sx[:, None]
-            else:
-                if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
-                    xp = xp.to(tl.float32)
-                    wp = wp.to(tl.float32)
-                    wpu = wpu.to(tl.float32)
-                acc += tl.dot(xp, wp, input_precision=PRECISION)
-                if GEGLU:
-                    acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
+            if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
+                xp = xp.to(tl.float32)
+                wp = wp.to(tl.float32)
+                wpu = wpu.to(tl.float32)
+            acc += tl.dot(xp, wp, input_precision=PRECISION)
+            if GEGLU:
+                acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
         else:
             pdl_wait(PDL)
         if not W4 and not MX4 and not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
@@ -200,26 +167,15 @@ if triton is not None:
                             other=0.0).to(CDT)
                 w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
                 w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T
-                if W8:
-                    xq, sx = _fp8_rows(x, UPCAST)
-                    acc += _w8_dot(xq, w, UPCAST) * sx[:, None]
-                    if GEGLU:
-                        wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-                        acc_up += _w8_dot(xq, wu, UPCAST) * sx[:, None]
-                else:
+                if UPCAST:
+                    x = x.to(tl.float32)
+                    w = w.to(tl.float32)
+                acc += tl.dot(x, w, input_precision=PRECISION)
+                if GEGLU:
+                    wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
                     if UPCAST:
-                        x = x.to(tl.float32)
-                        w = w.to(tl.float32)
-                    acc += tl.dot(x, w, input_precision=PRECISION)
-                    if GEGLU:
-                        wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-                        if UPCAST:
-                            wu = wu.to(tl.float32)
-                        acc_up += tl.dot(x, wu, input_precision=PRECISION)
-        if W8:  # the output channels' scales (the up half's follow the gate half's)
-            acc *= tl.load(S + rn, mask=n_ok, other=0.0)[None, :]
-            if GEGLU:
-                acc_up *= tl.load(S + s_up_off + rn, mask=n_ok, other=0.0)[None, :]
+                        wu = wu.to(tl.float32)
+                    acc_up += tl.dot(x, wu, input_precision=PRECISION)
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = True
         if DEFER or SPLIT > 1:
@@ -298,9 +254,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
     `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
     are spread over programs of SKINNY_MAX_M rows. w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
-    its scales' dtype), a `kernels.fp8.FP8Weight` (W8A8: x's 128-input row blocks scaled to e4m3 in registers,
-    an fp8 product; block_k 128, preload at most 1) or a `kernels.mx4.MX4Weight` (MXFP4 through Triton's scaled
-    dot, activations in bf16)."""
+    its scales' dtype) or a `kernels.mx4.MX4Weight` (MXFP4 through Triton's scaled dot, activations in bf16)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -312,13 +266,9 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     quant = isinstance(w, W4Weight)
-    w8 = isinstance(w, FP8Weight)
     mx4 = isinstance(w, MX4Weight)
-    wt = w.packed if quant or mx4 else w.data if w8 else w  # what the kernel reads as W
-    scales = w.scales if quant or mx4 else w.scales32 if w8 else wt
-    if w8 and (block_k != FP8_BLOCK or preload > 1):
-        raise KernelInputError(f"skinny_linear: an fp8 weight takes block_k {FP8_BLOCK} (x's scale blocks) and "
-                               f"preload 0 or 1, got block_k {block_k}, preload {preload}")
+    wt = w.packed if quant or mx4 else w  # what the kernel reads as W
+    scales = w.scales if quant or mx4 else wt
     if mx4 and (w.shape[1] % MX4_BLOCK or block_k % (2 * MX4_BLOCK) or tuple(w.scales.shape) != (
             w.shape[0], w.shape[1] // MX4_BLOCK) or not w.scales.is_contiguous()):
         raise KernelInputError(f"skinny_linear: an MXFP4 weight [{w.shape[0]}, {w.shape[1]}] needs K and block_k "
@@ -365,11 +315,11 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     launch(_skinny_gemm_kernel, grid,
         x2, wt, b if b is not None else wt, y, part, tickets, residual.gate if residual is not None else wt, scales,
         m, n, kdim, k_per_split, x2.stride(0), wt.stride(0), scales.stride(0), n, m * n, n * wt.stride(0),
-        n * scales.stride(0) if mx4 else n if quant or w8 else 0, W4=quant, W8=w8, MX4=mx4,
+        n * scales.stride(0) if mx4 else n if quant else 0, W4=quant, MX4=mx4,
         GROUP=w.group if quant else 1, CDT=_TL_DTYPES[w.dtype],
         HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
         ONE_STEP=one_step, RESID=residual is not None,
-        UPCAST=interp and (w.dtype != torch.float32 or w8),
+        UPCAST=interp and w.dtype != torch.float32,
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PRE_K=pre_k, DEFER=bool(defer), num_warps=num_warps,
         num_stages=1 if interp else num_stages, **pdl_launch(x.device))

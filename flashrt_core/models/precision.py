@@ -5,19 +5,18 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
   bf16    every part in the model dtype (bf16 on a GPU; the default)
   w4a16   the expert's GEMM weights in 4 bits (groups of 128 inputs, bf16 scales, `kernels.w4`), activations in
           the model dtype: the act stage streams a quarter of the weight bytes
-  fp8     the Gemma prefix's and the expert's GEMM weights in fp8 e4m3 with one scale per output channel
-          (`kernels.fp8`), activations scaled dynamically to e4m3 too, on fp8 tensor cores: the compute-bound
-          prefix per token (cuBLAS's scaled GEMM), the bandwidth-bound expert (50 rows) per token and 128-input
-          block inside the skinny GEMM (W8A8): the act stage streams half of bf16's weight bytes
+  fp8     the Gemma prefix's GEMMs in fp8 e4m3 (`kernels.fp8`: weights per output channel, activations per token,
+          scaled dynamically): the compute-bound observe stage on fp8 tensor cores (the expert stays bf16: no
+          fp8 form of its 50-row GEMMs measured faster than bf16, docs/performance-history.md)
   fp8+w4a16  the fp8 prefix, the expert in 4 bits
   fp8+mxfp4  the fp8 prefix, the expert in OCP MXFP4 (`kernels.mx4`: e2m1 values, a power-of-two scale per 32
           inputs) through Triton's scaled dot: the format Blackwell's tensor cores (B200, Jetson AGX Thor) take
           natively; elsewhere Triton widens it to bf16 in registers. (NVFP4 proper, e4m3 scales per 16 inputs and
           fp4 activations, is not built: the pinned Triton's interpreter cannot check it)
 Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed (the
-skinny GEMM dequantizes 4 bits or widens e4m3 in registers; the prefix's fp8 runs cuBLAS's scaled GEMM); the
-reference engine multiplies by the same weights dequantized (for fp8 without the activations' rounding to
-fp8, which the fused engine adds). A quantized engine is checked at build against the unquantized reference on a
+skinny GEMM dequantizes 4 bits in registers; fp8 runs cuBLAS's scaled GEMM); the reference engine multiplies
+by the same weights dequantized (for fp8 without the activations' rounding to fp8, which the fused engine
+adds). A quantized engine is checked at build against the unquantized reference on a
 fixed input (`gate`) and refused with the numbers where it falls short of the preset's thresholds.
 """
 from __future__ import annotations
@@ -35,8 +34,8 @@ from flashrt_core.kernels.mx4 import quantize_mx4
 from flashrt_core.kernels.w4 import group_for, quantize_w4
 
 PARTS = ("vision", "prefix", "expert")
-FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "fp8", "w4a16", "mxfp4")}
-PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8", "expert": "fp8"}, "w4a16": {"expert": "w4a16"},
+FORMATS = {"vision": ("bf16",), "prefix": ("bf16", "fp8"), "expert": ("bf16", "w4a16", "mxfp4")}
+PRESETS = {"bf16": {}, "fp8": {"prefix": "fp8"}, "w4a16": {"expert": "w4a16"},
            "fp8+w4a16": {"prefix": "fp8", "expert": "w4a16"}, "fp8+mxfp4": {"prefix": "fp8", "expert": "mxfp4"}}
 # (cosine at least, relative L2 at most) of a decision's actions against the unquantized engine's, per format
 # (a mix takes the loosest of its formats')
@@ -80,14 +79,14 @@ class Precision:
 # needs on a GPU. On a CPU every format runs through the torch references (slow: tests, the tiny model).
 DISPATCH = {
     "bf16": {"kernel": "cuBLAS + the skinny Triton GEMM (bf16)", "min_capability": (8, 0)},
-    "fp8": {"kernel": "many rows: Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise "
-                      "scales); few rows (the expert): the skinny Triton GEMM scaling each row's 128-input blocks "
-                      "to e4m3 in registers (W8A8) or the scaled GEMM, whichever measures faster",
+    "fp8": {"kernel": "Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise scales)",
             "min_capability": (8, 9)},
     "w4a16": {"kernel": "skinny Triton GEMM on 4-bit weights (dequantized in registers)",
               "min_capability": (8, 0)},
-    "mxfp4": {"kernel": "skinny Triton GEMM through tl.dot_scaled (Blackwell: scaled MMA; sm_90: widened to bf16 "
-                        "by Triton)", "min_capability": (9, 0)},
+    # (on sm_90 Triton widens MXFP4 to bf16 in registers: measured slower than bf16 and than w4a16 on an H100,
+    # docs/performance-history.md; Blackwell's tensor cores take it natively, not yet measured here)
+    "mxfp4": {"kernel": "skinny Triton GEMM through tl.dot_scaled (Blackwell's block-scaled MMA)",
+              "min_capability": (10, 0)},
 }
 
 
@@ -166,9 +165,9 @@ def parse_precision(value) -> Precision:
 
 def quantize(weights, precision: Precision, packed: bool):
     """A copy of an engine-layout weights dataclass (pi0.5's or pi0's) with the parts `precision` quantizes:
-    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16),
-    `kernels.fp8.FP8Weight` (fp8) or `kernels.mx4.MX4Weight` (mxfp4), of the prefix's as `kernels.fp8.FP8Weight`
-    (fp8); packed=True: so (the fused engine), False: dequantized back to the model dtype (the reference engine).
+    the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16) or
+    `kernels.mx4.MX4Weight` (mxfp4), of the prefix's as `kernels.fp8.FP8Weight` (fp8); packed=True: so (the
+    fused engine), False: dequantized back to the model dtype (the reference engine).
     A matrix whose inputs no 4-bit group size divides (mxfp4: not a multiple of 64) stays as it is.
     The input is not changed."""
     def layers(which, make):
@@ -191,8 +190,6 @@ def quantize(weights, precision: Precision, packed: bool):
         fields["expert_layers"] = layers("expert_layers", w4)
     elif precision.expert == "mxfp4":
         fields["expert_layers"] = layers("expert_layers", lambda w: None if w.shape[1] % 64 else quantize_mx4(w))
-    elif precision.expert == "fp8":
-        fields["expert_layers"] = layers("expert_layers", quantize_fp8)
     if precision.prefix == "fp8":
         fields["vlm_layers"] = layers("vlm_layers", quantize_fp8)
     return dataclasses.replace(weights, **fields) if fields else weights

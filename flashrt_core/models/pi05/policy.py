@@ -250,8 +250,8 @@ def load(ckpt_dir: str | os.PathLike | None = None, device="cpu", dtype="auto", 
     `seed` seeds the policy's noise generator (and the tiny model's weights); `tokenizer`: a path or a
     Tokenizer (default: see `choose_tokenizer`); `rtc`: real-time chunking options ("checkpoint": the
     config.json's rtc_config, as LeRobot reads it; an `rtc.RTCOptions`; None: off); `precision`: "bf16" (every
-    weight in `dtype`), "fp8" (the prefix's and the action expert's GEMM weights in fp8), "w4a16" (the action
-    expert's weights in 4 bits), "fp8+w4a16", "fp8+mxfp4", or a mapping per part (`models.precision`), checked
+    weight in `dtype`), "fp8" (the prefix's GEMMs in fp8), "w4a16" (the action expert's weights in 4 bits),
+    "fp8+w4a16", "fp8+mxfp4", or a mapping per part (`models.precision`), checked
     at load against the unquantized model (PrecisionError with the numbers).
     """
     torch_dtype = parse_dtype(dtype, device)
