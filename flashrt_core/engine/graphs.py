@@ -42,13 +42,17 @@ def capture(body: Callable[[], object], *, pool=None, stream=None, device=None,
         with (context() if context else contextlib.nullcontext()), torch.cuda.graph(graph, pool=pool, stream=stream):
             body()
     except Exception:
-        torch.cuda.set_stream(caller)  # a capture_end that raises skips the capture stream's own exit
-        if pool is not None:  # ... and the allocator's end of recording into the pool: end it here
-            index = torch.device(device).index if device is not None else None
-            try:
-                torch._C._cuda_endAllocateToPool(torch.cuda.current_device() if index is None else index, pool)
-            except Exception:  # noqa: BLE001 (already ended, or a torch without this hook)
-                pass
+        # A body that raised is followed by torch's capture_end, which ends the capture and the pool's recording
+        # and gives the caller's stream back. A capture_end that raised itself skips both: end them here (only
+        # then: ending a pool's recording twice breaks the pool for the next capture).
+        if torch.cuda.current_stream(device) != caller:
+            torch.cuda.set_stream(caller)
+            if pool is not None:
+                index = torch.device(device).index if device is not None else None
+                try:
+                    torch._C._cuda_endAllocateToPool(torch.cuda.current_device() if index is None else index, pool)
+                except Exception:  # noqa: BLE001 (already ended, or a torch without this hook)
+                    pass
         raise
     return graph
 
