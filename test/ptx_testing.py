@@ -245,8 +245,8 @@ def precompile_check() -> dict:
 
 
 def engine_scan() -> dict:
-    """Every kernel a W2-shaped pi0.5 decision (bf16; w4a16: 4-bit expert weights; fp8+mxfp4: the scaled dot,
-    the prefix's fp8 GEMMs are cuBLAS's) and a pi0 decision launch
+    """Every kernel a W2-shaped pi0.5 decision (bf16; w4a16: 4-bit expert weights; on sm_100+ also fp8+mxfp4: the
+    scaled dot, the prefix's fp8 GEMMs are cuBLAS's) and a pi0 decision launch
     (full widths and head dims, one layer per tower, a small vocabulary; skinny GEMMs with CONFIGS[0]), each
     distinct compiled form once, with the PTX target it was compiled for: {kernel: [summaries]}."""
     import dataclasses
@@ -258,10 +258,11 @@ def engine_scan() -> dict:
 
     full = pi05.Pi05Config.full()
     out: dict[str, list] = {}
-    for kind, convert, engine_class, precision in (("pi05", pi05.convert, Pi05Engine, "bf16"),
-                                                   ("pi05", pi05.convert, Pi05Engine, "w4a16"),
-                                                   ("pi05", pi05.convert, Pi05Engine, "fp8+mxfp4"),
-                                                   ("pi0", pi0.convert, Pi0Engine, "bf16")):
+    runs = [("pi05", pi05.convert, Pi05Engine, "bf16"), ("pi05", pi05.convert, Pi05Engine, "w4a16"),
+            ("pi0", pi0.convert, Pi0Engine, "bf16")]
+    if TARGET.arch >= 100:  # (MXFP4 is dispatched to sm_100+ only: models.precision.DISPATCH)
+        runs.insert(2, ("pi05", pi05.convert, Pi05Engine, "fp8+mxfp4"))
+    for kind, convert, engine_class, precision in runs:
         config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512, kind=kind,
                                      vision=dataclasses.replace(full.vision, layers=1),
                                      vlm=dataclasses.replace(full.vlm, depth=1),
@@ -289,8 +290,25 @@ def engine_scan() -> dict:
     return out
 
 
+def mx4_mma() -> dict:
+    """The tensor-core instructions of the skinny GEMM on MXFP4 weights (W4A8, `kernels.mx4`) at the expert's
+    gate|up shape: {"target", "mma": [instructions]}."""
+    from flashrt_core.kernels.mx4 import quantize_mx4
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(50, 1024, generator=g).to(torch.bfloat16)
+    w = quantize_mx4(torch.randn(8192, 1024, generator=g), torch.bfloat16)
+    skinny_gemm.skinny_linear(x, w, geglu=True, block_n=32, block_k=128, split_k=1)
+    name, kernel = COMPILED[-1]
+    ptx = kernel.asm["ptx"]
+    return {"kernel": name, "target": re.search(r"\.target (\S+)", ptx).group(1),
+            "mma": sorted(set(re.findall(r"(tcgen05\.mma\S*|wgmma\.mma_async\S*|mma\.sync\S*)", ptx)))}
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--engine"]:
+    if sys.argv[1:] == ["--mx4"]:
+        print(json.dumps(mx4_mma(), indent=1))
+    elif sys.argv[1:] == ["--engine"]:
         print(json.dumps(engine_scan(), indent=1))
     elif sys.argv[1:] == ["--preload"]:
         print(json.dumps(preload_resources(), indent=1))

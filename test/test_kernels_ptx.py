@@ -152,3 +152,20 @@ def test_every_engine_kernel_compiles_for_blackwell_and_thor(arch):
             assert form["target"] == BLACKWELL[arch], (name, form["target"])
             assert form["has_wait"], name
             assert form["stack_bytes"] == 0, (name, form)
+
+
+@pytest.mark.parametrize("arch", sorted(BLACKWELL))
+def test_mxfp4_gemm_takes_blackwells_block_scaled_mma(arch):
+    """The skinny GEMM on MXFP4 weights with its activations in MX e4m3 (W4A8) compiles for Blackwell / Thor to
+    the tensor cores' native block-scaled product (no widening to bf16 first), where the pinned Triton can
+    build the target."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--mx4", "--arch", str(arch)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode and ("is not defined for option 'gpu-name'" in done.stderr
+                            or "not supported" in done.stderr.lower()):
+        pytest.skip(f"sm_{arch}: this Triton / ptxas cannot build it: {done.stderr.strip().splitlines()[-1][:300]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(done.stdout)
+    assert r["kernel"] == "_skinny_gemm_kernel" and r["target"] == BLACKWELL[arch]
+    assert r["mma"] and all("kind::mxf8f6f4.block_scale" in m for m in r["mma"]), r["mma"]

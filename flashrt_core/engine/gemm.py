@@ -20,7 +20,7 @@ from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
 from flashrt_core.kernels.fp8 import FP8Weight, scaled_linear
-from flashrt_core.kernels.mx4 import MX4Weight
+from flashrt_core.kernels.mx4 import MX4Weight, mx_rows_ref
 from flashrt_core.kernels.w4 import W4Weight, as_dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
@@ -57,9 +57,12 @@ def _cublas(x, w, b, geglu, backend, residual=None):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a residual added by the
     gated-residual kernel after it (torch ops in fp32 for an fp32 stream). fp32 rows into a bf16 / fp16 GEMM
     are rounded first, as the skinny kernel rounds them on load. A 4-bit weight is dequantized first (the
-    reference route; the skinny kernel dequantizes in registers); an fp8 weight multiplies fp8 rows
+    reference route; the skinny kernel dequantizes in registers), an MXFP4 one too, multiplying the rows in MX
+    e4m3 as the kernel does (`kernels.mx4.mx_rows_ref`); an fp8 weight multiplies fp8 rows
     (`kernels.fp8.scaled_linear`: per-token scales, cuBLAS's scaled GEMM on CUDA)."""
     x = x.to(w.dtype)
+    if isinstance(w, MX4Weight):  # (the skinny kernel's activations: MX e4m3, exact in bf16)
+        x = mx_rows_ref(x).to(x.dtype)
     if isinstance(w, FP8Weight):
         y = K.geglu(scaled_linear(x, w), backend=backend) if geglu else scaled_linear(x, w, b)
     else:

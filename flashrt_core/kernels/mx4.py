@@ -6,8 +6,11 @@ A weight [N, K] is stored as e2m1 codes (sign bit 3, magnitudes 0, 0.5, 1, 1.5, 
 K (input 2j in the low nibble, 2j + 1 in the high one), and one e8m0 scale per 32 consecutive inputs (a byte
 e: the scale 2^(e - 127)), stored [N, K / 32]. The scale of a block is the smallest power of two that brings
 its largest |w| to at most 6 (no value clips), each entry then rounds to the nearest e2m1 value. Bytes per
-weight: 0.5 + 1/32. The skinny GEMM multiplies bf16 activations by it (`kernels.skinny_gemm`, W4A16 in this
-format). Reference: `MX4Weight.dequantize` then `F.linear` (activations rounded to bf16).
+weight: 0.5 + 1/32. The skinny GEMM multiplies activations in MX e4m3 by it (each row's 32-input block scaled by
+the smallest power of two that brings it to at most 448, then rounded to e4m3: `mx_rows_ref`): both operands
+block-scaled, so Blackwell's tensor cores take the product natively (`tcgen05.mma ... kind::mxf8f6f4
+.block_scale`, checked in test_kernels_ptx); a Hopper GPU has no such instruction (Triton widens both operands
+there, slower than bf16). Reference: `mx_rows_ref(x) @ MX4Weight.dequantize().T`.
 """
 from __future__ import annotations
 
@@ -56,6 +59,17 @@ class MX4Weight:
         value = torch.where(codes >= 8, -mag, mag)
         scale = torch.exp2(self.scales.float() - 127.0).repeat_interleave(BLOCK, dim=1)
         return (value * scale).to(dtype or self.dtype)
+
+
+def mx_rows_ref(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (K a multiple of 32) in MX e4m3, as fp32 values: each row's 32-input block divided by the
+    smallest power of two 2^e that brings its largest |x| to at most 448, rounded to e4m3, times 2^e again."""
+    shape = x.shape
+    xb = x.float().reshape(*shape[:-1], shape[-1] // BLOCK, BLOCK)
+    amax = xb.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+    e = torch.ceil(torch.log2(amax / 448.0)).clamp_(-127, 127)
+    q = (xb / torch.exp2(e)).to(torch.float8_e4m3fn).float()
+    return (q * torch.exp2(e)).reshape(shape)
 
 
 def quantize_mx4(w: torch.Tensor, dtype: torch.dtype | None = None) -> MX4Weight:

@@ -77,17 +77,36 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_K: tl.constexpr):
-        """acc + X[rm, k0:k0 + BLOCK_K] (rounded to bf16) times an MXFP4 weight's rows rn there (`kernels.mx4`:
-        e2m1 pairs along K, e8m0 scales [N, K / 32]) through Triton's scaled dot."""
+    def _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M: tl.constexpr,
+                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+        """acc + X[rm, k0:k0 + BLOCK_K] times an MXFP4 weight's rows rn there (`kernels.mx4`: e2m1 pairs along K,
+        e8m0 scales [N, K / 32]) through Triton's scaled dot, X in MX e4m3 (each row's 32-input block scaled by a
+        power of two to at most 448, `kernels.mx4.mx_rows_ref`): both operands block-scaled, which Blackwell's
+        tensor cores multiply natively (W4A8). UPCAST (the CPU interpreter, whose fp32 -> e4m3 conversion loses a
+        rounding's carry): X's e4m3 values rounded by arithmetic and passed as bf16 (exact)."""
         kk = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
+        x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :],
+                    other=0.0).to(tl.float32)
+        xb = tl.reshape(x, [BLOCK_M, BLOCK_K // 32, 32])
+        e = tl.ceil(tl.log2(tl.maximum(tl.max(tl.abs(xb), axis=2), 1e-30) / 448.0))
+        e = tl.minimum(tl.maximum(e, -127.0), 127.0)
+        v = xb / tl.exp2(e)[:, :, None]
         jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None], mask=n_ok[None, :] & (jb < K // 2)[:, None],
                     other=0)
         sb = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(S + rn[:, None] * sgn + sb[None, :], mask=n_ok[:, None] & (sb < K // 32)[None, :], other=127)
-        return tl.dot_scaled(x.to(tl.bfloat16), None, "bf16", p, s, "e2m1", acc)
+        if UPCAST:
+            a = tl.abs(v)
+            step = tl.exp2(tl.floor(tl.log2(tl.maximum(a, 0.015625))) - 3.0)  # 3 mantissa bits; 2^-9 below 2^-6
+            t = a / step  # (exact: a power of two) -> the nearest integer, ties to even as the GPU's conversion
+            r = tl.floor(t + 0.5)
+            r = tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
+            q = tl.minimum(r * step, 448.0)
+            xd = tl.reshape(tl.where(v < 0, -q, q) * tl.exp2(e)[:, :, None], [BLOCK_M, BLOCK_K])
+            return tl.dot_scaled(xd.to(tl.bfloat16), None, "bf16", p, s, "e2m1", acc)
+        xq = tl.reshape(v, [BLOCK_M, BLOCK_K]).to(tl.float8e4nv)
+        return tl.dot_scaled(xq, (e + 127.0).to(tl.uint8), "e4m3", p, s, "e2m1", acc)
 
     @triton.jit
     def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
@@ -111,7 +130,7 @@ if triton is not None:
         W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`, `_w4_dot`);
         BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused).
         MX4: W holds MXFP4 weights [N, K / 2] with e8m0 scales S [N, K / 32] (`kernels.mx4`, `_mx4_dot`): every
-        K tile after the PDL wait, X rounded to bf16."""
+        K tile after the PDL wait, X in MX e4m3 (W4A8)."""
         pdl_trigger(PDL)
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
@@ -135,10 +154,10 @@ if triton is not None:
         elif MX4:
             pdl_wait(PDL)
             for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-                acc = _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_K)
+                acc = _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M, BLOCK_K, UPCAST)
                 if GEGLU:
                     acc_up = _mx4_dot(acc_up, X, W + up_off, S + s_up_off, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn,
-                                      BLOCK_K)
+                                      BLOCK_M, BLOCK_K, UPCAST)
         elif PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
             kp = k_lo + tl.arange(0, PRE_K)
             kp_ok = (kp < K) & (kp < k_lo + k_per_split)
@@ -254,7 +273,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
     `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
     are spread over programs of SKINNY_MAX_M rows. w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
-    its scales' dtype) or a `kernels.mx4.MX4Weight` (MXFP4 through Triton's scaled dot, activations in bf16)."""
+    its scales' dtype) or a `kernels.mx4.MX4Weight` (MXFP4 through Triton's scaled dot, activations in MX e4m3:
+    W4A8)."""
     if triton is None:
         raise KernelUnavailableError("skinny_linear: Triton is not installed")
     if split_k < 0:
@@ -299,7 +319,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     else:
         y = residual.x if residual is not None else torch.empty(m, n, device=x.device, dtype=w.dtype)
     interp = interpreting()
-    block_m = max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
+    # (MXFP4: 128-row tiles, the M of Blackwell's block-scaled MMA; a smaller tile is widened to bf16 instead)
+    block_m = SKINNY_MAX_M if mx4 else max(16, triton.next_power_of_2(min(m, SKINNY_MAX_M)))
     k_per_split, split = split_layout(kdim, block_k, split_k)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), split)
     one_step = k_per_split == block_k
@@ -319,7 +340,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         GROUP=w.group if quant else 1, CDT=_TL_DTYPES[w.dtype],
         HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
         ONE_STEP=one_step, RESID=residual is not None,
-        UPCAST=interp and w.dtype != torch.float32,
+        UPCAST=interp and (w.dtype != torch.float32 or mx4),
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_K=block_k, PRE_K=pre_k, DEFER=bool(defer), num_warps=num_warps,
         num_stages=1 if interp else num_stages, **pdl_launch(x.device))

@@ -10,9 +10,10 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
           fp8 form of its 50-row GEMMs measured faster than bf16, docs/performance-history.md)
   fp8+w4a16  the fp8 prefix, the expert in 4 bits
   fp8+mxfp4  the fp8 prefix, the expert in OCP MXFP4 (`kernels.mx4`: e2m1 values, a power-of-two scale per 32
-          inputs) through Triton's scaled dot: the format Blackwell's tensor cores (B200, Jetson AGX Thor) take
-          natively; elsewhere Triton widens it to bf16 in registers. (NVFP4 proper, e4m3 scales per 16 inputs and
-          fp4 activations, is not built: the pinned Triton's interpreter cannot check it)
+          inputs) with its activations in MX e4m3 (W4A8) through Triton's scaled dot: Blackwell's tensor cores
+          (B200, Jetson AGX Thor) multiply it natively (block-scaled MMA); on a Hopper GPU Triton widens both
+          operands, slower than bf16, so the dispatch table runs it on sm_100+ only. (NVFP4 proper, e4m3 scales
+          per 16 inputs, is not built: the pinned Triton's interpreter reads such scales wrongly)
 Quantized weights are made once when the engine is built (`quantize`): the fused engine keeps them packed (the
 skinny GEMM dequantizes 4 bits in registers; fp8 runs cuBLAS's scaled GEMM); the reference engine multiplies
 by the same weights dequantized (for fp8 without the activations' rounding to fp8, which the fused engine
@@ -85,8 +86,8 @@ DISPATCH = {
               "min_capability": (8, 0)},
     # (on sm_90 Triton widens MXFP4 to bf16 in registers: measured slower than bf16 and than w4a16 on an H100,
     # docs/performance-history.md; Blackwell's tensor cores take it natively, not yet measured here)
-    "mxfp4": {"kernel": "skinny Triton GEMM through tl.dot_scaled (Blackwell's block-scaled MMA)",
-              "min_capability": (10, 0)},
+    "mxfp4": {"kernel": "skinny Triton GEMM through tl.dot_scaled, activations in MX e4m3 (Blackwell's "
+                        "block-scaled MMA)", "min_capability": (10, 0)},
 }
 
 
