@@ -3,7 +3,7 @@ bandwidth and tensor throughput, so a user sees which precision can meet which r
 by default). For each stage (observe: SigLIP + the Gemma prefix; act: 10 flow steps of the action expert) and
 preset: the bytes a decision must read (every GEMM weight once per pass in its stored format, the prefix K/V,
 token embeddings: `flashrt_core.bench.stage_parts`), the matmul FLOPs at the tensor rate each GEMM runs at
-(bf16 for weights widened in registers: 4-bit W4A16 and MXFP4; fp8 for W8A8; fp4 for
+(bf16 for weights widened in registers: 4-bit W4A16; fp8 for W8A8 and MXFP4's W4A8; fp4 for
 NVFP4), and the floor max(bytes / bandwidth, FLOPs / rate). No kernel reaches a floor: measured stages on an
 H200 run at 22-45% of theirs (benchmarks/README.md).
 
@@ -38,7 +38,7 @@ FORMATS = {
     "bf16": {"bytes": 2.0, "rate": "bf16"},
     "fp8-w8a8": {"bytes": 1.0, "rate": "fp8"},  # fp8 rows on fp8 tensor cores
     "w4a16": {"bytes": 0.5 + 2 / 128, "rate": "bf16"},  # groups of 128, one bf16 scale each
-    "mxfp4": {"bytes": 0.5 + 1 / 32, "rate": "bf16"},  # e2m1, one e8m0 scale per 32; bf16 activations
+    "mxfp4": {"bytes": 0.5 + 1 / 32, "rate": "fp8"},  # e2m1, one e8m0 scale per 32; MX e4m3 activations (W4A8)
     "nvfp4": {"bytes": 0.5 + 1 / 16, "rate": "fp4"},  # e2m1, one e4m3 scale per 16 (not built: see the issue)
 }
 PRESETS = {  # part -> format; "built": whether the engine has it today
