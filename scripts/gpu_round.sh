@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see docs/gpu-machine.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime|pi0|rtc] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime|pi0|rtc|precision] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). pi0: bench_pi0 W2 with parity (vs the fp32 reference and LeRobot
@@ -83,6 +83,11 @@ if [[ "$what" == compile ]]; then
 fi
 if [[ "$what" == pi0 ]]; then  # pi0_w2.json + pi0_parity.json
   bench bench_pi0 570 --out-dir "$OUT" --workloads w2 --parity ${FLASHRT_PI0_SKIP_COMPILE:+--skip-compile}
+fi
+if [[ "$what" == precision ]]; then  # each expert GEMM alone, then the presets (~5 min with the tuning cache)
+  bench bench_precision 150 --part gemms --json "$OUT/precision_gemms.json"
+  bench bench_precision 400 --part presets --presets "${FLASHRT_PRESETS:-bf16,fp8,w4a16,fp8+w4a16}" \
+    --json "$OUT/precision_pi05_w2.json"
 fi
 if [[ "$what" == rtc ]]; then  # rtc_pi05_w2.json + rtc_pi0_w2.json: RTC parity vs LeRobot, act with / without RTC
   bench bench_rtc 280 --model pi05 --json "$OUT/rtc_pi05_w2.json"
