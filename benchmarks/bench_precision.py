@@ -1,11 +1,11 @@
 """Reduced precision on the GPU, full size, every parameter normal(0, 0.02): the fused engine in each precision
-preset (bf16, fp8, w4a16, fp8+w4a16, fp8+mxfp4) in one process, W2 shapes: whole decision, act-only and observe p50, the
-expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the fp32
-reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the quantized
-GEMMs' tuned choices. `--part gemms` (also part of `all`): each expert GEMM of one flow step alone at 50 rows,
-bf16, fp8 (cuBLAS's scaled GEMM on fp8 rows: the skinny kernel has no fp8 form), 4-bit and MXFP4, every candidate
-timed as the engine's tuner times it (a CUDA graph, the weight cycled through copies that overflow L2), the
-fastest one's GB/s over its weight bytes against the copy ceiling (a device-to-device copy of 1 GiB: bytes
+preset (bf16, fp8, w4a16, fp8+w4a16, fp8+mxfp4) in one process, W2 shapes: whole decision, act-only and observe
+p50, the expert's weight bytes per flow step and the act stage's GB/s over them, each preset's actions against the
+fp32 reference, its load gate (against the unquantized bf16 reference engine), quantization time, and the
+quantized GEMMs' tuned choices. `--part gemms` (also part of `all`): each expert GEMM of one flow step alone at 50
+rows, bf16, fp8 (cuBLAS's scaled GEMM on fp8 rows: the skinny kernel has no fp8 form), 4-bit and MXFP4, every
+candidate timed as the engine's tuner times it (a CUDA graph, the weight cycled through copies that overflow L2),
+the fastest one's GB/s over its weight bytes against the copy ceiling (a device-to-device copy of 1 GiB: bytes
 read and written / time).
 Targets (issue: reduced precision): fp8 whole <= 7 ms (stretch 5.5), act-only <= 3.5 ms; fp8+w4a16 act-only
 <= 3 ms (stretch 2); parity fp8 cosine >= 0.998 / rel L2 <= 5e-2, with 4 bits >= 0.995 / <= 1e-1.
@@ -132,7 +132,7 @@ def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16"
             "expert_weight_bytes_per_step": nbytes,
             "act_expert_weight_gbps": nbytes * steps / (act["p50_ms"] * 1e-3) / 1e9,
             "gemm_choices": [c for c in eng.linear.report()
-                             if any(str(f).startswith(("w4", "fp8")) for f in c["fused"])]
+                             if any(str(f).startswith(("w4", "mx4")) for f in c["fused"])]
             if hasattr(eng, "linear") else []}
         log(f"[precision] {preset:<6} whole {whole['p50_ms']:.3f} ms  act {act['p50_ms']:.3f} ms  observe "
             f"{obs['p50_ms']:.3f} ms  expert {nbytes / 1e6:.0f} MB/step "

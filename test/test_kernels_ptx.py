@@ -129,10 +129,10 @@ def test_precompile_builds_every_candidate_without_running_any():
 BLACKWELL = {100: "sm_100a", 110: "sm_110a"}
 
 
-def _arch_report(arch: int) -> dict:
-    """ptx_testing.py --engine for `arch`; a skip naming the reason where this Triton / ptxas cannot build it."""
+def _arch_report(arch: int, mode: str = "--engine") -> dict:
+    """ptx_testing.py `mode` for `arch`; a skip naming the reason where this Triton / ptxas cannot build it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--engine", "--arch", str(arch)], env=env,
+    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), mode, "--arch", str(arch)], env=env,
                           capture_output=True, text=True, timeout=900)
     if done.returncode and ("is not defined for option 'gpu-name'" in done.stderr
                             or "not supported" in done.stderr.lower()):
@@ -159,13 +159,6 @@ def test_mxfp4_gemm_takes_blackwells_block_scaled_mma(arch):
     """The skinny GEMM on MXFP4 weights with its activations in MX e4m3 (W4A8) compiles for Blackwell / Thor to
     the tensor cores' native block-scaled product (no widening to bf16 first), where the pinned Triton can
     build the target."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, str(HERE / "ptx_testing.py"), "--mx4", "--arch", str(arch)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    if done.returncode and ("is not defined for option 'gpu-name'" in done.stderr
-                            or "not supported" in done.stderr.lower()):
-        pytest.skip(f"sm_{arch}: this Triton / ptxas cannot build it: {done.stderr.strip().splitlines()[-1][:300]}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    r = json.loads(done.stdout)
+    r = _arch_report(arch, "--mx4")
     assert r["kernel"] == "_skinny_gemm_kernel" and r["target"] == BLACKWELL[arch]
     assert r["mma"] and all("kind::mxf8f6f4.block_scale" in m for m in r["mma"]), r["mma"]

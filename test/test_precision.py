@@ -84,22 +84,29 @@ def test_skinny_gemm_on_4bit_weights_matches_the_dequantized_product(dev, dtype,
     d = q.dequantize().float()
     y = skinny_linear(x.to(dev), qd, **kw).cpu()
     assert y.dtype == dtype and _rel(y, x.float() @ d.T) < tol
-    # GeGLU over merged [gate; up] 4-bit rows
+    # GeGLU over merged [gate; up] 4-bit rows, the Euler update into an fp32 stream, deferred split-K partials
     qg = quantize_w4(torch.randn(2 * n, k, generator=g).to(dtype), group)
-    dg = qg.dequantize().float()
-    want = F.gelu(x.float() @ dg[:n].T, approximate="tanh") * (x.float() @ dg[n:].T)
-    got = skinny_linear(x.to(dev), W4Weight(qg.packed.to(dev), qg.scales.to(dev), group), geglu=True, **kw).cpu()
+    _check_fused_forms(dev, x, x.float(), qd, d, W4Weight(qg.packed.to(dev), qg.scales.to(dev), group),
+                       qg.dequantize().float(), kw, tol, g, split)
+
+
+def _check_fused_forms(dev, x, x_eff, qd, d, qgd, dg, kw, tol, g, split):
+    """The skinny GEMM's fused forms on a quantized weight qd (dequantized: d) against torch, x_eff being x as the
+    kernel multiplies it: GeGLU over merged [gate; up] rows qgd (dequantized: dg), the Euler update into an fp32
+    stream (state and gate drawn from g), and (split != 1) deferred split-K partials."""
+    n = d.shape[0]
+    want = F.gelu(x_eff @ dg[:n].T, approximate="tanh") * (x_eff @ dg[n:].T)
+    got = skinny_linear(x.to(dev), qgd, geglu=True, **kw).cpu()
     assert _rel(got, want) < tol
-    # the Euler update into an fp32 stream, and deferred split-K partials
-    state = torch.randn(m, n, generator=g)
-    gate = torch.randn(n, generator=g).to(dtype)
+    state = torch.randn(x.shape[0], n, generator=g)
+    gate = torch.randn(n, generator=g).to(x.dtype)
     stream = state.clone().to(dev)
     skinny_linear(x.to(dev), qd, residual=GatedResidual(stream, gate.to(dev)), **kw)
-    prod = (x.float() @ d.T).to(dtype).float()
+    prod = (x_eff @ d.T).to(x.dtype).float()
     assert _rel(stream.cpu(), state + prod * gate.float()) < tol
     if split != 1:
         parts = skinny_linear(x.to(dev), qd, defer=True, **kw)
-        assert parts.dtype == dtype and _rel(parts.total().float().cpu(), x.float() @ d.T) < tol
+        assert parts.dtype == x.dtype and _rel(parts.total().float().cpu(), x_eff @ d.T) < tol
 
 
 def test_quantize_mx4_stores_e2m1_pairs_and_power_of_two_scales():
@@ -150,18 +157,8 @@ def test_skinny_gemm_on_mxfp4_weights_matches_the_dequantized_product(dev, dtype
     assert y.dtype == dtype and _rel(y, xb @ d.T) < tol
     assert 1e-3 < _rel(y, x.float() @ d.T) < 0.06  # (x in e4m3 moves it, by e4m3's error)
     qg = quantize_mx4(torch.randn(2 * n, k, generator=g), dtype)
-    dg = qg.dequantize(torch.float32)
-    want = F.gelu(xb @ dg[:n].T, approximate="tanh") * (xb @ dg[n:].T)
-    got = skinny_linear(x.to(dev), MX4Weight(qg.packed.to(dev), qg.scales.to(dev), dtype), geglu=True, **kw).cpu()
-    assert _rel(got, want) < tol
-    state = torch.randn(m, n, generator=g)
-    gate = torch.randn(n, generator=g).to(dtype)
-    stream = state.clone().to(dev)
-    skinny_linear(x.to(dev), qd, residual=GatedResidual(stream, gate.to(dev)), **kw)
-    assert _rel(stream.cpu(), state + (xb @ d.T).to(dtype).float() * gate.float()) < tol
-    if split != 1:
-        parts = skinny_linear(x.to(dev), qd, defer=True, **kw)
-        assert _rel(parts.total().float().cpu(), xb @ d.T) < tol
+    _check_fused_forms(dev, x, xb, qd, d, MX4Weight(qg.packed.to(dev), qg.scales.to(dev), dtype),
+                       qg.dequantize(torch.float32), kw, tol, g, split)
     with pytest.raises(Exception, match="multiples of 32 and 64"):
         skinny_linear(x.to(dev), qd, block_n=16, block_k=32)
 

@@ -20,7 +20,7 @@ from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
 from flashrt_core.kernels.fp8 import FP8Weight, scaled_linear
-from flashrt_core.kernels.mx4 import MX4Weight, mx_rows_ref
+from flashrt_core.kernels.mx4 import K_TILE as MX4_K_TILE, MX4Weight, mx_rows_ref
 from flashrt_core.kernels.w4 import W4Weight, as_dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
 
@@ -167,8 +167,8 @@ class LinearPicker:
             out = [c for c in out if splits(c, kdim) <= DEFER_MAX_SPLITS]
         if isinstance(w, W4Weight):
             out = [c for c in out if c[1] % w.group == 0 and not (len(c) > 5 and c[5])]
-        if isinstance(w, MX4Weight):  # (K tiles of whole 64-input pairs of scale blocks; nothing preloaded)
-            out = [c for c in out if c[1] % 64 == 0 and not (len(c) > 5 and c[5])]
+        if isinstance(w, MX4Weight):  # (K tiles of whole pairs of scale blocks; nothing preloaded)
+            out = [c for c in out if c[1] % MX4_K_TILE == 0 and not (len(c) > 5 and c[5])]
         return out
 
     def _cached(self, key, x, w, b, geglu, backend, fusion=NO_FUSION):

@@ -78,10 +78,6 @@ class GraphSet:
     def __len__(self) -> int:
         return len(self._graphs)
 
-    def __iter__(self):
-        """The keys, in capture order."""
-        return iter(list(self._graphs))
-
     def keys(self) -> list:
         return list(self._graphs)
 

@@ -1,6 +1,6 @@
 """MXFP4 weights (OCP microscaling, 4-bit e2m1 values with one power-of-two scale per 32 inputs): the format
 Triton's scaled dot (`tl.dot_scaled`) takes, native on Blackwell-class tensor cores (B200, Jetson AGX Thor)
-and upcast to bf16 in registers elsewhere; and its torch reference.
+and widened in registers elsewhere; and its torch reference.
 
 A weight [N, K] is stored as e2m1 codes (sign bit 3, magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per byte along
 K (input 2j in the low nibble, 2j + 1 in the high one), and one e8m0 scale per 32 consecutive inputs (a byte
@@ -21,13 +21,14 @@ import torch
 from flashrt_core.kernels._common import KernelInputError
 
 BLOCK = 32  # inputs per scale (fixed by the format)
+K_TILE = 2 * BLOCK  # a GEMM's K tiles are multiples of this (whole pairs of scale blocks: the scaled dot's least K)
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # magnitude per code 0..7; code + 8: the same, negative
 
 
 @dataclass(frozen=True)
 class MX4Weight:
     """A [N, K] weight in MXFP4 (module docstring): `packed` uint8 [N, K / 2], `scales` uint8 [N, K / 32] (e8m0),
-    `dtype` the dtype the GEMM writes (its activations are multiplied in bf16)."""
+    `dtype` the dtype the GEMM writes (its activations are multiplied in MX e4m3: `mx_rows_ref`)."""
 
     packed: torch.Tensor
     scales: torch.Tensor

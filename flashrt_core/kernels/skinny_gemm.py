@@ -23,7 +23,7 @@ import torch
 from flashrt_core.kernels._common import (KernelInputError, KernelUnavailableError, interpreting, launch, pdl_launch,
                                          semaphores)
 from flashrt_core.kernels.partials import Partials
-from flashrt_core.kernels.mx4 import BLOCK as MX4_BLOCK, MX4Weight
+from flashrt_core.kernels.mx4 import BLOCK as MX4_BLOCK, K_TILE as MX4_K_TILE, MX4Weight
 from flashrt_core.kernels.w4 import W4Weight
 
 SKINNY_MAX_M = 128  # rows per program at most (the picker offers this kernel up to this many rows)
@@ -289,10 +289,10 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     mx4 = isinstance(w, MX4Weight)
     wt = w.packed if quant or mx4 else w  # what the kernel reads as W
     scales = w.scales if quant or mx4 else wt
-    if mx4 and (w.shape[1] % MX4_BLOCK or block_k % (2 * MX4_BLOCK) or tuple(w.scales.shape) != (
+    if mx4 and (w.shape[1] % MX4_BLOCK or block_k % MX4_K_TILE or tuple(w.scales.shape) != (
             w.shape[0], w.shape[1] // MX4_BLOCK) or not w.scales.is_contiguous()):
         raise KernelInputError(f"skinny_linear: an MXFP4 weight [{w.shape[0]}, {w.shape[1]}] needs K and block_k "
-                               f"multiples of {MX4_BLOCK} and {2 * MX4_BLOCK} and contiguous scales "
+                               f"multiples of {MX4_BLOCK} and {MX4_K_TILE} and contiguous scales "
                                f"[{w.shape[0]}, {w.shape[1] // MX4_BLOCK}], got block_k {block_k}, scales "
                                f"{tuple(w.scales.shape)}")
     if quant and (tuple(w.scales.shape) != (w.shape[1] // w.group, w.shape[0]) or not w.scales.is_contiguous()

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from flashrt_core.errors import PrecisionError
 from flashrt_core.kernels.fp8 import quantize_fp8
-from flashrt_core.kernels.mx4 import quantize_mx4
+from flashrt_core.kernels.mx4 import BLOCK as MX4_BLOCK, quantize_mx4
 from flashrt_core.kernels.w4 import group_for, quantize_w4
 
 PARTS = ("vision", "prefix", "expert")
@@ -169,7 +169,7 @@ def quantize(weights, precision: Precision, packed: bool):
     the GEMM weights (q|k|v, o, gate|up, down) of the expert's layers as `kernels.w4.W4Weight` (w4a16) or
     `kernels.mx4.MX4Weight` (mxfp4), of the prefix's as `kernels.fp8.FP8Weight` (fp8); packed=True: so (the
     fused engine), False: dequantized back to the model dtype (the reference engine).
-    A matrix whose inputs no 4-bit group size divides (mxfp4: not a multiple of 64) stays as it is.
+    A matrix whose inputs no 4-bit group size divides (mxfp4: not a multiple of 32) stays as it is.
     The input is not changed."""
     def layers(which, make):
         out = []
@@ -190,7 +190,8 @@ def quantize(weights, precision: Precision, packed: bool):
     if precision.expert == "w4a16":
         fields["expert_layers"] = layers("expert_layers", w4)
     elif precision.expert == "mxfp4":
-        fields["expert_layers"] = layers("expert_layers", lambda w: None if w.shape[1] % 64 else quantize_mx4(w))
+        fields["expert_layers"] = layers("expert_layers",
+                                         lambda w: None if w.shape[1] % MX4_BLOCK else quantize_mx4(w))
     if precision.prefix == "fp8":
         fields["vlm_layers"] = layers("vlm_layers", quantize_fp8)
     return dataclasses.replace(weights, **fields) if fields else weights
