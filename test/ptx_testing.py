@@ -144,11 +144,16 @@ def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cac
     return _last("_attention_kernel")
 
 
-def gemm_case(m, n, k, config, *, geglu=False) -> dict:
-    """The skinny GEMM with one `flashrt_core.engine.gemm.CONFIGS`-style configuration."""
+def gemm_case(m, n, k, config, *, geglu=False, w4=False) -> dict:
+    """The skinny GEMM with one `flashrt_core.engine.gemm.CONFIGS`-style configuration (w4: on 4-bit weights in
+    groups of 128, `kernels.w4`)."""
+    from flashrt_core.kernels.w4 import quantize_w4
+
     g = torch.Generator().manual_seed(1)
     x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     w = torch.randn((2 if geglu else 1) * n, k, generator=g).to(torch.bfloat16)
+    if w4:
+        w = quantize_w4(w)
     skinny_gemm.skinny_linear(x, w, geglu=geglu, **engine_gemm._kwargs(config))
     return _last("_skinny_gemm_kernel")
 
@@ -212,13 +217,16 @@ EXPERT_GEMMS = {"qkv": (2560, 1024, False), "o": (1024, 2048, False), "gate_up":
 
 
 def preload_resources() -> dict:
-    """Registers / spills of every preloading GEMM candidate at each expert shape: {"config shape": {...}}."""
+    """Registers / spills at each expert shape of every preloading GEMM candidate on bf16 weights and of every
+    candidate on 4-bit weights (`flashrt_core.engine.gemm.W4_CONFIGS`): {"[w4 ]config shape": {...}}."""
     out = {}
-    for config in engine_gemm.CONFIGS:
-        if len(config) == 6 and config[5]:
-            for shape, (n, k, geglu) in EXPERT_GEMMS.items():
-                found = gemm_case(50, n, k, config, geglu=geglu)
-                out[f"{config} {shape}"] = {key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
+    runs = [(c, False) for c in engine_gemm.CONFIGS if len(c) == 6 and c[5]] + [(c, True) for c in
+                                                                                 engine_gemm.W4_CONFIGS]
+    for config, w4 in runs:
+        for shape, (n, k, geglu) in EXPERT_GEMMS.items():
+            found = gemm_case(50, n, k, config, geglu=geglu, w4=w4)
+            out[f"{'w4 ' if w4 else ''}{config} {shape}"] = {
+                key: found[key] for key in ("regs", "stack_bytes", "shared_bytes")}
     return out
 
 

@@ -72,7 +72,8 @@ def _rel(got, want):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m,n,k,group,block_k,split,preload", [
     (5, 24, 256, 128, 128, 1, 0), (7, 40, 192, 64, 64, 0, 0), (3, 16, 384, 128, 128, 2, 1),
-    (9, 33, 128, 128, 256, 1, 0), (6, 20, 96, 32, 128, 1, 0), (4, 18, 512, 128, 512, 0, 0)])
+    (9, 33, 128, 128, 256, 1, 0), (6, 20, 96, 32, 128, 1, 0), (4, 18, 512, 128, 512, 0, 0),
+    (8, 24, 640, 64, 128, 1, 2), (5, 17, 320, 32, 64, 2, 4)])
 def test_skinny_gemm_on_4bit_weights_matches_the_dequantized_product(dev, dtype, m, n, k, group, block_k, split,
                                                                       preload):
     g = torch.Generator().manual_seed(m * n + k)
@@ -497,13 +498,14 @@ def test_the_picker_checks_deferred_skinny_gemms_against_cublas(dev):
     q = quantize_w4(w)
     for weight in (w.to(dev), W4Weight(q.packed.to(dev), q.scales.to(dev), q.group)):
         fusion = G.Fusion(defer=True)
-        config = (32, 128, 2, 4, 4)
+        config = (16, 128, 8, 4, 3)  # (two splits of K = 256, offered for both weights)
         assert config in G.LinearPicker(dev).candidates_for(fusion, 256, weight)
         got = G._outputs(config, x, weight, None, False, None, fusion)
         want = G._outputs(None, x, weight, None, False, None, fusion)
         assert G._same(got, want)
     offered = G.LinearPicker(dev).candidates_for(G.NO_FUSION, 256, q)
-    assert offered and not any(len(c) > 5 and c[5] for c in offered)  # no preload forms for 4 bits
+    assert all(c[1] % q.group == 0 for c in offered)  # K tiles of whole groups
+    assert any(len(c) > 5 and c[5] for c in offered)  # 4-bit tiles are requested before the PDL wait too
 
 
 def test_fp8_falls_back_for_a_model_that_is_not_bf16_on_a_gpu(monkeypatch):

@@ -48,6 +48,14 @@ CONFIGS = [(32, 128, 1, 4, 4), (64, 128, 1, 4, 4), (32, 256, 1, 4, 3), (16, 256,
 # Tried and left out (H200, 2026-12-03): the whole K = 1024 in one step, (32, 1024, 0, 8, 1) and
 # (16, 1024, 0, 8, 1): QKV 5.44 / 9.52 us vs 4.57, o 5.41 vs 5.01, down 7.60 vs 7.41, gate|up out of shared
 # memory or 14.3 vs 7.14 (each program then reads all of x, 100 KB, after the PDL wait).
+# The configurations tried for 4-bit weights (`kernels.w4`; K tiles of whole groups). A 4-bit tile carries a
+# quarter of the bytes, so these take wider tiles (64 outputs, 512 inputs: 16 KB of packed weights per program);
+# the preload and one-step forms load and dequantize their weight tile before the PDL wait. None spills at the
+# expert's shapes on sm_90 (`test/test_kernels_ptx.py`).
+W4_CONFIGS = [(32, 256, 0, 4, 1), (16, 256, 1, 4, 4), (16, 128, 8, 4, 3), (32, 512, 0, 4, 1), (32, 512, 0, 8, 1),
+              (64, 256, 0, 8, 1), (64, 512, 0, 8, 1), (32, 256, 1, 4, 3, 1), (32, 256, 1, 4, 3, 2),
+              (16, 256, 1, 4, 4, 2), (16, 256, 2, 4, 3, 2), (32, 256, 2, 4, 3, 2), (16, 256, 4, 4, 3, 2),
+              (16, 128, 8, 4, 3, 2), (16, 256, 8, 4, 3, 2), (64, 256, 1, 8, 3, 1), (64, 256, 2, 8, 3, 1)]
 # A deferred split-K reduction's reader (one program per row) loads S partial rows: 8 at most (32 KB of fp32
 # per 1024-wide row), so that read stays short.
 DEFER_MAX_SPLITS = 8
@@ -162,11 +170,11 @@ class LinearPicker:
         (fusion.defer) keeps those of at most DEFER_MAX_SPLITS splits: its reader loads every partial of each
         row, and that read is not part of the GEMM's timing. A 4-bit weight keeps those whose K tiles hold
         whole groups and leaves out the preload forms (the same kernel there: it preloads nothing)."""
-        out = list(self.candidates)
+        out = list(W4_CONFIGS if isinstance(w, W4Weight) else self.candidates)
         if fusion.defer and kdim is not None:
             out = [c for c in out if splits(c, kdim) <= DEFER_MAX_SPLITS]
         if isinstance(w, W4Weight):
-            out = [c for c in out if c[1] % w.group == 0 and not (len(c) > 5 and c[5])]
+            out = [c for c in out if c[1] % w.group == 0]
         if isinstance(w, MX4Weight):  # (K tiles of whole pairs of scale blocks; nothing preloaded)
             out = [c for c in out if c[1] % MX4_K_TILE == 0 and not (len(c) > 5 and c[5])]
         return out

@@ -47,34 +47,41 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
-    def _w4_dot(X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, GROUP: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-        """X[rm, k0:k0 + BLOCK_K] times a 4-bit weight's rows rn there (`kernels.w4`: byte j of a row holds inputs
-        2j and 2j + 1 in its low and high nibble; scales S [K / GROUP, sgn], group-major), fp32 [BLOCK_M,
-        BLOCK_N]: per group, the even and the odd inputs times the two nibbles (integers, exact in the scales'
-        dtype), the sum times the group's scale. x is loaded contiguously and split in registers."""
+    def _w4_tile(W, S, rn, k0, k_end, n_ok, K, swn, sgn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP: tl.constexpr, UPCAST: tl.constexpr):
+        """The 4-bit weight's rows rn over inputs k0:k0 + BLOCK_K (`kernels.w4`: byte j of a row holds inputs
+        2j and 2j + 1 in its low and high nibble; scales S [K / GROUP, sgn], group-major), dequantized as
+        `W4Weight.dequantize` does (q * scale rounded to the scales' dtype): (even, odd) inputs, each
+        [BLOCK_K / 2, BLOCK_N] = W^T. Inputs at or past k_end (the split's end) or K are zeros. Depends on the
+        weights only, so a program can do this before its PDL wait. UPCAST (the CPU interpreter): the rounded
+        values as fp32."""
         DT = S.dtype.element_ty
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for g in tl.static_range(BLOCK_K // GROUP):
-            kg = k0 + g * GROUP
-            kk = kg + tl.arange(0, GROUP)
-            x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & (kk < K)[None, :], other=0.0)
-            jb = kg // 2 + tl.arange(0, GROUP // 2)
-            p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None],
-                        mask=n_ok[None, :] & (jb < K // 2)[:, None], other=136).to(tl.int32)  # (136: two zeros)
-            lo = ((p & 15) - 8).to(tl.float32)
-            hi = ((p >> 4) - 8).to(tl.float32)
-            if UPCAST:  # (the CPU interpreter: fp32 products of the bf16-rounded x)
-                x = x.to(DT).to(tl.float32)
-            else:
-                x = x.to(DT)
-                lo, hi = lo.to(DT), hi.to(DT)
-            xe, xo = tl.split(tl.reshape(x, [BLOCK_M, GROUP // 2, 2]))
-            # (a group past K, in a tile that overhangs it, multiplies zeros: its scale row is clamped)
-            scale = tl.load(S + tl.minimum(kg // GROUP, K // GROUP - 1) * sgn + rn, mask=n_ok, other=0.0).to(tl.float32)
-            acc += (tl.dot(xe, lo, input_precision=PRECISION) + tl.dot(xo, hi, input_precision=PRECISION)) \
-                * scale[None, :]
-        return acc
+        NG: tl.constexpr = BLOCK_K // GROUP
+        jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        j_ok = (jb < K // 2) & (jb < k_end // 2)
+        p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None], mask=n_ok[None, :] & j_ok[:, None],
+                    other=136).to(tl.int32)  # (136: two zeros)
+        # (a group past K, in a tile that overhangs it, multiplies zeros: its scale row is clamped)
+        g = tl.minimum(k0 // GROUP + tl.arange(0, NG), K // GROUP - 1)
+        scale = tl.load(S + g[:, None] * sgn + rn[None, :], mask=n_ok[None, :], other=0.0)[:, None, :]
+        if UPCAST:  # (the interpreter: fp32 products, then the scales' dtype as fp32)
+            scale = scale.to(tl.float32)
+            DQ = tl.float32
+        else:  # (one rounding of an exact product: the same as W4Weight.dequantize's)
+            DQ = DT
+        lo = tl.reshape(tl.reshape(((p & 15) - 8).to(DQ), [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N])
+        hi = tl.reshape(tl.reshape(((p >> 4) - 8).to(DQ), [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N])
+        if UPCAST:
+            lo, hi = lo.to(DT).to(tl.float32), hi.to(DT).to(tl.float32)
+        return lo, hi
+
+    @triton.jit
+    def _w4_mul(acc, x, lo, hi, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+        """acc + x [BLOCK_M, BLOCK_K] (the compute dtype, fp32 under UPCAST) times a dequantized 4-bit tile
+        (`_w4_tile`): the even inputs times `lo`, the odd ones times `hi` (x is split in registers)."""
+        xe, xo = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
+        acc = tl.dot(xe, lo, acc, input_precision=PRECISION)
+        return tl.dot(xo, hi, acc, input_precision=PRECISION)
 
     @triton.jit
     def _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M: tl.constexpr,
@@ -127,8 +134,9 @@ if triton is not None:
         waiting for the previous kernel (PDL), so the weight stream overlaps that kernel's tail; the K loop
         covers the rest. ONE_STEP (each program covers exactly one BLOCK_K slice, PRE_K = BLOCK_K): no loop.
         RESID: Y holds the residual stream and is updated in place, Y += G[n] * result.
-        W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`, `_w4_dot`);
-        BLOCK_K a multiple of GROUP; no weight tile is requested before the PDL wait (PRE_K unused).
+        W4: W holds 4-bit weights, 2 per byte [N, K / 2], with scales S [K / GROUP, N] (`kernels.w4`); BLOCK_K a
+        multiple of GROUP; each tile dequantized in registers (`_w4_tile`: before the PDL wait for the PRE_K
+        tile), then multiplied as the bf16 weights are (`_w4_mul`).
         MX4: W holds MXFP4 weights [N, K / 2] with e8m0 scales S [N, K / 32] (`kernels.mx4`, `_mx4_dot`): every
         K tile after the PDL wait, X in MX e4m3 (W4A8)."""
         pdl_trigger(PDL)
@@ -143,58 +151,73 @@ if triton is not None:
         k_lo = pid_k * k_per_split
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if W4:  # 4-bit weights: every K tile of the split after the PDL wait
+        k_end = k_lo + k_per_split
+        if MX4:
             pdl_wait(PDL)
-            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-                acc += _w4_dot(X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M, BLOCK_N, BLOCK_K, GROUP,
-                               UPCAST, PRECISION)
-                if GEGLU:
-                    acc_up += _w4_dot(X, W + up_off, S + s_up_off, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M,
-                                      BLOCK_N, BLOCK_K, GROUP, UPCAST, PRECISION)
-        elif MX4:
-            pdl_wait(PDL)
-            for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
+            for k0 in range(k_lo, k_end, BLOCK_K):
                 acc = _mx4_dot(acc, X, W, S, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn, BLOCK_M, BLOCK_K, UPCAST)
                 if GEGLU:
                     acc_up = _mx4_dot(acc_up, X, W + up_off, S + s_up_off, rm, rn, k0, m_ok, n_ok, K, sxm, swn, sgn,
                                       BLOCK_M, BLOCK_K, UPCAST)
         elif PRE_K > 0:  # weights never depend on the previous kernel: request them before waiting for it
             kp = k_lo + tl.arange(0, PRE_K)
-            kp_ok = (kp < K) & (kp < k_lo + k_per_split)
-            wp_ptr = W + rn[None, :].to(tl.int64) * swn + kp[:, None]
-            wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
-            wpu = wp
-            if GEGLU:
-                wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+            kp_ok = (kp < K) & (kp < k_end)
+            if W4:  # (dequantized before the wait too)
+                wp, wo = _w4_tile(W, S, rn, k_lo, k_end, n_ok, K, swn, sgn, BLOCK_N, PRE_K, GROUP, UPCAST)
+                wpu, wou = wp, wo
+                if GEGLU:
+                    wpu, wou = _w4_tile(W + up_off, S + s_up_off, rn, k_lo, k_end, n_ok, K, swn, sgn, BLOCK_N, PRE_K,
+                                        GROUP, UPCAST)
+            else:
+                wp_ptr = W + rn[None, :].to(tl.int64) * swn + kp[:, None]
+                wp = tl.load(wp_ptr, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+                wpu = wp
+                if GEGLU:
+                    wpu = tl.load(wp_ptr + up_off, mask=n_ok[None, :] & kp_ok[:, None], other=0.0)
+                if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
+                    wp = wp.to(tl.float32)
+                    wpu = wpu.to(tl.float32)
             pdl_wait(PDL)
             xp = tl.load(X + rm[:, None] * sxm + kp[None, :], mask=m_ok[:, None] & kp_ok[None, :],
                          other=0.0).to(CDT)
-            if UPCAST:  # Triton's CPU interpreter multiplies bf16 tiles wrongly: compute in fp32 there
+            if UPCAST:
                 xp = xp.to(tl.float32)
-                wp = wp.to(tl.float32)
-                wpu = wpu.to(tl.float32)
-            acc += tl.dot(xp, wp, input_precision=PRECISION)
-            if GEGLU:
-                acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
+            if W4:
+                acc = _w4_mul(acc, xp, wp, wo, BLOCK_M, PRE_K, PRECISION)
+                if GEGLU:
+                    acc_up = _w4_mul(acc_up, xp, wpu, wou, BLOCK_M, PRE_K, PRECISION)
+            else:
+                acc += tl.dot(xp, wp, input_precision=PRECISION)
+                if GEGLU:
+                    acc_up += tl.dot(xp, wpu, input_precision=PRECISION)
         else:
             pdl_wait(PDL)
-        if not W4 and not MX4 and not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
-            for k0 in range(k_lo + PRE_K, k_lo + k_per_split, BLOCK_K):
+        if not MX4 and not ONE_STEP:  # (one step: PRE_K = BLOCK_K = the whole split, loaded above)
+            for k0 in range(k_lo + PRE_K, k_end, BLOCK_K):
                 kk = k0 + rk
                 k_ok = kk < K
                 x = tl.load(X + rm[:, None] * sxm + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
                             other=0.0).to(CDT)
-                w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
-                w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T
                 if UPCAST:
                     x = x.to(tl.float32)
-                    w = w.to(tl.float32)
-                acc += tl.dot(x, w, input_precision=PRECISION)
-                if GEGLU:
-                    wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                if W4:
+                    wl, wh = _w4_tile(W, S, rn, k0, k_end, n_ok, K, swn, sgn, BLOCK_N, BLOCK_K, GROUP, UPCAST)
+                    acc = _w4_mul(acc, x, wl, wh, BLOCK_M, BLOCK_K, PRECISION)
+                    if GEGLU:
+                        wl, wh = _w4_tile(W + up_off, S + s_up_off, rn, k0, k_end, n_ok, K, swn, sgn, BLOCK_N,
+                                          BLOCK_K, GROUP, UPCAST)
+                        acc_up = _w4_mul(acc_up, x, wl, wh, BLOCK_M, BLOCK_K, PRECISION)
+                else:
+                    w_ptr = W + rn[None, :].to(tl.int64) * swn + kk[:, None]
+                    w = tl.load(w_ptr, mask=n_ok[None, :] & k_ok[:, None], other=0.0)  # [BLOCK_K, BLOCK_N] = W^T
                     if UPCAST:
-                        wu = wu.to(tl.float32)
-                    acc_up += tl.dot(x, wu, input_precision=PRECISION)
+                        w = w.to(tl.float32)
+                    acc += tl.dot(x, w, input_precision=PRECISION)
+                    if GEGLU:
+                        wu = tl.load(w_ptr + up_off, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                        if UPCAST:
+                            wu = wu.to(tl.float32)
+                        acc_up += tl.dot(x, wu, input_precision=PRECISION)
         out_mask = m_ok[:, None] & n_ok[None, :]
         last = True
         if DEFER or SPLIT > 1:
