@@ -3,9 +3,10 @@
 A weight [N, K] is stored as signed 4-bit integers in groups of `group` consecutive inputs (K), each group with
 its own scale in the activations' dtype (bf16): w = scale[k // group, n] * q[n, k], q in -8..7, scale =
 max |w| of the group / 7 (symmetric; -8 is never produced). Two inputs share one byte: the low nibble holds
-input 2j, the high nibble input 2j + 1, each as q + 8, so the GEMM multiplies the even and the odd inputs of
-x by the two nibbles (integers, exact in bf16) and the group's sum by its scale. Scales are stored group-major
-[K / group, N], so a GEMM tile loads one group's scales of its output columns contiguously. The weight bytes a
+input 2j, the high nibble input 2j + 1, each as q + 8; the GEMM dequantizes a tile in registers (q * scale,
+rounded once to bf16, as `W4Weight.dequantize`) and multiplies the even and the odd inputs of x by the two
+halves. Scales are stored group-major [K / group, N], so a GEMM tile loads its groups' scales of its output
+columns contiguously. The weight bytes a
 GEMM streams are 1/4 of bf16's (plus one scale per group: 1/64 more at group 128). group: a power of two of
 at least 32 (a GEMM's K tiles hold whole groups, each at least one 16-deep tensor-core product per nibble).
 Reference: `W4Weight.dequantize` then `F.linear`.
@@ -75,7 +76,7 @@ def group_for(kdim: int, group: int = GROUP) -> int | None:
 def quantize_w4(w: torch.Tensor, group: int = GROUP, dtype: torch.dtype | None = None) -> W4Weight:
     """w [N, K] (any float dtype) -> W4Weight with scales in `dtype` (default: w's; an fp32 weight gets fp32
     scales). Each entry is rounded to the nearest multiple of its group's scale as stored (rounded to
-    `dtype`); the GEMM applies that scale in fp32, `dequantize` rounds the product to `dtype` (2^-9 apart)."""
+    `dtype`); the GEMM, like `dequantize`, rounds q * scale to `dtype` once."""
     if w.ndim != 2 or not w.is_floating_point():
         raise KernelInputError(f"quantize_w4: a float [N, K] weight, got {tuple(w.shape)} {w.dtype}")
     n, k = w.shape
