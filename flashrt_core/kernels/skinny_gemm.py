@@ -64,15 +64,21 @@ if triton is not None:
         # (a group past K, in a tile that overhangs it, multiplies zeros: its scale row is clamped)
         g = tl.minimum(k0 // GROUP + tl.arange(0, NG), K // GROUP - 1)
         scale = tl.load(S + g[:, None] * sgn + rn[None, :], mask=n_ok[None, :], other=0.0)[:, None, :]
-        if UPCAST:  # (the interpreter: fp32 products, then the scales' dtype as fp32)
+        if UPCAST:  # (the interpreter: fp32 products, rounded to the scales' dtype, as fp32)
             scale = scale.to(tl.float32)
-            DQ = tl.float32
-        else:  # (one rounding of an exact product: the same as W4Weight.dequantize's)
-            DQ = DT
-        lo = tl.reshape(tl.reshape(((p & 15) - 8).to(DQ), [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N])
-        hi = tl.reshape(tl.reshape(((p >> 4) - 8).to(DQ), [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N])
+            lo = ((p & 15) - 8).to(tl.float32)
+            hi = ((p >> 4) - 8).to(tl.float32)
+        elif DT == tl.bfloat16:  # nibble n -> the bf16 bits of 128 + n (integer ops; no int -> float conversion)
+            lo = ((p & 15) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+            hi = ((p >> 4) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        else:
+            lo = ((p & 15) - 8).to(DT)
+            hi = ((p >> 4) - 8).to(DT)
+        # (q * scale: one rounding of an exact product, the same as W4Weight.dequantize's)
+        lo = tl.reshape(tl.reshape(lo, [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N]).to(DT)
+        hi = tl.reshape(tl.reshape(hi, [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N]).to(DT)
         if UPCAST:
-            lo, hi = lo.to(DT).to(tl.float32), hi.to(DT).to(tl.float32)
+            lo, hi = lo.to(tl.float32), hi.to(tl.float32)
         return lo, hi
 
     @triton.jit
