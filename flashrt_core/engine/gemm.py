@@ -168,8 +168,8 @@ class LinearPicker:
     def candidates_for(self, fusion=NO_FUSION, kdim: int | None = None, w=None) -> list:
         """The configurations tried for a call (of inner dimension `kdim`, weight `w`). A deferred reduction
         (fusion.defer) keeps those of at most DEFER_MAX_SPLITS splits: its reader loads every partial of each
-        row, and that read is not part of the GEMM's timing. A 4-bit weight keeps those whose K tiles hold
-        whole groups and leaves out the preload forms (the same kernel there: it preloads nothing)."""
+        row, and that read is not part of the GEMM's timing. A 4-bit weight takes W4_CONFIGS whose K tiles hold
+        whole groups."""
         out = list(W4_CONFIGS if isinstance(w, W4Weight) else self.candidates)
         if fusion.defer and kdim is not None:
             out = [c for c in out if splits(c, kdim) <= DEFER_MAX_SPLITS]
