@@ -94,11 +94,9 @@ def gemm_table(kind="pi05", rows=50, seed=0, device="cuda", log=print) -> dict:
 def vs_fp32(preset: str, actions, truth) -> dict:
     """Actions against the fp32 reference's, passing at the preset's parity targets (the issue's: its load-gate
     thresholds; bf16: `bench.PARITY_TARGETS`)."""
-    out = B.compare(actions, truth)
     limits = parse_precision(preset).gate() or {"cosine": B.PARITY_TARGETS["cosine_min"],
                                                  "rel_l2": B.PARITY_TARGETS["rel_l2_max"]}
-    out.update(thresholds=limits, **{"pass": out["cosine"] >= limits["cosine"] and out["rel_l2"] <= limits["rel_l2"]})
-    return out
+    return {**B.compare(actions, truth, limits["cosine"], limits["rel_l2"]), "thresholds": limits}
 
 
 def measure(kind="pi05", views=2, prompt_len=48, presets=("bf16", "fp8", "w4a16", "fp8+w4a16", "fp8+mxfp4"),

@@ -191,12 +191,14 @@ class PeakMemory:
         return False
 
 
-def compare(actions: torch.Tensor, truth: torch.Tensor) -> dict:
+def compare(actions: torch.Tensor, truth: torch.Tensor, cosine_min: float = PARITY_TARGETS["cosine_min"],
+            rel_l2_max: float = PARITY_TARGETS["rel_l2_max"]) -> dict:
+    """Cosine, relative L2 and max error of actions against truth; pass at the given targets (default: bf16's)."""
     a, b = actions.float().flatten(), truth.float().flatten()
     cos = F.cosine_similarity(a, b, dim=0).item()
     rel = ((a - b).norm() / b.norm()).item()
     return {"cosine": cos, "rel_l2": rel, "max_abs": (a - b).abs().max().item(),
-            "pass": cos >= PARITY_TARGETS["cosine_min"] and rel <= PARITY_TARGETS["rel_l2_max"]}
+            "pass": cos >= cosine_min and rel <= rel_l2_max}
 
 
 # ---- FLOPs and bytes per stage (for achieved TFLOP/s and GB/s) -------------------------------------------------
