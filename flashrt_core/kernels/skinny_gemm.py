@@ -47,6 +47,39 @@ if triton is not None:
         return g * tl.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     @triton.jit
+    def _w4_bf16(p, scale):
+        """Packed 4-bit bytes p (uint8) and each byte's bf16 scale (same shape) -> (low, high nibble) weights in
+        bf16, (q - 8) * scale rounded once, as `W4Weight.dequantize`. Four bytes per PTX call: each byte pair is
+        spread into two 16-bit lanes (prmt), a nibble or'd into the bits of bf16 128.0 gives 128 + n exactly
+        (lop3), and two bf16x2 FMAs (sm_80+) take off 136 (exact) and multiply by the scale (one rounding)."""
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 t<4>, one, off, nz;
+            mov.b32 one, 0x3f803f80;
+            mov.b32 off, 0xc308c308;
+            mov.b32 nz, 0x80008000;
+            prmt.b32 t0, $4, 0, 0x4140;
+            prmt.b32 t1, $4, 0, 0x4342;
+            shr.u32 t2, t0, 4;
+            shr.u32 t3, t1, 4;
+            lop3.b32 t0, t0, 0x000f000f, 0x43004300, 0xea;
+            lop3.b32 t1, t1, 0x000f000f, 0x43004300, 0xea;
+            lop3.b32 t2, t2, 0x000f000f, 0x43004300, 0xea;
+            lop3.b32 t3, t3, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 t0, t0, one, off;
+            fma.rn.bf16x2 t1, t1, one, off;
+            fma.rn.bf16x2 t2, t2, one, off;
+            fma.rn.bf16x2 t3, t3, one, off;
+            fma.rn.bf16x2 $0, t0, $5, nz;
+            fma.rn.bf16x2 $1, t1, $6, nz;
+            fma.rn.bf16x2 $2, t2, $5, nz;
+            fma.rn.bf16x2 $3, t3, $6, nz;
+            }
+            """,
+            "=r,=r,=r,=r,r,r,r", [p, scale], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+
+    @triton.jit
     def _w4_tile(W, S, rn, k0, k_end, n_ok, K, swn, sgn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP: tl.constexpr, UPCAST: tl.constexpr):
         """The 4-bit weight's rows rn over inputs k0:k0 + BLOCK_K (`kernels.w4`: byte j of a row holds inputs
@@ -60,23 +93,24 @@ if triton is not None:
         jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         j_ok = (jb < K // 2) & (jb < k_end // 2)
         p = tl.load(W + rn[None, :].to(tl.int64) * swn + jb[:, None], mask=n_ok[None, :] & j_ok[:, None],
-                    other=136).to(tl.int32)  # (136: two zeros)
+                    other=136)  # (136: two zeros)
         # (a group past K, in a tile that overhangs it, multiplies zeros: its scale row is clamped)
         g = tl.minimum(k0 // GROUP + tl.arange(0, NG), K // GROUP - 1)
         scale = tl.load(S + g[:, None] * sgn + rn[None, :], mask=n_ok[None, :], other=0.0)[:, None, :]
-        if UPCAST:  # (the interpreter: fp32 products, rounded to the scales' dtype, as fp32)
-            scale = scale.to(tl.float32)
-            lo = ((p & 15) - 8).to(tl.float32)
-            hi = ((p >> 4) - 8).to(tl.float32)
-        elif DT == tl.bfloat16:  # nibble n -> the bf16 bits of 128 + n (integer ops; no int -> float conversion)
-            lo = ((p & 15) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
-            hi = ((p >> 4) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        if DT == tl.bfloat16 and not UPCAST:  # (bytes and scales in, both halves out: `_w4_bf16`)
+            scale = tl.reshape(tl.broadcast_to(scale, [NG, GROUP // 2, BLOCK_N]), [BLOCK_K // 2, BLOCK_N])
+            lo, hi = _w4_bf16(p, scale)
         else:
-            lo = ((p & 15) - 8).to(DT)
-            hi = ((p >> 4) - 8).to(DT)
-        # (q * scale: one rounding of an exact product, the same as W4Weight.dequantize's)
-        lo = tl.reshape(tl.reshape(lo, [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N]).to(DT)
-        hi = tl.reshape(tl.reshape(hi, [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N]).to(DT)
+            if UPCAST:  # (the interpreter: fp32 products, rounded to the scales' dtype, as fp32)
+                scale = scale.to(tl.float32)
+                lo = ((p.to(tl.int32) & 15) - 8).to(tl.float32)
+                hi = ((p.to(tl.int32) >> 4) - 8).to(tl.float32)
+            else:
+                lo = ((p.to(tl.int32) & 15) - 8).to(DT)
+                hi = ((p.to(tl.int32) >> 4) - 8).to(DT)
+            # (q * scale: one rounding of an exact product, the same as W4Weight.dequantize's)
+            lo = tl.reshape(tl.reshape(lo, [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N]).to(DT)
+            hi = tl.reshape(tl.reshape(hi, [NG, GROUP // 2, BLOCK_N]) * scale, [BLOCK_K // 2, BLOCK_N]).to(DT)
         if UPCAST:
             lo, hi = lo.to(tl.float32), hi.to(tl.float32)
         return lo, hi
