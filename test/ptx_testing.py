@@ -122,7 +122,7 @@ def _last(name: str) -> dict:
     return {**summarize(kernel.asm["ptx"]), **resources(kernel)}
 
 
-def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cache=False) -> dict:
+def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cache=False, constant_kv=False) -> dict:
     """The attention kernel as the engine calls it: q token-major [B, T, Hq, Dh]; k, v [B, Hkv, S, Dh] either
     views of a token-major fused QKV output (SigLIP: q / k / v come out of one GEMM) or, with `cache`, the
     prefix K/V cache's own contiguous buffers (Gemma prefix and the expert); `second` own keys [B, Hkv, second,
@@ -140,7 +140,7 @@ def attention_case(q_shape, kv_heads, keys, config, *, second=0, mask=False, cac
     k2 = v2 = None
     if second:
         k2, v2 = (torch.randn(b, kv_heads, second, dh, generator=g).to(torch.bfloat16) for _ in range(2))
-    fa.attention(q, k, v, key_mask, k2, v2, config=config)
+    fa.attention(q, k, v, key_mask, k2, v2, config=config, constant_kv=constant_kv)
     return _last("_attention_kernel")
 
 
@@ -175,6 +175,9 @@ CASES = {
     # action expert: 50 queries over the cached prefix and their own keys, split keys merged in-kernel
     "attention_expert": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 4), second=50, mask=True,
                                                cache=True),
+    # the same as the act stage launches it (its pick on the H200, the cached prefix read before the PDL wait)
+    "attention_expert_constant_kv": lambda: attention_case((1, 50, 8, 256), 1, 560, (16, 128, 8, 8), second=50,
+                                                           mask=True, cache=True, constant_kv=True),
     # expert QKV GEMM: K loop without and with its first two weight tiles requested before the PDL wait
     "gemm_qkv_loop": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3)),
     "gemm_qkv_preload2": lambda: gemm_case(50, 2560, 1024, (32, 256, 1, 4, 3, 2)),

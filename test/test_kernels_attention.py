@@ -264,3 +264,27 @@ def test_reference_attention_zeros_rows_without_keys_but_keeps_nan_from_the_data
     out = R.attention_ref(q, k, v, mask)
     assert torch.isnan(out[0, :, 2:]).all() and torch.isfinite(out[0, :, :2]).all()
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("config", [(16, 16, 1, 4), (16, 16, 2, 4), (16, 16, 3, 4), (16, 32, 4, 4)],
+                         ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_constant_kv_reads_the_first_tile_before_the_wait(dev, dtype, config):
+    """constant_kv (the act stage's cached prefix): each program's first key tile of the first set is loaded
+    before the PDL wait and folded before the key loop. Splits of one tile and of several, first tiles that
+    hold keys of both sets (second set at its own stride) or of the second set only, a padded prefix, GQA 8:1
+    and 2:1: the same as the reference."""
+    from flashrt_core.kernels.flash_attention import attention as attention_kernel
+
+    for b, sp, ts, hq, hkv, dh in ((2, 37, 7, 8, 1, 24), (1, 13, 5, 4, 2, 16)):
+        q = randn(b, ts, hq, dh, dtype=dtype, dev=dev, seed=60, std=2.0)
+        kp, vp = randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=61), randn(b, hkv, sp, dh, dtype=dtype, dev=dev, seed=62)
+        wide = randn(b, hkv, ts, 3 * dh, dtype=dtype, dev=dev, seed=63)
+        ks, vs = wide[..., :dh], wide[..., 2 * dh:]
+        mask = pad_mask(b, sp, dev, seed=64)
+        want = R.attention_ref(q, kp, vp, mask, ks, vs)
+        close(attention_kernel(q, kp, vp, mask, ks, vs, config=config, constant_kv=True), want)
+        close(attention_kernel(q, kp, vp, None, ks.contiguous(), vs.contiguous(), config=config, constant_kv=True),
+              R.attention_ref(q, kp, vp, None, ks, vs))
+        close(attention_kernel(q, kp, vp, mask, config=config, constant_kv=True), R.attention_ref(q, kp, vp, mask))

@@ -52,6 +52,17 @@ def test_attention_streams_its_key_tiles_through_cp_async(ptx, case):
     assert not ptx[case]["before_wait"]  # nothing is read before the previous kernel has finished
 
 
+def test_the_act_stages_attention_reads_its_cached_prefix_tile_before_the_pdl_wait(ptx):
+    """constant_kv (the act stage): the first key tile of the cached prefix (128 keys x 256 dims of K and of V,
+    64 KB each, 8 warps: 16 loads of 16 bytes per thread each) and its pad mask are requested before
+    griddepcontrol.wait; the queries and the suffix keys after it. No spills."""
+    found = ptx["attention_expert_constant_kv"]
+    early = found["before_wait"]
+    assert found["has_wait"] and early.get("ld.global.v4.b32", 0) >= 32, early
+    assert all(op.startswith("ld.global") for op in early), early
+    assert found["stack_bytes"] == 0, found
+
+
 def test_constant_positions_are_read_before_the_rotate_kernels_pdl_wait(ptx):
     """The split/rotate kernel with constant_positions: its position and its cos / sin rows are requested
     before griddepcontrol.wait (the qkv row it rotates after it); without, nothing comes before the wait."""

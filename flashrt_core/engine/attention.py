@@ -55,31 +55,33 @@ class AttentionPicker:
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
-    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, backend=None):
+    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, constant_kv=False, backend=None):
+        """constant_kv: k, v and key_mask are written by no kernel of this launch's PDL chain (the cached
+        prefix during the act stage): the kernel reads them before its PDL wait (`kernels.attention`)."""
         if not (self.enabled and q.device.type == "cuda" and K.available(q.device) and backend != "torch"):
-            return K.attention(q, k, v, key_mask, k2, v2, backend=backend)
-        from flashrt_core.kernels.flash_attention import attention
+            return K.attention(q, k, v, key_mask, k2, v2, constant_kv=constant_kv, backend=backend)
+        from flashrt_core.kernels.flash_attention import attention as kernel
 
+        def attention(*args, **kwargs):
+            return kernel(*args, constant_kv=constant_kv, **kwargs)
         key = (tuple(q.shape), tuple(k.shape), key_mask is not None, None if k2 is None else tuple(k2.shape), q.dtype)
+        if constant_kv:  # another kernel specialization, tuned on its own
+            key += ("constant_kv",)
         if key not in self.choices:
             if not self.tuning:
                 return attention(q, k, v, key_mask, k2, v2)
-            self.choices[key] = self._cached(key, q, k, v, key_mask, k2, v2)
+            self.choices[key] = self._cached(key, attention, q, k, v, key_mask, k2, v2)
         return attention(q, k, v, key_mask, k2, v2, config=self.choices[key])
 
-    def _cached(self, key, q, k, v, key_mask, k2, v2):
+    def _cached(self, key, attention, q, k, v, key_mask, k2, v2):
         """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""
-        from flashrt_core.kernels.flash_attention import attention
-
         def check(config):
             got = attention(q, k, v, key_mask, k2, v2, config=config)
             return agrees(got, attention(q, k, v, key_mask, k2, v2), MATCH_REL)
         return reuse_or_tune(self.cache, self.cache_name, key, self.candidates, check,
-                             lambda: self._tune(key, q, k, v, key_mask, k2, v2), self.timings, q.device)
+                             lambda: self._tune(key, attention, q, k, v, key_mask, k2, v2), self.timings, q.device)
 
-    def _tune(self, key, q, k, v, key_mask, k2, v2):
-        from flashrt_core.kernels.flash_attention import attention
-
+    def _tune(self, key, attention, q, k, v, key_mask, k2, v2):
         # every candidate's kernels compiled in parallel first (compiling is most of a tuning's time)
         precompile([lambda c=config: attention(q, k, v, key_mask, k2, v2, config=c)
                     for config in [None, *self.candidates]])
@@ -103,6 +105,7 @@ class AttentionPicker:
 
     def report(self) -> list[dict]:
         """The chosen configuration per shape with every candidate's time (for benchmark JSON)."""
-        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3], "choice": "heuristic" if c is None else str(c), "ms": self.timings.get(key)}
-                for key, c in self.choices.items()]
+        return [{"q": list(key[0]), "k": list(key[1]), "masked": key[2], "k2": key[3],
+                 "constant_kv": "constant_kv" in key, "choice": "heuristic" if c is None else str(c),
+                 "ms": self.timings.get(key)} for key, c in self.choices.items()]
 

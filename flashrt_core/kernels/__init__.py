@@ -156,9 +156,10 @@ def qkv_rope_cache(qkv, positions, cos, sin, k_cache, v_cache, cache_offset, *, 
     return _into(q_out, q)
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, backend=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, constant_kv=False, backend=None):
     if _use_triton("attention", backend, q.device):
-        return _kernel("flash_attention", "attention")(q, k, v, key_mask, k2, v2, scale=scale, out=out)
+        return _kernel("flash_attention", "attention")(q, k, v, key_mask, k2, v2, scale=scale, out=out,
+                                                       constant_kv=constant_kv)
     return _into(out, reference.attention_ref(q, k, v, key_mask, k2, v2, scale=scale))
 
 

@@ -126,10 +126,14 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, B, T, S, S
                       GROUP: tl.constexpr, HAS_MASK: tl.constexpr, HAS_SECOND: tl.constexpr,
                       NSPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, DH: tl.constexpr, ALIGN: tl.constexpr,
-                      SAME_STRIDE: tl.constexpr, PDL: tl.constexpr):
+                      SAME_STRIDE: tl.constexpr, PRE_KV: tl.constexpr, ONE_TILE: tl.constexpr, PDL: tl.constexpr):
     """ALIGN: every stride (and so every row offset) is a multiple of it, in elements (host-checked); DH is a
     compile-time constant, so the head-dim mask is known in 8-element pieces: with both, a head dim such as
-    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time."""
+    SigLIP's 72 loads in 16-byte vectors (cp.async) instead of one element at a time.
+    PRE_KV: the first key set (K, V and its mask M) is written by no kernel of this launch's PDL chain (the
+    action expert's cached prefix), so the first-set keys of the program's first key tile are loaded before the
+    PDL wait; its second-set keys (written just before) and the queries after it. ONE_TILE (PRE_KV with at most
+    BLOCK_N keys per split): that tile is all, no key loop."""
     pdl_trigger(PDL)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -142,6 +146,16 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, B, T, S, S
     v_base = b * v_sb + kvh * v_sh
     lo = tl.minimum(split * keys_per_split, S + S2)
     hi = tl.minimum(split * keys_per_split + keys_per_split, S + S2)
+    if PRE_KV:  # the first tile's first-set keys, before the wait (zeros where a key is of the second set)
+        n0 = lo + tl.arange(0, BLOCK_N)
+        pre = (n0 < hi) & (n0 < S)
+        k0 = tl.load(K + tl.multiple_of(k_base + n0 * k_ss, ALIGN)[None, :] + d[:, None],
+                     mask=pre[None, :] & d_mask[:, None], other=0.0)
+        v0 = tl.load(V + tl.multiple_of(v_base + n0 * v_ss, ALIGN)[:, None] + d[None, :],
+                     mask=pre[:, None] & d_mask[None, :], other=0.0)
+        valid0 = n0 < hi
+        if HAS_MASK:
+            valid0 = valid0 & (tl.load(M + b * m_sb + n0, mask=pre, other=1) != 0)
     pdl_wait(PDL)
     r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (token, head within the group) rows
     t = r // GROUP
@@ -156,9 +170,21 @@ def _attention_kernel(Q, K, V, M, k2_delta, v2_delta, O, PART, ML, C, B, T, S, S
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     k2_base = k2_delta + b * k2_sb + kvh * k2_sh
     v2_base = v2_delta + b * v2_sb + kvh * v2_sh
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M + b * m_sb,
-                            k_ss, v_ss, k2_ss, v2_ss, S, lo, hi, qk_scale,
-                            d, d_mask, HAS_MASK, HAS_SECOND, BLOCK_N, PRECISION, UPCAST, ALIGN, SAME_STRIDE)
+    if PRE_KV:  # the first tile: its second-set keys added in, then folded; the loop takes the rest
+        if HAS_SECOND:
+            n2 = tl.maximum(n0 - S, 0)
+            own = (n0 < hi) & (n0 >= S)
+            k0 = tl.load(K + tl.multiple_of(k2_base + n2 * k2_ss, ALIGN)[None, :] + d[:, None],
+                         mask=own[None, :] & d_mask[:, None], other=k0)
+            v0 = tl.load(V + tl.multiple_of(v2_base + n2 * v2_ss, ALIGN)[:, None] + d[None, :],
+                         mask=own[:, None] & d_mask[None, :], other=v0)
+        p, alpha, m_i, l_i = _scores(q, k0, valid0, m_i, l_i, qk_scale, PRECISION, UPCAST)
+        acc = _accumulate(acc, p, alpha, v0, PRECISION, UPCAST)
+        lo = tl.minimum(lo + BLOCK_N, hi)
+    if not ONE_TILE:
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, K, V, k_base, v_base, k2_base, v2_base, M + b * m_sb,
+                                k_ss, v_ss, k2_ss, v2_ss, S, lo, hi, qk_scale,
+                                d, d_mask, HAS_MASK, HAS_SECOND, BLOCK_N, PRECISION, UPCAST, ALIGN, SAME_STRIDE)
     if NSPLIT > 1:
         # Unnormalized partials PART [splits, B, T, HQ, DH] fp32 and ML [2, splits, B, T, HQ] (each row's running
         # max in log2 units, and sum). The last of the NSPLIT programs of this row block (ticket C) merges them:
@@ -217,10 +243,13 @@ def _kv(op, name, t, b, hkv, dh, dtype, device, s=None):
     return t
 
 
-def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None):
+def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None, config=None,
+              constant_kv=False):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
     scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
+    constant_kv: k, v and key_mask are written by no kernel of this launch's PDL chain (the action expert's
+    cached prefix, during the act stage), so each program loads its first tile of them before its PDL wait.
     `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) overrides the heuristic (tuning sweeps;
     num_stages defaults to 2)."""
     op = "attention"
@@ -284,6 +313,7 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         # (triton 3.9), so there the tiles are upcast first; on GPU bf16/fp16 tiles go to the tensor cores.
         PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", UPCAST=upcast,
         DH=dh, ALIGN=align,
-        SAME_STRIDE=k2_arg.stride(2) == k.stride(2) and v2_arg.stride(2) == v.stride(2),
+        SAME_STRIDE=k2_arg.stride(2) == k.stride(2) and v2_arg.stride(2) == v.stride(2), PRE_KV=bool(constant_kv),
+        ONE_TILE=bool(constant_kv) and keys_per_split <= block_n,
         num_warps=warps, num_stages=stages, **pdl_launch(q.device))
     return out

@@ -142,13 +142,15 @@ class Pi0Engine(PaliGemmaEngine):
                              constant_positions=True, backend=be)
         wait(i)
         k, v = buf.suffix_k[i], buf.suffix_v[i]
+        # (the cached prefix K/V and pad mask are constant in the act stage's PDL chain: read before the wait)
         if with_state:  # block-causal: the state row sees only itself of the suffix
             a = torch.cat((self.attend(q[:, :1], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask,
-                                       k2=k[:, :, :1], v2=v[:, :, :1], backend=be),
+                                       k2=k[:, :, :1], v2=v[:, :, :1], constant_kv=True, backend=be),
                            self.attend(q[:, 1:], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v,
-                                       backend=be)), dim=1)
+                                       constant_kv=True, backend=be)), dim=1)
         else:
-            a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v, backend=be)
+            a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v, constant_kv=True,
+                            backend=be)
         x, h = K.add_rms_norm(lin(a.flatten(2), L.o_w), x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x,
                               backend=be)
         d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)

@@ -81,9 +81,10 @@ class Pi05Engine(PaliGemmaEngine):
                                      backend=be)
                 if prefix_wait is not None and step == 0:
                     prefix_wait(i)
-                # Action tokens see the valid prefix (cached K/V, pad mask) and every action token.
+                # Action tokens see the valid prefix (cached K/V, pad mask: constant in this stage's PDL chain,
+                # read before the wait) and every action token.
                 a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=suffix_k, v2=suffix_v,
-                                backend=be)
+                                constant_kv=True, backend=be)
                 o = lin(a.flatten(2), L.o_w, defer=True)
                 gate, mod = w.ada_attn[step, i, 2], w.ada_mlp[step, i]
                 x, h = K.gated_residual_ada_rms_norm(x, o, gate, mod[0], mod[1], eps, x_out=x, constant_mod=True,
