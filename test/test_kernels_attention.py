@@ -159,6 +159,10 @@ def test_full_shapes_on_cuda(dtype):
     ks = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35)
     vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
     close(K.attention(qs, k, v, mask, ks, vs, backend="triton"), R.attention_ref(qs, k, v, mask, ks, vs))
+    for config in (None, (16, 128, 8, 8), (16, 64, 4, 8, 2), (32, 64, 2, 8)):  # the act stage's launches
+        from flashrt_core.kernels.flash_attention import attention as attention_kernel
+        close(attention_kernel(qs, k, v, mask, ks, vs, config=config, constant_kv=True),
+              R.attention_ref(qs, k, v, mask, ks, vs))
     # SigLIP: 2 views x 256 tokens, 16 heads of 72, no mask.
     qkv = randn(2, 256, 3, 16, 72, dtype=dtype, dev="cuda", seed=37)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1].transpose(1, 2), qkv[:, :, 2].transpose(1, 2)
