@@ -69,8 +69,9 @@ def test_every_gemm_candidate_computes_f_linear(dev, geglu):
 def test_skinny_linear_takes_fp32_rows_and_an_fp32_residual_under_a_bf16_weight(dev, one_step):
     """The flow step's two GEMMs in a bf16 engine: fp32 rows into a bf16 GEMM are rounded to bf16 on load
     (action in; vs F.linear of the rounded rows), and an fp32 residual stream gets x += gate * bf16(x w^T + b)
-    (action out with the Euler update: the velocity exactly as the plain call stores it); bf16 rows under an
-    fp32 weight are refused."""
+    (action out with the Euler update: the velocity exactly as the plain call stores it). bf16 rows under an
+    fp32 weight (pi0's fp32 action out over the bf16 final norm) are widened on load, exactly; fp16 rows under
+    a bf16 weight are refused."""
     g = torch.Generator().manual_seed(12)
     m, k, n = 7, 48, 24
     x = (torch.randn(m, k, generator=g) + 0.3).to(dev)
@@ -88,8 +89,41 @@ def test_skinny_linear_takes_fp32_rows_and_an_fp32_residual_under_a_bf16_weight(
     got = skinny_linear(x, w, b, residual=GatedResidual(state, dt), **kw)
     assert got is state and got.dtype == torch.float32
     assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
+    xb, w32 = x.to(torch.bfloat16), w.float() + 1e-3  # (an fp32 weight off the bf16 grid)
+    wide = skinny_linear(xb, w32, b.float(), **kw)
+    want = F.linear(xb.float(), w32, b.float())
+    assert wide.dtype == torch.float32 and (wide - want).abs().max() <= TOL["gemm_fp32"] * want.abs().max()
     with pytest.raises(KernelInputError, match="rounded on load"):
-        skinny_linear(x.to(torch.bfloat16), w.float(), **kw)
+        skinny_linear(x.to(torch.float16), w, **kw)
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("split", [1, 2, 0])
+def test_skinny_linear_silu_epilogue_is_f_silu_of_the_stored_product(dev, dtype, split):
+    """silu=True (pi0's action-time MLP): silu of the product + bias as the plain call stores it, the same as
+    F.silu after the GEMM (one rounding of the result in bf16); through the picker too; refused with GeGLU, a
+    residual or deferred partials."""
+    g = torch.Generator().manual_seed(21 + split)
+    m, k, n = 11, 72, 40
+    x = torch.randn(m, k, generator=g).to(dev, dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dev, dtype)
+    b = torch.randn(n, generator=g).to(dev, dtype)
+    kw = dict(block_n=16, block_k=16 if split == 0 else 32, split_k=split)
+    got = skinny_linear(x, w, b, silu=True, **kw)
+    want = F.silu(skinny_linear(x, w, b, **kw))
+    tol = TOL["gemm_fp32"] if dtype == torch.float32 else 1e-2
+    assert got.dtype == dtype and (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    picker = LinearPicker(dev, mode="triton")
+    assert (picker(x, w, b, silu=True).float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    plain = LinearPicker(dev, mode="torch")(x, w, b, silu=True)
+    assert (plain.float() - F.silu(F.linear(x, w, b)).float()).abs().max() == 0
+    with pytest.raises(KernelInputError, match="silu"):
+        skinny_linear(x, torch.cat((w, w)), silu=True, geglu=True, **kw)
+    with pytest.raises(KernelInputError, match="silu"):
+        skinny_linear(x, w, silu=True, defer=True, **kw)
+    with pytest.raises(KernelInputError, match="silu"):
+        picker(x, w, silu=True, defer=True)
 
 
 @pytest.mark.gpu

@@ -61,10 +61,10 @@ W4_CONFIGS = [(32, 256, 0, 4, 1), (16, 256, 1, 4, 4), (16, 128, 8, 4, 3), (32, 5
 DEFER_MAX_SPLITS = 8
 
 
-def _cublas(x, w, b, geglu, backend, residual=None):
+def _cublas(x, w, b, geglu, backend, residual=None, silu=False):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a residual added by the
     gated-residual kernel after it (torch ops in fp32 for an fp32 stream). fp32 rows into a bf16 / fp16 GEMM
-    are rounded first, as the skinny kernel rounds them on load. A 4-bit weight is dequantized first (the
+    are rounded first, as the skinny kernel rounds them on load (bf16 rows into an fp32 GEMM widened). A 4-bit weight is dequantized first (the
     reference route; the skinny kernel dequantizes in registers), an MXFP4 one too, multiplying the rows in MX
     e4m3 as the kernel does (`kernels.mx4.mx_rows_ref`); an fp8 weight multiplies fp8 rows
     (`kernels.fp8.scaled_linear`: per-token scales, cuBLAS's scaled GEMM on CUDA)."""
@@ -76,6 +76,8 @@ def _cublas(x, w, b, geglu, backend, residual=None):
     else:
         w = as_dense(w)
         y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
+    if silu:
+        y = F.silu(y)
     if residual is not None and residual.x.dtype != y.dtype:  # an fp32 stream (the flow state): torch, in fp32
         y = residual.x.add_(y.to(residual.x.dtype) * residual.gate.to(residual.x.dtype))
     elif residual is not None:
@@ -85,10 +87,11 @@ def _cublas(x, w, b, geglu, backend, residual=None):
 
 @dataclass(frozen=True)
 class Fusion:
-    """What a GEMM call does besides its product (both optional)."""
+    """What a GEMM call does besides its product (each optional)."""
 
     residual: GatedResidual | None = None  # the result added into a residual stream in place
     defer: bool = False  # the skinny GEMM may leave its split-K partials to the reader (`kernels.Partials`)
+    silu: bool = False  # the result is silu(product + bias)
 
     def tags(self, dtype: torch.dtype) -> tuple:
         """Part of the tuning key: each fusion is another kernel specialization, tuned on its own (a residual
@@ -96,6 +99,8 @@ class Fusion:
         tags = ("residual",) if self.residual is not None else ()
         if self.defer:
             tags += ("defer",)
+        if self.silu:
+            tags += ("silu",)
         if self.residual is not None and self.residual.x.dtype != dtype:
             tags += (f"residual:{self.residual.x.dtype}",)
         return tags
@@ -103,7 +108,7 @@ class Fusion:
     def scratch(self) -> "Fusion":
         """The same call writing into copies (tuning trials must not change the engine's buffers)."""
         r = self.residual
-        return Fusion(None if r is None else GatedResidual(r.x.clone(), r.gate), self.defer)
+        return Fusion(None if r is None else GatedResidual(r.x.clone(), r.gate), self.defer, self.silu)
 
     def outputs(self, y) -> list:
         """Everything the call writes, for comparing two routes."""
@@ -132,13 +137,16 @@ class LinearPicker:
         self.choices: dict[tuple, object] = {}  # shape key -> None (cuBLAS) or a CONFIGS entry
         self.timings: dict[tuple, dict] = {}  # shape key -> {candidate: ms}, for benchmark reports
 
-    def __call__(self, x, w, b=None, *, residual=None, defer=False, backend=None):
+    def __call__(self, x, w, b=None, *, residual=None, defer=False, silu=False, backend=None):
         """defer: a skinny GEMM may return its split-K partials unreduced (`kernels.Partials`, for
-        `kernels.gated_residual_ada_rms_norm` or `kernels.qkv_rope_cache` to add up; cuBLAS returns the
-        product): a plain product only."""
+        `kernels.gated_residual_ada_rms_norm`, `kernels.add_rms_norm` or `kernels.qkv_rope_cache` to add up;
+        cuBLAS returns the product): a plain product only. silu: F.silu of the result (fused into the skinny
+        GEMM; not with a residual or defer)."""
         if defer and (b is not None or residual is not None):  # (checked here too: cuBLAS would ignore defer)
             raise KernelInputError("LinearPicker: defer= leaves a plain product's partials (no bias or residual)")
-        return self._run(x, w, b, False, backend, Fusion(residual, defer=bool(defer)))
+        if silu and (defer or residual is not None):
+            raise KernelInputError("LinearPicker: silu= applies to a plain product (+ bias) only")
+        return self._run(x, w, b, False, backend, Fusion(residual, defer=bool(defer), silu=bool(silu)))
 
     def geglu(self, x, w_gate_up, *, backend=None):
         return self._run(x, w_gate_up, None, True, backend)
@@ -234,8 +242,9 @@ class LinearPicker:
 def _route(config, x, w, b, geglu, backend, fusion):
     """One GEMM call: cuBLAS (config None) or the skinny kernel with a CONFIGS entry."""
     if config is None:
-        return _cublas(x, w, b, geglu, backend, fusion.residual)
-    return skinny_linear(x, w, b, geglu=geglu, residual=fusion.residual, defer=fusion.defer, **_kwargs(config))
+        return _cublas(x, w, b, geglu, backend, fusion.residual, fusion.silu)
+    return skinny_linear(x, w, b, geglu=geglu, residual=fusion.residual, defer=fusion.defer, silu=fusion.silu,
+                         **_kwargs(config))
 
 
 def _outputs(config, x, w, b, geglu, backend, fusion) -> list:

@@ -84,7 +84,8 @@ def rms_norm(x, weight, eps=1e-6, *, weight_offset=1.0, out=None, backend=None):
 
 
 def add_rms_norm(x, residual, weight, eps=1e-6, *, weight_offset=1.0, out=None, residual_out=None, backend=None):
-    """Returns (residual + x, rms_norm(residual + x))."""
+    """Returns (residual + x, rms_norm(residual + x)). x may be `Partials` (a split-K GEMM's unreduced result):
+    they are summed in split order and rounded to x's dtype first, as the GEMM would have stored it."""
     if _use_triton("add_rms_norm", backend, x.device):
         return _kernel("rmsnorm", "add_rms_norm")(x, residual, weight, eps, weight_offset=weight_offset,
                                                    out=out, residual_out=residual_out)

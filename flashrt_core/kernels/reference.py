@@ -20,7 +20,9 @@ def rms_norm_ref(x, weight, eps=1e-6, *, weight_offset=1.0):
 
 
 def add_rms_norm_ref(x, residual, weight, eps=1e-6, *, weight_offset=1.0):
-    """(new_residual, normed): new_residual = residual + x (rounded to residual's dtype), normed = rms(it)."""
+    """(new_residual, normed): new_residual = residual + x (rounded to residual's dtype), normed = rms(it). x may
+    be `Partials`."""
+    x = dense(x)
     new_residual = (residual.float() + x.float()).to(residual.dtype)
     return new_residual, rms_norm_ref(new_residual, weight, eps, weight_offset=weight_offset).to(x.dtype)
 

@@ -5,6 +5,7 @@ where cuBLAS reaches only 0.7-1.4 TB/s (docs/gpu-machine.md). This kernel tiles 
 keeps the whole M in one tile, and streams weight tiles through a deep software pipeline; with PDL it
 requests its first weight tiles before waiting for the kernel before it (weights never depend on it).
 Besides the plain product it can
+  * apply SiLU to it (silu=True: pi0's action-time MLP);
   * multiply the gate and up halves of a merged [gate; up] weight side by side and write
     gelu_tanh(gate) * up directly (geglu=True: the GeGLU kernel and its intermediate disappear);
   * add its result into a residual stream in place (`GatedResidual`; the flow step's Euler update into the
@@ -159,12 +160,12 @@ if triton is not None:
     def _skinny_gemm_kernel(X, W, B, Y, P, C, G, S, M, N, K, k_per_split, sxm, swn, sgn, sym, sps, up_off, s_up_off,
                             W4: tl.constexpr, MX4: tl.constexpr, GROUP: tl.constexpr,
                             CDT: tl.constexpr,
-                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SPLIT: tl.constexpr,
+                            HAS_BIAS: tl.constexpr, GEGLU: tl.constexpr, SILU: tl.constexpr, SPLIT: tl.constexpr,
                             ONE_STEP: tl.constexpr, RESID: tl.constexpr, UPCAST: tl.constexpr,
                             PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, DEFER: tl.constexpr, PDL: tl.constexpr):
-        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X rounded to the compute dtype CDT on load (an fp32 X into a
-        bf16 GEMM);
+        """Y[M, N] = X[M, K] @ W[N, K]^T (+ bias), X converted to the compute dtype CDT on load (an fp32 X into a
+        bf16 GEMM is rounded, a bf16 X into an fp32 GEMM widened);
         GEGLU: Y = gelu(X Wg^T) * (X Wu^T) with Wu the weight rows up_off elements further.
         SPLIT > 1: split-K; each program stores its fp32 partial(s) in P and the last of a tile's SPLIT programs
         to finish (ticket C[tile]) adds them up in split order and writes Y.
@@ -283,6 +284,9 @@ if triton is not None:
                 acc += tl.load(B + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
             if GEGLU:
                 acc = _gelu_tanh(acc) * acc_up
+            if SILU:  # of the product as stored (rounded to the compute dtype), as F.silu after the GEMM
+                acc = acc.to(CDT).to(tl.float32)
+                acc = acc / (1.0 + tl.exp(-acc))
             y_ptr = Y + rm[:, None] * sym + rn[None, :]
             if RESID:
                 if Y.dtype.element_ty != CDT:  # a wider stream (fp32 flow state): the result is rounded as an
@@ -327,7 +331,7 @@ def _check_residual(x, n, residual: GatedResidual, dtype) -> None:
 
 
 def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=4,
-                  preload=0, residual: GatedResidual | None = None, defer: bool = False):
+                  preload=0, residual: GatedResidual | None = None, defer: bool = False, silu: bool = False):
     """F.linear(x, w, b) for x [..., K] with few rows, w [N, K] contiguous. geglu=True: w is [2F, K] = [gate; up]
     and the result is gelu_tanh(x gate^T) * (x up^T) [..., F] (no bias). split_k=0: one BLOCK_K slice per
     program (K / BLOCK_K splits), whose weight tile is loaded before the PDL wait. preload (0 or a power of
@@ -335,7 +339,8 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
     residual: the result is added into it (and it is returned). defer: return the split-K partial products
     unreduced (`kernels.Partials`, for a reader that adds them up: `kernels.gated_residual_ada_rms_norm`,
     `kernels.qkv_rope_cache`); a plain product only (no bias, GeGLU or residual). Rows past SKINNY_MAX_M
-    are spread over programs of SKINNY_MAX_M rows. w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
+    are spread over programs of SKINNY_MAX_M rows. silu: the result is silu(x w^T + b) (F.silu of the stored
+    product; not with GeGLU, a residual or defer). w may be a `kernels.w4.W4Weight` (4-bit weights, computed in
     its scales' dtype) or a `kernels.mx4.MX4Weight` (MXFP4 through Triton's scaled dot, activations in MX e4m3:
     W4A8)."""
     if triton is None:
@@ -369,11 +374,16 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         raise KernelInputError(f"skinny_linear: `w` must be contiguous [N, {kdim}], got {tuple(w.shape)}")
     m = x2.shape[0]
     n = w.shape[0] // 2 if geglu else w.shape[0]
-    if x.dtype != w.dtype and not (x.dtype == torch.float32 and w.dtype in (torch.bfloat16, torch.float16)):
+    half = (torch.bfloat16, torch.float16)
+    if x.dtype != w.dtype and not (x.dtype == torch.float32 and w.dtype in half) and not (
+            x.dtype in half and w.dtype == torch.float32):
         raise KernelInputError(f"skinny_linear: `x` {x.dtype} with a {w.dtype} weight (only fp32 rows into a "
-                               "bf16 / fp16 GEMM are rounded on load)")
+                               "bf16 / fp16 GEMM, rounded on load, or bf16 / fp16 rows into an fp32 GEMM, widened "
+                               "on load)")
     if residual is not None:
         _check_residual(x, n, residual, w.dtype)
+    if silu and (geglu or residual is not None or defer):
+        raise KernelInputError("skinny_linear: silu= is an epilogue of a plain product (+ bias) only")
     if defer and (b is not None or geglu or residual is not None):
         raise KernelInputError("skinny_linear: defer= leaves a plain product's partials (no bias, geglu or "
                                "residual)")
@@ -401,7 +411,7 @@ def skinny_linear(x, w, b=None, *, geglu=False, block_n=32, block_k=128, split_k
         m, n, kdim, k_per_split, x2.stride(0), wt.stride(0), scales.stride(0), n, m * n, n * wt.stride(0),
         n * scales.stride(0) if mx4 else n if quant else 0, W4=quant, MX4=mx4,
         GROUP=w.group if quant else 1, CDT=_TL_DTYPES[w.dtype],
-        HAS_BIAS=b is not None, GEGLU=geglu, SPLIT=split,
+        HAS_BIAS=b is not None, GEGLU=geglu, SILU=bool(silu), SPLIT=split,
         ONE_STEP=one_step, RESID=residual is not None,
         UPCAST=interp and (w.dtype != torch.float32 or mx4),
         PRECISION="ieee" if w.dtype == torch.float32 or interp else "tf32", BLOCK_M=block_m, BLOCK_N=block_n,

@@ -39,7 +39,6 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from flashrt_core import kernels as K
 from flashrt_core.errors import InputError
@@ -123,7 +122,7 @@ class Pi0Engine(PaliGemmaEngine):
         """Flow state x_t [B, chunk, action_dim] fp32 -> action tokens [B, chunk, width] (before any layer)."""
         w, lin = self.weights, self.linear
         a = lin(x_t, w.action_in_w, w.action_in_b)  # (the fp32 state is rounded to the weights' dtype on load)
-        hidden = F.silu(lin(a, self._time_in_w, self._time_bias[step]))
+        hidden = lin(a, self._time_in_w, self._time_bias[step], silu=True)
         return lin(hidden, w.action_time_out_w, w.action_time_out_b)
 
     def _layer(self, i: int, x, h, positions, with_state: bool, wait):
@@ -135,8 +134,8 @@ class Pi0Engine(PaliGemmaEngine):
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         e, eps, layers = c.expert, c.rms_eps, self.weights.expert_layers
         L = layers[i]
-        # defer=True: the QKV GEMM may leave its split-K partials to the split/rotate kernel (it adds them up
-        # as it loads the row); the o and down GEMMs feed add_rms_norm, which reads finished rows only.
+        # defer=True: the QKV, o and down GEMMs may leave their split-K partials to the kernel after them (the
+        # split/rotate kernel, the residual add + RMSNorm), which adds them up as it loads the row.
         q = K.qkv_rope_cache(lin(h, L.qkv_w, defer=True), positions, self.cos, self.sin, buf.suffix_k[i],
                              buf.suffix_v[i], 0 if with_state else 1, num_q_heads=e.heads, num_kv_heads=e.kv_heads,
                              constant_positions=True, backend=be)
@@ -151,9 +150,9 @@ class Pi0Engine(PaliGemmaEngine):
         else:
             a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v, constant_kv=True,
                             backend=be)
-        x, h = K.add_rms_norm(lin(a.flatten(2), L.o_w), x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x,
-                              backend=be)
-        d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
+        x, h = K.add_rms_norm(lin(a.flatten(2), L.o_w, defer=True), x, L.mlp_norm, eps, weight_offset=0.0,
+                              residual_out=x, backend=be)
+        d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w, defer=True)
         norm = layers[i + 1].attn_norm if i + 1 < len(layers) else w.final_norm
         return K.add_rms_norm(d, x, norm, eps, weight_offset=0.0, residual_out=x, backend=be)
 
@@ -185,11 +184,12 @@ class Pi0Engine(PaliGemmaEngine):
                 x, h = self._layer(i, x, h, suffix_pos if step == 0 else action_pos, step == 0, wait)
             if step == 0:
                 h = h[:, 1:]
-            # x_t += dt * velocity in the fp32 action-out GEMM (h is the final norm, in the model dtype)
+            # x_t += dt * velocity in the fp32 action-out GEMM (h is the final norm, in the model dtype, widened on
+            # load)
             if rtc:  # the velocity out, then the guided step
-                self._guided_update(x_t, self.linear(h.float(), self._out_w, self._out_b), step)
+                self._guided_update(x_t, self.linear(h, self._out_w, self._out_b), step)
             else:
-                self.linear(h.float(), self._out_w, self._out_b, residual=GatedResidual(x_t, self._dt))
+                self.linear(h, self._out_w, self._out_b, residual=GatedResidual(x_t, self._dt))
         buf.actions.copy_(x_t)
 
     # ---- staged API (copies into the static buffers) ------------------------------------------------------
