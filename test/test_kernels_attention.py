@@ -159,7 +159,9 @@ def test_full_shapes_on_cuda(dtype):
     ks = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=35)
     vs = randn(1, 1, 50, 256, dtype=dtype, dev="cuda", seed=36)
     close(K.attention(qs, k, v, mask, ks, vs, backend="triton"), R.attention_ref(qs, k, v, mask, ks, vs))
-    for config in (None, (16, 128, 8, 8), (16, 64, 4, 8, 2), (32, 64, 2, 8)):  # the act stage's launches
+    # the act stage's launches (bf16 picks; fp32 tiles of 128 keys x 256 dims exceed shared memory: the
+    # picker skips such a candidate, the heuristic fits)
+    for config in (None, (16, 128, 8, 8), (16, 64, 4, 8, 2), (32, 64, 2, 8)) if dtype == torch.bfloat16 else (None,):
         from flashrt_core.kernels.flash_attention import attention as attention_kernel
         close(attention_kernel(qs, k, v, mask, ks, vs, config=config, constant_kv=True),
               R.attention_ref(qs, k, v, mask, ks, vs))
