@@ -294,3 +294,10 @@ def test_constant_kv_reads_the_first_tile_before_the_wait(dev, dtype, config):
         close(attention_kernel(q, kp, vp, None, ks.contiguous(), vs.contiguous(), config=config, constant_kv=True),
               R.attention_ref(q, kp, vp, None, ks, vs))
         close(attention_kernel(q, kp, vp, mask, config=config, constant_kv=True), R.attention_ref(q, kp, vp, mask))
+        # pi0's first flow step: the state row and the action rows in two launches into one buffer (strided views)
+        both = torch.full((b, ts, hq, dh), float("nan"), dtype=dtype, device=dev)
+        attention_kernel(q[:, :1], kp, vp, mask, ks[:, :, :1], vs[:, :, :1], config=config, constant_kv=True,
+                         out=both[:, :1])
+        attention_kernel(q[:, 1:], kp, vp, mask, ks, vs, config=config, constant_kv=True, out=both[:, 1:])
+        close(both[:, :1], R.attention_ref(q[:, :1], kp, vp, mask, ks[:, :, :1], vs[:, :, :1]))
+        close(both[:, 1:], R.attention_ref(q[:, 1:], kp, vp, mask, ks, vs))

@@ -55,11 +55,12 @@ class AttentionPicker:
         self.choices: dict[tuple, tuple | None] = {}
         self.timings: dict[tuple, dict] = {}
 
-    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, constant_kv=False, backend=None):
+    def __call__(self, q, k, v, key_mask=None, k2=None, v2=None, *, constant_kv=False, out=None, backend=None):
         """constant_kv: k, v and key_mask are written by no kernel of this launch's PDL chain (the cached
-        prefix during the act stage): the kernel reads them before its PDL wait (`kernels.attention`)."""
+        prefix during the act stage): the kernel reads them before its PDL wait (`kernels.attention`). out: the
+        result is written there (a view of a larger buffer may do)."""
         if not (self.enabled and q.device.type == "cuda" and K.available(q.device) and backend != "torch"):
-            return K.attention(q, k, v, key_mask, k2, v2, constant_kv=constant_kv, backend=backend)
+            return K.attention(q, k, v, key_mask, k2, v2, constant_kv=constant_kv, out=out, backend=backend)
         from flashrt_core.kernels.flash_attention import attention as kernel
 
         def attention(*args, **kwargs):
@@ -69,9 +70,9 @@ class AttentionPicker:
             key += ("constant_kv",)
         if key not in self.choices:
             if not self.tuning:
-                return attention(q, k, v, key_mask, k2, v2)
+                return attention(q, k, v, key_mask, k2, v2, out=out)
             self.choices[key] = self._cached(key, attention, q, k, v, key_mask, k2, v2)
-        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key])
+        return attention(q, k, v, key_mask, k2, v2, config=self.choices[key], out=out)
 
     def _cached(self, key, attention, q, k, v, key_mask, k2, v2):
         """The cache's choice for this shape if it still matches the heuristic's output, else a new tuning."""

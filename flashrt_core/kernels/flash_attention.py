@@ -247,7 +247,8 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
               constant_kv=False):
     """Softmax(q k^T * scale) v over keys k/v [B, Hkv, S, Dh] valid where key_mask [B, S] != 0 (all when
     None), then the always-valid keys k2/v2 [B, Hkv, S2, Dh]. q [B, T, Hq, Dh], Hq a multiple of Hkv.
-    scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`).
+    scale defaults to 1 / sqrt(Dh). Returns [B, T, Hq, Dh] in q's dtype (or fills `out`, which may be strided
+    with a unit-stride last dim).
     constant_kv: k, v and key_mask are written by no kernel of this launch's PDL chain (the action expert's
     cached prefix, during the act stage), so each program loads its first tile of them before its PDL wait.
     `config` = (BLOCK_M, BLOCK_N, splits, num_warps[, num_stages]) overrides the heuristic (tuning sweeps;
@@ -272,7 +273,8 @@ def attention(q, k, v, key_mask=None, k2=None, v2=None, *, scale=None, out=None,
         _kv(op, "k2", k2, b, hkv, dh, q.dtype, q.device)
         s2 = k2.shape[2]
         _kv(op, "v2", v2, b, hkv, dh, q.dtype, q.device, s2)
-    out = check_out(op, "out", out, q.shape, q.device) if out is not None else q.new_empty(q.shape)
+    # (out may be a strided view, e.g. some tokens of a larger buffer: the kernel writes through its strides)
+    out = check(op, "out", out, shape=tuple(q.shape), device=q.device) if out is not None else q.new_empty(q.shape)
     if out.dtype != q.dtype:
         raise KernelInputError(f"{op}: `out` has dtype {out.dtype}, expected {q.dtype} like `q`")
     if b * t == 0:

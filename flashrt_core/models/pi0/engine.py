@@ -142,11 +142,12 @@ class Pi0Engine(PaliGemmaEngine):
         wait(i)
         k, v = buf.suffix_k[i], buf.suffix_v[i]
         # (the cached prefix K/V and pad mask are constant in the act stage's PDL chain: read before the wait)
-        if with_state:  # block-causal: the state row sees only itself of the suffix
-            a = torch.cat((self.attend(q[:, :1], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask,
-                                       k2=k[:, :, :1], v2=v[:, :, :1], constant_kv=True, backend=be),
-                           self.attend(q[:, 1:], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v,
-                                       constant_kv=True, backend=be)), dim=1)
+        if with_state:  # block-causal: the state row sees only itself of the suffix (two launches, one buffer)
+            a = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            self.attend(q[:, :1], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k[:, :, :1],
+                        v2=v[:, :, :1], constant_kv=True, out=a[:, :1], backend=be)
+            self.attend(q[:, 1:], buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v,
+                        constant_kv=True, out=a[:, 1:], backend=be)
         else:
             a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, k2=k, v2=v, constant_kv=True,
                             backend=be)
