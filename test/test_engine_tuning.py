@@ -184,14 +184,14 @@ def test_attention_picker_uses_a_checked_cached_choice(dev, tmp_path):
     cache.put("attention", key, choice, {"heuristic": 0.02, str(choice): 0.01})
     picker = AttentionPicker(dev, cache=cache)
     calls = _recording_tune(picker, CANDIDATES[1])
-    assert picker._cached(key, q, k, v, mask, None, None) == choice and calls == []
     from flashrt_core.kernels.flash_attention import attention
+    assert picker._cached(key, attention, q, k, v, mask, None, None) == choice and calls == []
     got = attention(q, k, v, mask, config=choice)
     torch.testing.assert_close(got, attention_ref(q, k, v, mask), atol=TOL["attention_fp32"], rtol=0)
     # An entry that no longer names a candidate is tuned again and replaced.
     cache.put("attention", key, (1, 2, 3, 4))
     calls = _recording_tune(picker, CANDIDATES[1])
-    assert picker._cached(key, q, k, v, mask, None, None) == CANDIDATES[1] and calls == [key]
+    assert picker._cached(key, attention, q, k, v, mask, None, None) == CANDIDATES[1] and calls == [key]
 
 
 @pytest.mark.interpret
@@ -231,7 +231,7 @@ def test_attention_picker_retunes_a_cached_choice_that_computes_wrong(dev, monke
     monkeypatch.setattr(flash_attention, "attention", broken)
     picker = AttentionPicker(dev, cache=cache)
     calls = _recording_tune(picker, None)
-    assert picker._cached(key, q, k, v, None, None, None) is None and calls == [key]
+    assert picker._cached(key, flash_attention.attention, q, k, v, None, None, None) is None and calls == [key]
     assert cache.get("attention", key)[:2] == (True, None)
 
 
