@@ -29,6 +29,7 @@ import os
 import pathlib
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -500,6 +501,10 @@ def run_cli(args) -> int:
     unknown = [b for b in baselines if b not in SYSTEMS[2:]]
     if unknown:
         raise SystemExit(f"--baselines: unknown {unknown[0]!r} (one of {', '.join(SYSTEMS[2:])})")
+    if not torch.cuda.is_available():
+        print("flashrt bench: needs a CUDA GPU (this torch sees none; `flashrt doctor` says what it has)",
+              file=sys.stderr)
+        return 1
     run = bench_model(args.model, views=args.views, prompt_len=args.prompt_len, steps=args.steps, chunk=args.chunk,
                       dtype=args.dtype, baselines=baselines, iters=args.iters, warmup=args.warmup, seed=args.seed,
                       compile_mode=args.compile_mode, parity=not args.no_parity, vision_dtype=args.vision_dtype,

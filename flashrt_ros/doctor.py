@@ -2,8 +2,8 @@
 
     flashrt doctor [--config FILE] [--checkpoint DIR] [--tokenizer PATH] [--device auto]
 
-The second part is the dry run of `flashrt run`: the contract (default: the packaged config/pi05.yaml, the
-one the node uses with a checkpoint) validated for this device, with the engine, dtypes, cameras,
+The second part is the dry run of `flashrt run`: the contract (default: the packaged one `flashrt run` takes,
+config/pi0.yaml for a pi0 checkpoint, else config/pi05.yaml) validated for this device, with the engine, dtypes, cameras,
 normalization, relative actions and tokenizer it would use (nothing is loaded).
 """
 from __future__ import annotations
@@ -66,12 +66,13 @@ def probe() -> list[tuple[str, bool, str]]:
 
 
 def plan(config=None, checkpoint=None, device="auto", tokenizer=None) -> tuple[bool, str]:
-    """(ok, text): what `config` (default: the packaged pi05.yaml) with `checkpoint` will run on `device`."""
+    """(ok, text): what `config` with `checkpoint` will run on `device`; without a config, the packaged contract
+    `flashrt run` takes for that checkpoint (pi0.yaml for a pi0 one, else pi05.yaml)."""
     from flashrt_core.contract.plan import describe_run, format_run
-    from flashrt_ros.runtime_loader import CHECKPOINT_CONTRACT, packaged_config
+    from flashrt_ros.runtime_loader import CHECKPOINT_CONTRACT, checkpoint_contract, packaged_config
 
     try:
-        path = config or packaged_config(CHECKPOINT_CONTRACT)
+        path = config or packaged_config(checkpoint_contract(checkpoint) if checkpoint else CHECKPOINT_CONTRACT)
         return True, format_run(describe_run(path, device=device, checkpoint=checkpoint, tokenizer=tokenizer))
     except Exception as exc:  # the reason is the report: a contract or checkpoint that would fail at configure
         return False, f"would fail at configure: {type(exc).__name__}: {exc}"

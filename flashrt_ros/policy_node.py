@@ -141,6 +141,9 @@ class PolicyNode(LifecycleNode):
         self.get_logger().info(
             f"configured: {runtime.describe()} cameras={self.p.camera_topics} joints={self.p.joint_names or 'as sent'} "
             f"(warm-up {runtime.warmup_s or 0.0:.1f} s)")
+        if not runtime.contract.model.checkpoint:
+            self.get_logger().warning("no checkpoint: the model has built-in random weights and its actions are "
+                                      "noise (for demos and tests); set the `checkpoint` parameter to run a policy")
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state) -> TransitionCallbackReturn:

@@ -119,15 +119,16 @@ def _robot_dim(opts, key: str, from_checkpoint: int | None, default: int) -> int
         return _positive(opts, key, default)
     v = _positive(opts, key, from_checkpoint)
     if v != from_checkpoint:
-        raise ContractError(f"model.options.{key}: {v}, but the checkpoint's config.json says {from_checkpoint} "
-                            f"(the robot's joints must match the checkpoint's features)")
+        raise ContractError(f"model.options.{key}: {v} (the robot's joint count, or the contract's value), but the "
+                            f"checkpoint's config.json says {from_checkpoint} (the robot's joints must match the "
+                            "checkpoint's features)")
     return v
 
 
 def _checkpoint_config(path: str) -> pi05.Pi05Config:
     if not pathlib.Path(path).exists():
         raise ContractError(f"model.checkpoint: {path} not found")
-    return pi05.checkpoint_config(path)
+    return pi05.checkpoint_config(path, validate=True)
 
 
 def _positive(opts, key, default) -> int:

@@ -180,10 +180,16 @@ def _read_shapes(file: pathlib.Path) -> dict:
         raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
 
 
-def checkpoint_config(path: str | os.PathLike) -> Pi05Config:
-    """The model sizes of a checkpoint, from its tensor shapes and JSON files, without reading weights."""
+def checkpoint_config(path: str | os.PathLike, validate: bool = False) -> Pi05Config:
+    """The model sizes of a checkpoint, from its tensor shapes and JSON files, without reading weights;
+    validate: also every tensor name and shape against those sizes (`validate_shapes`, as `load_checkpoint`
+    checks them), so that a dry run refuses what loading would."""
     file = weights_file(path)
-    return _infer_config(file, _read_shapes(file))
+    shapes = _read_shapes(file)
+    config = _infer_config(file, shapes)
+    if validate:
+        validate_shapes(config, shapes, str(file))
+    return config
 
 
 def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):

@@ -1,0 +1,62 @@
+"""The command line refuses what would fail later, with one line that names the problem: `flashrt doctor` checks
+a pi0 checkpoint against the contract `flashrt run` takes for it, `flashrt run --dry-run` checks every tensor name
+and shape of the checkpoint as loading does, and `flashrt bench` without a GPU says so."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lerobot_checkpoint import PI0_FIXTURE, checkpoint_copy, hub_cache
+
+
+def flashrt(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "flashrt_ros.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def _env(tmp_path):
+    return {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+
+
+def test_doctor_checks_a_pi0_checkpoint_against_the_pi0_contract(tmp_path):
+    ckpt, env = checkpoint_copy(tmp_path, PI0_FIXTURE), _env(tmp_path)
+    out = flashrt("doctor", "--checkpoint", str(ckpt), "--device", "cpu", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "pi0.yaml" in out.stdout and "model:                pi0" in out.stdout, out.stdout
+    # the contract given wins: a pi0.5 contract is refused for it, with the reason
+    pi05 = flashrt("doctor", "--checkpoint", str(ckpt), "--device", "cpu", "--config", "config/pi05.yaml", env=env)
+    assert pi05.returncode == 1 and "is a pi0 checkpoint" in pi05.stdout, pi05.stdout + pi05.stderr
+
+
+@pytest.mark.parametrize("change,reason", [
+    ("drop", "1 missing keys: model.paligemma_with_expert.gemma_expert.model.layers.0.self_attn.o_proj.weight"),
+    ("extra", "1 unexpected keys: model.extra.weight"),
+    ("reshape", "1 mis-shaped keys: model.paligemma_with_expert.gemma_expert.model.layers.0.self_attn.o_proj.weight"),
+])
+def test_dry_run_refuses_a_checkpoint_whose_tensors_loading_refuses(tmp_path, change, reason):
+    ckpt = checkpoint_copy(tmp_path)
+    state = load_file(str(ckpt / "model.safetensors"))
+    key = "model.paligemma_with_expert.gemma_expert.model.layers.0.self_attn.o_proj.weight"
+    assert key in state
+    if change == "drop":
+        del state[key]
+    elif change == "extra":
+        state["model.extra.weight"] = torch.randn(3, 2)
+    else:
+        state[key] = state[key][:, :-1].contiguous()
+    save_file(state, str(ckpt / "model.safetensors"))
+    args = ["--checkpoint", str(ckpt), "--device", "cpu", "--camera-topics", "/a", "/b"]
+    run = flashrt("run", "--dry-run", *args, env=_env(tmp_path))
+    assert run.returncode == 1 and reason in run.stderr, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_bench_without_a_gpu_says_so_in_one_line():
+    run = flashrt("bench", "--model", "pi05")
+    assert run.returncode == 1 and "needs a CUDA GPU" in run.stderr, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
