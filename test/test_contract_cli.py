@@ -29,6 +29,22 @@ def test_check_invalid_prints_the_field(tmp_path, capsys):
     assert "INVALID" in err and "stages.act.trigger.rate_hz: must be a positive number, got -50" in err
 
 
+def test_check_with_a_checkpoint_validates_a_contract_that_needs_one(tmp_path, capsys):
+    """config/pi0.yaml names no checkpoint: alone it is refused for that reason, with --checkpoint it is checked
+    against the checkpoint's shapes (a pi0.5 checkpoint is refused for it)."""
+    from lerobot_checkpoint import FIXTURE, PI0_FIXTURE, checkpoint_copy
+
+    pi0 = CONFIG.parent / "pi0.yaml"
+    assert cli.contract_check(pi0) == 1
+    assert "model.checkpoint: model pi0 needs a checkpoint" in capsys.readouterr().err
+    args = parse(["contract", "check", str(pi0), "--checkpoint", str(checkpoint_copy(tmp_path / "a", PI0_FIXTURE))])
+    assert args.func(args) == 0
+    assert "OK" in capsys.readouterr().out
+    args = parse(["contract", "check", str(pi0), "--checkpoint", str(checkpoint_copy(tmp_path / "b", FIXTURE))])
+    assert args.func(args) == 1
+    assert "is a pi05 checkpoint" in capsys.readouterr().err
+
+
 def test_simulate_json_and_table(capsys):
     args = parse(["contract", "simulate", str(CONFIG), "--duration", "0.5", "--json"])
     assert args.func(args) == 0

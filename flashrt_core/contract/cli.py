@@ -1,4 +1,4 @@
-"""`flashrt contract check FILE` and `flashrt contract simulate FILE --duration S [--json]`.
+"""`flashrt contract check FILE [--checkpoint DIR]` and `flashrt contract simulate FILE --duration S [--json]`.
 
 The lead's console script calls `add_subparsers(subparsers)`; each subcommand sets `func(args) -> int`.
 """
@@ -9,12 +9,13 @@ import sys
 from flashrt_core.errors import FlashRTError
 
 
-def contract_check(path) -> int:
-    """Print an OK summary (exit 0) or the precise error naming the field (exit 1)."""
-    from flashrt_core.contract.spec import load_contract
+def contract_check(path, checkpoint: str | None = None) -> int:
+    """Print an OK summary (exit 0) or the precise error naming the field (exit 1); checkpoint: the contract's
+    `model.checkpoint` set to that folder first (as `flashrt run --checkpoint` sets it)."""
+    from flashrt_core.contract.spec import configured_contract, load_contract
 
     try:
-        contract = load_contract(path)
+        contract = load_contract(path) if checkpoint is None else configured_contract(path, checkpoint=checkpoint)
     except FlashRTError as e:
         print(f"{path}: INVALID: {e}", file=sys.stderr)
         return 1
@@ -43,7 +44,9 @@ def add_subparsers(subparsers) -> None:
     sub = p.add_subparsers(dest="contract_command", required=True)
     c = sub.add_parser("check", help="validate a contract; exit 1 with the offending field if invalid")
     c.add_argument("file")
-    c.set_defaults(func=lambda a: contract_check(a.file))
+    c.add_argument("--checkpoint", default=None,
+                   help="check it with this checkpoint folder as model.checkpoint (a contract that needs one)")
+    c.set_defaults(func=lambda a: contract_check(a.file, a.checkpoint))
     s = sub.add_parser("simulate", help="which stages run when, on a simulated clock")
     s.add_argument("file")
     s.add_argument("--duration", type=float, required=True, help="simulated seconds")
