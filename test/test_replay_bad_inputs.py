@@ -98,6 +98,14 @@ def test_file_cut_before_any_message_is_refused_without_ticks(tmp_path, contract
     assert err.report.data["ticks"] == 0
 
 
+def test_a_folder_that_is_no_bag_is_named_as_such(tmp_path, contract):
+    folder = tmp_path / "not_a_bag"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("recorded on tuesday")
+    err = expect_error(folder, contract, tmp_path / "report", r"not a rosbag2 bag \(a folder with no metadata.yaml")
+    assert err.report.data["ticks"] == 0
+
+
 def test_missing_topic_lists_the_topics_present(tmp_path, contract):
     bag = write_bag(tmp_path / "bag", "sqlite3", drop=("/joint_states",))
     err = expect_error(bag, contract, tmp_path / "report", r"missing topic\(s\) /joint_states; the bag has: ")

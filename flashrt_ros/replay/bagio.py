@@ -138,6 +138,9 @@ class BagSource:
     def _open_damaged(self, error: Exception) -> None:
         """Fall back to reading the storage file from the front, up to the damage."""
         file = storage_file(self.path)
+        if file is None and self.path.is_dir() and not (self.path / "metadata.yaml").exists():
+            raise ReplayError(f"{self.path}: not a rosbag2 bag (a folder with no metadata.yaml and no .mcap or .db3 "
+                              "file)")
         fail = ReplayError(f"{self.path}: cannot open bag (corrupt or truncated): {error}")
         try:
             self.salvage = SalvageReader(file) if file is not None else None
