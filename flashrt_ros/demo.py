@@ -168,6 +168,15 @@ def summarize(rows: list[dict], act_rate: float, observe_rate: float) -> dict:
 def demo(duration: float = 8.0, config: str | None = None, cameras: int = 2, joints: int = 7,
          act_rate: float = 20.0, observe_rate: float = 5.0, prompt: str = "pick up the red cube",
          json_out: str | None = None) -> int:
+    if config:  # a contract that cannot load is reported now, not after the demo ran without a policy
+        from flashrt_core.contract.spec import load_contract
+        from flashrt_core.errors import FlashRTError
+
+        try:
+            load_contract(config)
+        except FlashRTError as exc:
+            print(f"flashrt demo: --config {config}: INVALID: {exc}", file=sys.stderr)
+            return 1
     env = apply_isolated_env()
     import rclpy
 
