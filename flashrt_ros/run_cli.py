@@ -6,11 +6,13 @@
 `--dry-run` prints what would run (model, sizes, cameras by feature name with their topics, normalization,
 relative actions, tokenizer file, engine, dtype, device) and exits 0, or 1 with the reason; nothing is loaded
 onto the device. Without it the node starts configured and active (`autostart`), with the parameters given
-here over those of `--params-file`.
+here over those of `--params-file`. Either way a params file that rcl would refuse, or that holds no node section,
+is refused first in one line (exit 1), and sections that miss the node (/NODE, in the root namespace) are warned of.
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 # CLI flag -> node parameter (None values are not passed: the params file or the node default applies)
@@ -78,34 +80,96 @@ def ros_arguments(args) -> list[str]:
     return out
 
 
-def _file_parameters(path: str | None, node_name: str) -> dict:
-    """The node's parameters in a ROS params file (its own section over `/**`), for the dry run."""
+def _selects(section: str, node_name: str) -> bool:
+    """Whether rcl gives a params-file section (`/**`, `/*`, `NODE`, `/NODE`, `/**/NODE`, `/ns/NODE`) to the node
+    flashrt run starts: /NODE, in the root namespace."""
+    pattern = "".join("(/[^/]+)*" if t == "**" else "/[^/]+" if t == "*" else "/" + re.escape(t)
+                      for t in section.split("/") if t)
+    return re.fullmatch(pattern, "/" + node_name.lstrip("/")) is not None
+
+
+def _sections(data: dict, path: str, node_name: str, names: tuple = ()):
+    """(section name, {parameter: value}) for each `ros__parameters` of a params file, in file order, with nested
+    namespaces joined (`ns: {NODE: ...}` is `ns/NODE`) and nested parameters dotted, as rcl reads them.
+    ValueError: what rcl refuses."""
+    fix = f"put the parameters under `{node_name}: ros__parameters:` (or `/**: ros__parameters:` for every node)"
+    for key, value in data.items():
+        where = "/".join((*names, str(key)))
+        if key == "ros__parameters" and names:
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}: `ros__parameters` of {'/'.join(names)!r} is "
+                                 f"{'empty' if value is None else repr(value)}, not a mapping; write the "
+                                 "parameters under it as `name: value` lines (`ros__parameters: {}` for none)")
+            yield "/".join(names), _flat(value, path)
+        elif key == "ros__parameters" or not isinstance(value, dict):
+            raise ValueError(f"{path}: {where!r} is outside any `NODE: ros__parameters:` section (ROS refuses the "
+                             f"file); {fix}")
+        else:
+            yield from _sections(value, path, node_name, (*names, str(key)))
+
+
+def _flat(params: dict, path: str, prefix: str = "") -> dict:
+    """{dotted name: value} of a `ros__parameters` mapping (rcl's nested parameter names)."""
+    out = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, path, name + "."))
+        elif value is None:
+            raise ValueError(f"{path}: parameter {name!r} has no value (ROS refuses the file); give it one or "
+                             "delete the line")
+        else:
+            out[name] = value
+    return out
+
+
+def _file_parameters(path: str | None, node_name: str) -> tuple[dict, list[str]]:
+    """The node's parameters in a ROS params file as rcl applies them (every section that selects the node, a
+    later one over an earlier one), and warnings. ValueError: a file ROS refuses or that is no params file."""
     if not path:
-        return {}
+        return {}, []
     import yaml
 
     with open(path, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
+        try:
+            data = yaml.safe_load(f)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+            at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            if context:
+                problem += f" ({exc.context} at line {context.line + 1}, column {context.column + 1})"
+            raise ValueError(f"{path}{at}: not valid YAML: {problem}") from None
+    if data is None:
+        return {}, []
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the file is a {type(data).__name__}, not a mapping of node sections; put the "
+                         f"parameters under `{node_name}: ros__parameters:`")
     merged: dict = {}
-    for key in ("/**", node_name, "/" + node_name.lstrip("/")):
-        section = data.get(key) if isinstance(data, dict) else None
-        if isinstance(section, dict):
-            merged.update(section.get("ros__parameters") or {})
-    return merged
+    reached, missed = False, []
+    for name, params in _sections(data, path, node_name):
+        if _selects(name, node_name):
+            reached = True
+            merged.update(params)
+        else:
+            missed.append(name)
+    node = node_name.lstrip("/")
+    if reached:  # the other sections are other nodes' unless they name this one (in another namespace)
+        missed = [name for name in missed if name.rsplit("/", 1)[-1] == node]
+    if not missed:
+        return merged, []
+    return merged, [f"{path}: the node /{node} (flashrt run starts it in the root namespace) gets nothing from "
+                    f"section(s) {', '.join(missed)}; name the section `{node}:` or `/**:`"]
 
 
-def dry_run(args) -> int:
+def dry_run(args, file_values: dict, warnings: list[str]) -> int:
     from flashrt_core.contract.plan import describe_run, format_run
     from flashrt_core.errors import FlashRTError
     from flashrt_ros.params import PARAMETERS, validate
     from flashrt_ros.runtime_loader import runtime_arguments
 
     values = {name: default for name, (default, *_rest) in PARAMETERS.items()}
-    try:
-        values.update(_file_parameters(args.params_file, args.node_name))
-    except (OSError, ValueError) as exc:
-        print(f"flashrt run: --params-file: {exc}", file=sys.stderr)
-        return 1
+    values.update(file_values)
     values.update(node_parameters(args))
     unknown = sorted(set(values) - set(PARAMETERS) - CAPSULE_PARAMETERS - ROS_PARAMETERS)
     try:
@@ -123,13 +187,29 @@ def dry_run(args) -> int:
     for name in unknown:  # (a typo, most likely: ROS ignores an override of an undeclared parameter)
         print(f"{'warning:':<22}parameter {name!r} in {args.params_file} is not a policy_node parameter; the node "
               "ignores it")
+    for warning in warnings:
+        print(f"{'warning:':<22}{warning}")
     print("dry run: ok (nothing was loaded)")
     return 0
 
 
 def run_command(args) -> int:
+    try:  # before the node starts: rcl refuses such a file too, but deep inside and less clearly
+        file_values, warnings = _file_parameters(args.params_file, args.node_name)
+    except (OSError, ValueError) as exc:
+        print(f"flashrt run: --params-file: {exc}", file=sys.stderr)
+        return 1
+    given = {**file_values, **node_parameters(args)}
+    if not given.get("checkpoint") and not given.get("contract"):  # (the node alone would serve random weights)
+        print("flashrt run: no checkpoint: give --checkpoint DIR (a LeRobot pi0.5 / pi0 folder), here or as the "
+              "`checkpoint` parameter of --params-file; the built-in tiny model has random weights and publishes "
+              "noise: to run it on purpose give --config with its contract (config/pi05_tiny.yaml), or try "
+              "`flashrt demo`", file=sys.stderr)
+        return 1
     if args.dry_run:
-        return dry_run(args)
+        return dry_run(args, file_values, warnings)
+    for warning in warnings:
+        print(f"flashrt run: warning: {warning}", file=sys.stderr)
     from flashrt_ros.policy_node import main as node_main
 
     node_main(args=[sys.argv[0], *ros_arguments(args)])

@@ -60,3 +60,19 @@ def test_bench_without_a_gpu_says_so_in_one_line():
     run = flashrt("bench", "--model", "pi05")
     assert run.returncode == 1 and "needs a CUDA GPU" in run.stderr, run.stdout + run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_run_without_a_checkpoint_refuses_to_serve_random_weights(tmp_path):
+    """A forgotten --checkpoint must not start a node that publishes random actions to a robot; naming the tiny
+    contract on purpose runs it."""
+    for args in (["--dry-run"], []):
+        run = flashrt("run", "--device", "cpu", *args)
+        assert run.returncode == 1 and "flashrt run: no checkpoint: give --checkpoint DIR" in run.stderr, \
+            run.stdout + run.stderr
+    params = tmp_path / "robot.yaml"  # a checkpoint from the params file counts
+    params.write_text(f"policy_node:\n  ros__parameters:\n    checkpoint: {tmp_path / 'missing'}\n")
+    run = flashrt("run", "--dry-run", "--device", "cpu", "--params-file", str(params))
+    assert run.returncode == 1 and "no checkpoint" not in run.stderr and "not found" in run.stderr, run.stderr
+    tiny = flashrt("run", "--dry-run", "--device", "cpu", "--config", "config/pi05_tiny.yaml")
+    assert tiny.returncode == 0 and "checkpoint:           none (built-in random weights)" in tiny.stdout, \
+        tiny.stdout + tiny.stderr

@@ -122,3 +122,106 @@ def test_dry_run_warns_about_a_parameter_the_node_would_ignore(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "parameter 'act_rate' in" in run.stdout and "the node ignores it" in run.stdout
     assert "act 20 Hz" in run.stdout
+
+
+UNUSABLE_PARAMS_FILES = [  # (file, the reason given): files rcl refuses, or that hold no node section at all
+    ("policy_node:\n  ros__parameters:\n    act_rate_hz: [1, 2\n",
+     "line 4, column 1: not valid YAML: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence "
+     "at line 3, column 18)"),
+    ("act_rate_hz: 5.0\n", "'act_rate_hz' is outside any `NODE: ros__parameters:` section (ROS refuses the file); "
+                           "put the parameters under `policy_node: ros__parameters:`"),
+    ("fold the towel\n", "the file is a str, not a mapping of node sections; put the parameters under "
+                         "`policy_node: ros__parameters:`"),
+    ("- act_rate_hz: 5.0\n", "the file is a list"),
+    ("policy_node:\n  act_rate_hz: 5.0\n", "'policy_node/act_rate_hz' is outside any `NODE: ros__parameters:`"),
+    ("policy_node:\n  ros__parameters: 5.0\n", "`ros__parameters` of 'policy_node' is 5.0, not a mapping"),
+    ("policy_node:\n  ros__parameters:\n", "`ros__parameters` of 'policy_node' is empty, not a mapping"),
+    ("policy_node:\n  ros__parameters:\n    act_rate_hz:\n", "parameter 'act_rate_hz' has no value"),
+]
+
+
+@pytest.mark.parametrize("text,reason", UNUSABLE_PARAMS_FILES)
+def test_dry_run_refuses_an_unusable_params_file_in_one_line(tmp_path, capsys, text, reason):
+    from flashrt_ros.cli import main
+
+    params = tmp_path / "robot.yaml"
+    params.write_text(text)
+    assert main(["run", "--dry-run", "--params-file", str(params)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"flashrt run: --params-file: {params}") and reason in err, err
+    assert err.count("\n") == 1, err  # one line: no traceback
+
+
+@pytest.mark.parametrize("text,reason", [UNUSABLE_PARAMS_FILES[0], UNUSABLE_PARAMS_FILES[4]])
+def test_run_refuses_an_unusable_params_file_before_the_node_starts(tmp_path, text, reason):
+    params = tmp_path / "robot.yaml"
+    params.write_text(text)
+    run = flashrt("run", "--params-file", str(params))
+    assert run.returncode == 1 and run.stdout == "", run.stdout + run.stderr
+    assert run.stderr.startswith(f"flashrt run: --params-file: {params}") and reason in run.stderr, run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr  # no traceback, nothing from rcl
+
+
+@pytest.mark.parametrize("text,expected", [  # expected: what rclpy itself gives /policy_node
+    ("policy_node:\n  ros__parameters:\n    act_rate_hz: 5.0\n", {"act_rate_hz": 5.0}),
+    ("/policy_node:\n  ros__parameters:\n    act_rate_hz: 5.0\n", {"act_rate_hz": 5.0}),
+    ("/**/policy_node:\n  ros__parameters:\n    act_rate_hz: 5.0\n", {"act_rate_hz": 5.0}),
+    ("/*:\n  ros__parameters:\n    act_rate_hz: 5.0\n", {"act_rate_hz": 5.0}),
+    ("/**:\n  policy_node:\n    ros__parameters:\n      act_rate_hz: 5.0\n", {"act_rate_hz": 5.0}),  # nested
+    ("policy_node:\n  ros__parameters:\n    rtc: true\n    capsule:\n      budget: {mb: 3}\n",
+     {"rtc": True, "capsule.budget.mb": 3}),  # nested parameter names
+    ("/**:\n  ros__parameters:\n    act_rate_hz: 7.0\n    rtc: true\n"  # the later section wins, as in rcl
+     "policy_node:\n  ros__parameters:\n    act_rate_hz: 5.0\n", {"act_rate_hz": 5.0, "rtc": True}),
+    ("policy_node:\n  ros__parameters:\n    act_rate_hz: 5.0\n"
+     "/**:\n  ros__parameters:\n    act_rate_hz: 7.0\n", {"act_rate_hz": 7.0}),
+    ("/**:\n  ros__parameters:\n    act_rate_hz: 7.0\nother_node:\n  ros__parameters:\n    act_rate_hz: 5.0\n",
+     {"act_rate_hz": 7.0}),
+])
+def test_params_file_sections_reach_the_node_as_rcl_gives_them(tmp_path, text, expected):
+    import rclpy
+    from rclpy.node import Node
+
+    from flashrt_ros.run_cli import _file_parameters
+
+    params = tmp_path / "robot.yaml"
+    params.write_text(text)
+    context = rclpy.Context()
+    rclpy.init(args=["flashrt", "--ros-args", "-r", "__node:=policy_node", "--params-file", str(params)],
+               context=context)
+    try:
+        node = Node("policy_node", context=context, start_parameter_services=False, enable_rosout=False)
+        rcl = {name: p.value for name, p in node._parameter_overrides.items()}
+        node.destroy_node()
+    finally:
+        rclpy.shutdown(context=context)
+    assert rcl == expected
+    assert _file_parameters(str(params), "policy_node") == (expected, [])
+
+
+@pytest.mark.parametrize("text", [
+    "/**:\n  policy_node:\n    ros__parameters:\n      act_rate_hz: 7.0\n",
+    "/**:\n  ros__parameters:\n    act_rate_hz: 5.0\n/**/policy_node:\n  ros__parameters:\n    act_rate_hz: 7.0\n",
+])
+def test_dry_run_merges_the_ros_forms_of_the_node_section(tmp_path, text):
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+    params = tmp_path / "robot.yaml"
+    params.write_text(text)
+    run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
+                  "--camera-topics", "/a", "--params-file", str(params), env=env)
+    assert run.returncode == 0, run.stderr
+    assert "act 7 Hz" in run.stdout and "warning:" not in run.stdout, run.stdout
+
+
+def test_dry_run_warns_when_no_section_of_the_params_file_reaches_the_node(tmp_path):
+    env = {"HF_HUB_CACHE": str(hub_cache(tmp_path / "hub")), "HF_HOME": str(tmp_path / "hf")}
+    params = tmp_path / "robot.yaml"
+    params.write_text("other_node:\n  ros__parameters:\n    act_rate_hz: 7.0\n"  # legal ROS, for other nodes
+                      "robot1:\n  policy_node:\n    ros__parameters:\n      act_rate_hz: 7.0\n")  # /robot1/policy_node
+    run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
+                  "--camera-topics", "/a", "--params-file", str(params), env=env)
+    assert run.returncode == 0, run.stderr
+    warnings = [line for line in run.stdout.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"{'warning:':<22}{params}: the node /policy_node (flashrt run starts it in the root "
+                        "namespace) gets nothing from section(s) other_node, robot1/policy_node; name the section "
+                        "`policy_node:` or `/**:`"], run.stdout
+    assert "act 7 Hz" not in run.stdout
