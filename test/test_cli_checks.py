@@ -77,6 +77,7 @@ def test_run_without_a_checkpoint_refuses_to_serve_random_weights(tmp_path):
     tiny = flashrt("run", "--dry-run", "--device", "cpu", "--config", "config/pi05_tiny.yaml")
     assert tiny.returncode == 0 and "checkpoint:           none (built-in random weights)" in tiny.stdout, \
         tiny.stdout + tiny.stderr
+    assert "precision:            bf16 (nothing quantized: every part in float32)" in tiny.stdout
 
 
 def test_a_process_that_warmed_a_runtime_exits_without_binding_leak_reports():

@@ -209,8 +209,10 @@ class Pi05Binding(ModelBinding):
             encode_prompt(prompt, dims["prompt_bytes"])
             cls.prompt_fits(tok, dims, prompt)
         vision = model.options.get("vision_dtype", "model" if engine == "fused" else "float32")
+        precision = precision_options(model)[0]
         out = {"engine": engine, "vision dtype": model.dtype if vision == "model" else "float32",
-               "precision": precision_options(model)[0].name,
+               "precision": precision.name if precision.quantized else
+               f"{precision.name} (nothing quantized: every part in {model.dtype})",
                "sizes": f"prefix width {config.vlm.width} x {config.vlm.depth} layers, expert width "
                         f"{config.expert.width}, vocab {config.vocab_size}, chunk {config.chunk_size}, "
                         f"{config.num_steps} flow steps, prompt {dims['prompt_len']} tokens",
