@@ -101,9 +101,9 @@ def capsule_import(args, out=None) -> int:
     response = _answer(args, "import_capsule", ImportCapsule, request)
     if response is None:
         return 2
-    if response.ok:
+    if response.ok:  # the id alone on stdout (`cid=$(flashrt capsule import DIR)`), the node's message beside it
         print(response.id, file=out)
-        print(response.message, file=out)
+        print(response.message, file=sys.stderr)
     return 0 if response.ok else 1
 
 

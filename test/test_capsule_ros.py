@@ -93,7 +93,7 @@ def test_capsule_parameters_services_and_cli_on_a_running_node(capsule_rig, tmp_
     assert done.returncode == 0 and by_cli.is_dir() and str(by_cli) in done.stdout, done.stderr
     back = cli("import", str(by_cli), "--tier", "host")
     assert back.returncode == 0, back.stderr
-    assert back.stdout.split()[0] in [c.capsule_id for c in listing().capsules]
+    assert back.stdout.strip() in [c.capsule_id for c in listing().capsules] and "imported" in back.stderr
     refused = cli("export", "c-none", str(tmp_path / "none"))
     assert refused.returncode == 1 and "unknown capsule id 'c-none'" in refused.stderr
 
