@@ -157,6 +157,7 @@ def reference_actions(images, state, prompt, noise, seed=0):
 
 def test_decisions_match_reference_and_ages():
     rt = make_runtime()
+    assert rt.describe().endswith("graphs none (CPU)")  # (the contract's graphs mode applies on CUDA only)
     rng = np.random.default_rng(1)
     rt.set_prompt("pick up the red cube")
     imgs, state = observation(rng)

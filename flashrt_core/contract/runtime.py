@@ -453,8 +453,9 @@ class Runtime:
     def describe(self) -> str:
         c = self.contract
         rates = ", ".join(f"{n} {hz:g} Hz" for n, hz in self.stage_rates().items())
+        graphs = c.graphs if torch.device(self.device).type == "cuda" else "none (CPU)"
         return (f"{c.model.name} ({c.model.checkpoint or 'built-in weights'}) {c.model.dtype} on {self.device}, "
-                f"{rates}, graphs {c.graphs}")
+                f"{rates}, graphs {graphs}")
 
     def reset_clock(self) -> None:
         """The clock that steps and stamps count in jumped back (a simulation reset under use_sim_time, a
