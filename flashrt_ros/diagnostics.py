@@ -70,7 +70,7 @@ class NodeHealth:
         self.rejected[kind] += 1
         before = self.refusals.get(source)
         self.refusals[source] = Refusal(kind, why, self.clock(), (before.count if before else 0) + 1)
-        self.last_rejection = f"{source}: {kind}: {why}"
+        self.last_rejection = f"{source}: {why}" if source == kind else f"{source}: {kind}: {why}"
 
     def recent_refusals(self) -> list[tuple[str, Refusal]]:
         """The sources refused within the last RECOVERY_S seconds, the latest first."""

@@ -406,7 +406,7 @@ class PolicyNode(LifecycleNode):
                     self._fed_stamp = stamp
                     self._fresh_since_reset = True
                 except Exception as exc:  # InputError and friends: reject, keep the last good one
-                    self._refuse("observation", "observation", str(exc))
+                    self._refuse("observation", "observation", refusal_reason(exc, self.p, len(state)))
             if not self.runtime.has_observation():
                 missing = self._missing_inputs()
                 self.health.stale_reason = ("waiting for a first complete observation: nothing accepted yet on "
@@ -530,6 +530,16 @@ class PolicyNode(LifecycleNode):
         array = DiagnosticArray(status=[status])
         array.header.stamp = self.get_clock().now().to_msg()
         self._diag_pub.publish(array)
+
+
+def refusal_reason(exc: Exception, p, n_state: int) -> str:
+    """Why the runtime refused an observation, with the fix where the node's parameters are the cause: a state
+    of the wrong width from joints taken in message order (no `joint_names`)."""
+    why = str(exc)
+    if why.startswith("state: shape") and not p.joint_names and not p.state_topic:
+        why += (f" (the joints come in message order, {n_state} of them: set the node parameter `joint_names` to "
+                "the joints the model reads, in its order)")
+    return why
 
 
 def main(args=None):

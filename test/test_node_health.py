@@ -62,3 +62,24 @@ def test_a_stale_observation_is_an_error_that_also_names_the_refused_inputs():
     assert health.level_and_message()[0] == 1
     health.last_error = "step failed: boom"
     assert health.level_and_message()[1].startswith("step failed: boom; refusing /arm/joint_states")
+
+
+def test_a_refusal_named_by_its_kind_says_it_once_and_a_state_width_refusal_names_the_fix():
+    from types import SimpleNamespace
+
+    from flashrt_core.errors import InputError
+    from flashrt_ros.policy_node import refusal_reason
+
+    health = NodeHealth(clock=Clock(5.0))
+    health.reject("observation", "state: shape (7,), expected (8,)")
+    assert health.last_rejection == "observation: state: shape (7,), expected (8,)"
+    health.reject("image", "size 1x1", source="/cam0")
+    assert health.last_rejection == "/cam0: image: size 1x1"
+    exc = InputError("state: shape (7,), expected (8,)")
+    as_sent = SimpleNamespace(joint_names=[], state_topic="")
+    assert refusal_reason(exc, as_sent, 7) == ("state: shape (7,), expected (8,) (the joints come in message order, "
+                                               "7 of them: set the node parameter `joint_names` to the joints the "
+                                               "model reads, in its order)")
+    named = SimpleNamespace(joint_names=["a"] * 7, state_topic="")
+    assert refusal_reason(exc, named, 7) == str(exc)
+    assert refusal_reason(InputError("images: 2 cameras"), as_sent, 7) == "images: 2 cameras"
