@@ -542,19 +542,26 @@ def refusal_reason(exc: Exception, p, n_state: int) -> str:
     return why
 
 
+STOP_POLL_S = 0.1  # the executor returns at least this often to see a Ctrl-C
+
+
 def main(args=None):
-    # Ctrl-C stays Python's KeyboardInterrupt, so that the inference thread is stopped while the context is
-    # still valid (rclpy's SIGINT handler shuts the context down at once, under a chunk being published).
+    # Ctrl-C only asks the spin loop below to end, so that the inference thread is stopped while the context is
+    # still valid (rclpy's SIGINT handler shuts the context down at once, under a chunk being published). Not a
+    # KeyboardInterrupt: raised inside the executor's callback machinery it can be swallowed there, and a node
+    # with no sensor input then ignored Ctrl-C until launch escalated to SIGTERM after 5 s.
     # rclpy handles SIGTERM: a publish on the context it shut down ends the inference thread quietly.
     # (a process started in the background by a non-interactive shell inherits SIGINT ignored: take it back,
     # so that Ctrl-C and `kill -INT` stop the node wherever it was started)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
     rclpy.init(args=args, signal_handler_options=SignalHandlerOptions.SIGTERM)
     node = PolicyNode()
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
-        executor.spin()
+        while not stop.is_set() and node.context.ok():
+            executor.spin_once(timeout_sec=STOP_POLL_S)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     except _rclpy.RCLError:  # SIGTERM shut the context down between two of the executor's waits: the end

@@ -6,8 +6,9 @@
 
 The node's parameters come from `params_file` (default: the packaged config/policy_node.yaml). An argument below
 that is left empty sets nothing, so the file's value stays; an argument given on the command line overrides the
-parameter of the same name (`config` sets `contract`). Only `autostart` always comes from the launch file
-(default true); give autostart:=false to leave the lifecycle to a manager.
+parameter of the same name (`config` sets `contract`). Only `autostart` and `exit_on_failure` always come from
+the launch file (default true, and as autostart); give autostart:=false to leave the lifecycle to a manager.
+With exit_on_failure a node that cannot configure (a bad checkpoint, say) ends, and the launch with it, status 1.
 """
 import os
 
@@ -67,8 +68,10 @@ def node_parameters(arguments: dict) -> dict:
             for name, (parameter, kind, _) in OVERRIDES.items() if arguments.get(name, "") != ""}
 
 
-def parameter_sources(params_file: str, arguments: dict, autostart: str) -> list:
-    """The node's `parameters`, in order: the params_file, then what the launch arguments set (later wins)."""
+def parameter_sources(params_file: str, arguments: dict, autostart: str, exit_on_failure: str = "") -> list:
+    """The node's `parameters`, in order: the params_file, then what the launch arguments set (later wins).
+    exit_on_failure '' = as autostart (a node started alone ends when it cannot configure; one left to a
+    lifecycle manager waits for it)."""
     sources = []
     if params_file:
         if not os.path.isfile(params_file):
@@ -76,18 +79,37 @@ def parameter_sources(params_file: str, arguments: dict, autostart: str) -> list
         sources.append(params_file)
     overrides = node_parameters(arguments)
     overrides["autostart"] = _value("autostart", autostart, bool)
+    overrides["exit_on_failure"] = (overrides["autostart"] if exit_on_failure == ""
+                                    else _value("exit_on_failure", exit_on_failure, bool))
     sources.append(overrides)
     return sources
 
 
+def _node_ended(event, context):
+    """The node ended by itself (exit_on_failure: it could not configure): the launch ends too, with an error
+    (a non-zero status of `ros2 launch`) unless the node ended cleanly or the launch was stopping anyway."""
+    from launch.actions import Shutdown
+
+    if context.is_shutdown:  # (stopped by the launch: nothing to add)
+        return None
+    if event.returncode:
+        raise RuntimeError(f"policy_node ended with exit code {event.returncode}: its log above says why")
+    return [Shutdown(reason="policy_node ended")]
+
+
 def _launch_node(context):
+    from launch.actions import RegisterEventHandler
+    from launch.event_handlers import OnProcessExit
     from launch_ros.actions import LifecycleNode
 
     values = context.launch_configurations
     parameters = parameter_sources(values["params_file"], {name: values[name] for name in OVERRIDES},
-                                   values["autostart"])
-    return [LifecycleNode(package="flashrt_ros", executable="policy_node", name="policy_node",
-                          namespace=values["namespace"], output="screen", parameters=parameters)]
+                                   values["autostart"], values.get("exit_on_failure", ""))
+    node = LifecycleNode(package="flashrt_ros", executable="policy_node", name="policy_node",
+                         namespace=values["namespace"], output="screen", parameters=parameters)
+    if not parameters[-1]["exit_on_failure"]:
+        return [node]
+    return [RegisterEventHandler(OnProcessExit(target_action=node, on_exit=_node_ended)), node]
 
 
 def generate_launch_description():
@@ -104,6 +126,9 @@ def generate_launch_description():
         DeclareLaunchArgument("autostart", default_value="true",
                               description="configure and activate at start-up (false: use a lifecycle manager); "
                                           "the params_file's autostart is not used"),
+        DeclareLaunchArgument("exit_on_failure", default_value="", choices=["", "true", "false"],
+                              description="a failed configure ends the node and the launch (status 1); '' = as "
+                                          "autostart"),
     ]
     for name, (parameter, _, description) in OVERRIDES.items():
         sets = "" if parameter == name else f" (sets the node parameter '{parameter}')"

@@ -42,10 +42,12 @@ def replay_command(values: dict) -> list:
 
 
 def _replay_ended(event, context):
+    """The replay ended: the launch shuts down, with an error (a non-zero status of `ros2 launch`) if it failed."""
     from launch.actions import LogInfo, Shutdown
 
-    outcome = "finished" if event.returncode == 0 else f"failed (exit code {event.returncode})"
-    return [LogInfo(msg=f"flashrt replay {outcome}: shutting down"), Shutdown(reason=f"replay {outcome}")]
+    if event.returncode != 0:
+        raise RuntimeError(f"flashrt replay failed (exit code {event.returncode}): its output above says why")
+    return [LogInfo(msg="flashrt replay finished: shutting down"), Shutdown(reason="replay finished")]
 
 
 def _launch_replay(context):

@@ -5,6 +5,7 @@ The argument rules are plain Python in the launch files and are checked everywhe
 launch files through ROS launch's own LaunchService (as `ros2 launch` does) need `launch` and `launch_ros`,
 which a ROS 2 install has and the pip set-up does not (they are not on PyPI): they are skipped there.
 """
+import importlib
 import importlib.util
 import os
 import pathlib
@@ -60,10 +61,13 @@ def test_no_argument_given_sets_no_parameter(policy, tmp_path):
     empty = {name: "" for name in policy.OVERRIDES}
     assert policy.node_parameters(empty) == {}
     assert policy.node_parameters({}) == {}
-    # the user's file first, then only what the launch file itself decides (autostart)
-    assert policy.parameter_sources(str(params), empty, "true") == [str(params), {"autostart": True}]
-    assert policy.parameter_sources(str(params), empty, "false") == [str(params), {"autostart": False}]
-    assert policy.parameter_sources("", empty, "true") == [{"autostart": True}]
+    # the user's file first, then only what the launch file itself decides (autostart; exit_on_failure follows it
+    # unless given)
+    assert policy.parameter_sources(str(params), empty, "true") == [str(params), {"autostart": True,
+                                                                                   "exit_on_failure": True}]
+    assert policy.parameter_sources(str(params), empty, "false") == [str(params), {"autostart": False,
+                                                                                    "exit_on_failure": False}]
+    assert policy.parameter_sources("", empty, "true", "false") == [{"autostart": True, "exit_on_failure": False}]
 
 
 def test_given_arguments_override_with_the_node_parameter_types(policy):
@@ -170,10 +174,12 @@ sys.exit(service.run())
 def ros_launch(tmp_path):
     """Run a launch file with LaunchService in a subprocess, as `ros2 launch FILE name:=value ...` does."""
     # (launch.launch_service: a bare `import launch` finds this checkout's launch/ folder as a namespace package)
-    pytest.importorskip("launch.launch_service", reason="ROS launch is not installed (not on PyPI; a ROS 2 "
-                                                        "install has it)")
-    pytest.importorskip("launch_ros.actions", reason="launch_ros is not installed (not on PyPI; a ROS 2 install "
-                                                     "has it)")
+    for module in ("launch.launch_service", "launch_ros.actions"):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:  # (named: launch_ros may be there and one of its imports not)
+            pytest.skip(f"ROS launch cannot run here: {module}: {exc} (launch and launch_ros are not on PyPI; a "
+                        "ROS 2 install has them)")
     procs = []
     env = dict(os.environ)
     # the packaged share folder, lib/flashrt_ros/policy_node and the flashrt command of this environment
@@ -272,3 +278,33 @@ def test_replay_launch_ends_by_itself(ros_launch, tmp_path):
     result = yaml.safe_load((report / "report.json").read_text())
     assert result["mode"] == "realtime" and result["status"] == "ok" and result["decisions"] >= 1, result
     assert time.monotonic() - start < 240
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_a_node_that_cannot_configure_ends_the_policy_launch_with_an_error(ros_launch, tmp_path):
+    """autostart (default) implies exit_on_failure: a missing checkpoint ends the node and the launch, status 1,
+    instead of an unconfigured node that idles until Ctrl-C."""
+    log = tmp_path / "launch.log"
+    proc = ros_launch(POLICY, f"checkpoint:={tmp_path / 'nope'}", "device:=cpu",
+                      f"namespace:=launch_fail_{random.randint(0, 1 << 30)}", log=log)
+    try:
+        rc = proc.wait(120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the launch did not end:\n{log.read_text()[-3000:]}") from None
+    text = log.read_text()
+    assert rc != 0 and "not found" in text and "policy_node ended with exit code" in text, text[-3000:]
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_a_failed_replay_ends_the_replay_launch_with_an_error(ros_launch, tmp_path):
+    log = tmp_path / "launch.log"
+    proc = ros_launch(REPLAY, f"bag:={tmp_path / 'no_bag'}", f"report:={tmp_path / 'report'}", "device:=cpu",
+                      log=log)
+    try:
+        rc = proc.wait(120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the launch did not end:\n{log.read_text()[-3000:]}") from None
+    text = log.read_text()
+    assert rc != 0 and "flashrt replay failed (exit code 1)" in text, text[-3000:]

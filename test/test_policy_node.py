@@ -347,3 +347,16 @@ def test_a_simulation_reset_sends_the_clock_back_and_the_node_carries_on(rig_fac
     stamps = [m.observation_stamp.sec * 10**9 + m.observation_stamp.nanosec for m in after]
     assert all(s < top for s in stamps[-3:]), (top, stamps)
     assert int(_values(rig.last_status()).get("rejected.stamp_backwards", 0)) <= 6, rig.last_status()
+
+
+def test_ctrl_c_of_a_node_without_sensor_input_ends_it_at_once(rig_factory):
+    """An active node whose sensors went quiet (nothing but its own timers wakes it): SIGINT ends it within a
+    second or two, status 0 (it used to go unnoticed until ROS launch escalated to SIGTERM after 5 s)."""
+    rig = rig_factory("quiet_node", autostart=True, act_rate=ACT_HZ, observe_rate=OBSERVE_HZ)
+    assert rig.wait(lambda: len(rig.chunks) >= 3, 60), rig.log()
+    rig.mode = "silent"
+    rig.wait(lambda: False, 1.0)
+    sent = time.monotonic()
+    rig.proc.send_signal(signal.SIGINT)
+    code = rig.proc.wait(30)
+    assert code == 0 and time.monotonic() - sent < 3.0, (code, time.monotonic() - sent, rig.log()[-2000:])
