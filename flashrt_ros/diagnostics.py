@@ -67,6 +67,7 @@ class NodeHealth:
     def reject(self, kind: str, why: str, source: str = "") -> None:
         """Count a refused input of `source` (a topic name; default: the kind) and keep it as its last refusal."""
         source = source or kind
+        why = why[len(kind) + 2:] if why.startswith(kind + ": ") else why  # (the kind is said once)
         self.rejected[kind] += 1
         before = self.refusals.get(source)
         self.refusals[source] = Refusal(kind, why, self.clock(), (before.count if before else 0) + 1)

@@ -141,6 +141,9 @@ class PolicyNode(LifecycleNode):
         self.get_logger().info(
             f"configured: {runtime.describe()} cameras={self.p.camera_topics} joints={self.p.joint_names or 'as sent'} "
             f"(warm-up {runtime.warmup_s or 0.0:.1f} s)")
+        if not self.p.prompt and "prompt" in runtime.contract.buffers:
+            self.get_logger().warning(f"no prompt yet: no actions until a task arrives on "
+                                      f"{self.resolve_topic_name('~/prompt')} (or set the `prompt` parameter)")
         if not runtime.contract.model.checkpoint:
             self.get_logger().warning("no checkpoint: the model has built-in random weights and its actions are "
                                       "noise (for demos and tests); set the `checkpoint` parameter to run a policy")

@@ -189,6 +189,9 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
               "ignores it")
     for warning in warnings:
         print(f"{'warning:':<22}{warning}")
+    if not p.prompt:
+        print(f"{'warning:':<22}no prompt: the node publishes no actions until a task arrives on its ~/prompt "
+              "topic (or give --prompt)")
     print("dry run: ok (nothing was loaded)")
     return 0
 

@@ -78,6 +78,9 @@ def test_run_without_a_checkpoint_refuses_to_serve_random_weights(tmp_path):
     assert tiny.returncode == 0 and "checkpoint:           none (built-in random weights)" in tiny.stdout, \
         tiny.stdout + tiny.stderr
     assert "precision:            bf16 (nothing quantized: every part in float32)" in tiny.stdout
+    assert "warning:              no prompt: the node publishes no actions until a task arrives" in tiny.stdout
+    told = flashrt("run", "--dry-run", "--device", "cpu", "--config", "config/pi05_tiny.yaml", "--prompt", "fold it")
+    assert told.returncode == 0 and "no prompt" not in told.stdout, told.stdout + told.stderr
 
 
 def test_a_process_that_warmed_a_runtime_exits_without_binding_leak_reports():

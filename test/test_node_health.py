@@ -75,6 +75,8 @@ def test_a_refusal_named_by_its_kind_says_it_once_and_a_state_width_refusal_name
     assert health.last_rejection == "observation: state: shape (7,), expected (8,)"
     health.reject("image", "size 1x1", source="/cam0")
     assert health.last_rejection == "/cam0: image: size 1x1"
+    health.reject("prompt", "prompt: empty", source="/policy_node/prompt")
+    assert health.last_rejection == "/policy_node/prompt: prompt: empty"
     exc = InputError("state: shape (7,), expected (8,)")
     as_sent = SimpleNamespace(joint_names=[], state_topic="")
     assert refusal_reason(exc, as_sent, 7) == ("state: shape (7,), expected (8,) (the joints come in message order, "

@@ -187,6 +187,17 @@ def test_decisions_match_reference_and_ages():
     assert led["actions"].version == 6
 
 
+def test_a_decision_held_for_an_input_never_set_names_that_input():
+    """No prompt ever set: act waits for the prefix, and the reason traces that back to the prompt input."""
+    rt = make_runtime()
+    imgs, state = observation(np.random.default_rng(4))
+    rt.set_observation(images=imgs, state=state, stamp_ns=0)
+    r = rt.step(0)
+    assert r.actions is None and "the input prompt was never set" in r.reason, r.reason
+    rt.set_prompt("pick up the red cube")
+    assert rt.step(20 * MS).actions is not None
+
+
 def test_new_prompt_reencodes_at_next_tick_and_same_prompt_does_not():
     rt = make_runtime()
     rng = np.random.default_rng(2)

@@ -178,6 +178,25 @@ class Scheduler:
         plan.versions = ver
         return plan
 
+    def _never_given(self, buffer: str, ver: dict) -> str:
+        """Why `buffer` was never written, traced back to the inputs never set (e.g. a prefix that waits for a
+        prompt): ': the input prompt was never set', or '' where the cause is not a missing input."""
+        c, missing, todo, seen = self.contract, [], [buffer], set()
+        while todo:
+            b = todo.pop()
+            if b in seen:
+                continue
+            seen.add(b)
+            if c.buffers[b].is_input:
+                missing.append(b)
+            elif (producer := c.producer(b)) is not None:
+                todo += [r for r in c.stages[producer].reads if ver[r] == 0]
+        missing = sorted(m for m in missing if m != buffer)
+        if not missing:
+            return ""
+        many = len(missing) > 1
+        return f": the input{'s' * many} {', '.join(missing)} {'were' if many else 'was'} never set"
+
     def _consider(self, name, s, plan: Plan, ledger: Ledger, ver: dict, stamp: dict, waiting: set):
         """Whether stage `name` runs at this tick: the stamp of its data, or False (with the reason in
         plan.skipped when it was due but held back)."""
@@ -195,7 +214,7 @@ class Scheduler:
         plan.stamps[name] = src  # also for a held stage: how old its data would be
         never = [b for b in s.reads if ver[b] == 0]
         if never:
-            plan.skipped[name] = f"{never[0]} has not been produced yet"
+            plan.skipped[name] = f"{never[0]} has not been produced yet" + self._never_given(never[0], ver)
             return False
         held = sorted(c.upstream(name) & waiting)
         if held:
