@@ -59,6 +59,7 @@ class NodeHealth:
         self.last_rejection = ""
         self.stale_reason = ""
         self.last_error = ""
+        self.lifecycle = "unconfigured"  # the node's lifecycle state: only an active node publishes
         self.chunks_published = 0
         self.overruns = 0  # stage timers that fired while a tick was still computing
         self.deadline_misses = 0  # act periods without a chunk (the action_chunk publisher's deadline QoS)
@@ -83,9 +84,12 @@ class NodeHealth:
         return f"{refusal.kind}: {refusal.why} ({self.clock() - refusal.at:.1f} s ago)"
 
     def level_and_message(self):
-        """(level, message): ERROR while stale or failing; WARN while an input was refused within RECOVERY_S
-        seconds; else OK. The message names each recently refused source, its reason and how long ago."""
+        """(level, message): ERROR while stale or failing; WARN while not active (lifecycle) or while an input was
+        refused within RECOVERY_S seconds; else OK. The message names each recently refused source, its reason and how long ago."""
         refusing = "; ".join(f"{source}: {self._describe(r)}" for source, r in self.recent_refusals())
+        if self.lifecycle != "active" and not self.last_error:  # (on purpose, or a manager's step still to come)
+            return 1, (f"{self.lifecycle}: not publishing actions (lifecycle state; activate the node to run the "
+                       "policy)" + (f"; refusing {refusing}" if refusing else ""))
         if self.stale_reason or self.last_error:
             message = f"not publishing actions: {self.stale_reason}" if self.stale_reason else self.last_error
             return 2, message + (f"; refusing {refusing}" if refusing else "")

@@ -43,6 +43,8 @@ DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
 FUTURE_STAMP_MS = 1000.0  # how far ahead of the node's clock a sensor stamp may be without an age limit
 CLOCK_JUMP_NS = 1_000_000  # the node's clock going back by more than this is a reset (e.g. of a simulation)
 RESET_SKEW_NS = 50_000_000  # after a reset, messages stamped further than this past the node's clock are old
+LOG_EVERY_S = 2.0  # a refused source's warning is logged at most this often (each source on its own)
+STOP_POLL_S = 0.1  # the executor returns at least this often to see a Ctrl-C
 
 
 class PolicyNode(LifecycleNode):
@@ -76,6 +78,7 @@ class PolicyNode(LifecycleNode):
         self._action_names: list[str] = []
         self._dirty = False
         self._stage_timers = []
+        self._logged_refusal: dict[str, float] = {}  # source -> when its last refusal was logged
         self._subs = []
         self._chunk_pub = self._traj_pub = None
         self._diag_timer = None
@@ -147,6 +150,7 @@ class PolicyNode(LifecycleNode):
         if not runtime.contract.model.checkpoint:
             self.get_logger().warning("no checkpoint: the model has built-in random weights and its actions are "
                                       "noise (for demos and tests); set the `checkpoint` parameter to run a policy")
+        self.health.lifecycle = "inactive"
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state) -> TransitionCallbackReturn:
@@ -157,14 +161,17 @@ class PolicyNode(LifecycleNode):
         self._worker = threading.Thread(target=self._inference_loop, name="flashrt_inference", daemon=True)
         self._worker.start()
         self.get_logger().info(f"active: stage rates {self.runtime.stage_rates()}")
+        self.health.lifecycle = "active"
         return super().on_activate(state)
 
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         self._stop_timers()
+        self.health.lifecycle = "inactive"
         return super().on_deactivate(state)
 
     def on_cleanup(self, state) -> TransitionCallbackReturn:
         self._stop_timers()
+        self.health.lifecycle = "unconfigured"
         for sub in self._subs:
             self.destroy_subscription(sub)
         self._subs.clear()
@@ -218,10 +225,14 @@ class PolicyNode(LifecycleNode):
 
     def _refuse(self, source: str, kind: str, why: str) -> None:
         self.health.reject(kind, why, source=source)
-        self.get_logger().warning(self.health.last_rejection, throttle_duration_sec=2.0)
+        now = time.monotonic()  # at most one line per source every LOG_EVERY_S (rclpy's throttle is per call site:
+        if now - self._logged_refusal.get(source, -LOG_EVERY_S) >= LOG_EVERY_S:  # one topic would hide the rest)
+            self._logged_refusal[source] = now
+            self.get_logger().warning(self.health.last_rejection)
 
-    def _check_stamp(self, source: str, stamp_ns: int) -> bool:
-        now = self.get_clock().now().nanoseconds
+    def _check_stamp(self, source: str, stamp_ns: int, now: int | None = None) -> bool:
+        """now: when the message arrived (default: now); a frame's decode time is not its sender's lateness."""
+        now = self.get_clock().now().nanoseconds if now is None else now
         if stamp_ns <= 0:  # (the age of such a stamp is the time since 1970: say what is wrong instead)
             self._refuse(source, "stamp_unset", "header.stamp is zero (not set by the sender)" if stamp_ns == 0 else
                          f"header.stamp is before 1970 ({stamp_ns / 1e9:.3f} s)")
@@ -255,6 +266,7 @@ class PolicyNode(LifecycleNode):
     def _on_image(self, index: int, topic: str, msg):
         # Any size up to conversions.MAX_PIXELS (checked before decoding, from a compressed header), fitted to
         # the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad)
+        arrived = self.get_clock().now().nanoseconds
         try:
             rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
                    conversions.image_to_rgb(msg))
@@ -264,7 +276,7 @@ class PolicyNode(LifecycleNode):
             return
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
-            if self._check_stamp(topic, stamp):
+            if self._check_stamp(topic, stamp, now=arrived):
                 self._images[index] = (rgb, stamp)
                 self._dirty = True
 
@@ -543,9 +555,6 @@ def refusal_reason(exc: Exception, p, n_state: int) -> str:
         why += (f" (the joints come in message order, {n_state} of them: set the node parameter `joint_names` to "
                 "the joints the model reads, in its order)")
     return why
-
-
-STOP_POLL_S = 0.1  # the executor returns at least this often to see a Ctrl-C
 
 
 def main(args=None):

@@ -16,6 +16,9 @@ class Clock:
 def test_refusals_are_kept_per_topic_and_the_level_recovers_after_the_stated_time():
     clock = Clock(float(random.Random(3).randint(100, 1000)))  # (steps below are exact binary fractions)
     health = NodeHealth(clock=clock)
+    assert health.level_and_message() == (1, "unconfigured: not publishing actions (lifecycle state; activate the "
+                                              "node to run the policy)")
+    health.lifecycle = "active"
     assert health.level_and_message() == (0, "ok")
     health.reject("stamp_unset", "header.stamp is zero (not set by the sender)", source="/arm/joint_states")
     clock.t += 0.25
@@ -51,6 +54,7 @@ def test_refusals_are_kept_per_topic_and_the_level_recovers_after_the_stated_tim
 def test_a_stale_observation_is_an_error_that_also_names_the_refused_inputs():
     clock = Clock(50.0)
     health = NodeHealth(clock=clock)
+    health.lifecycle = "active"
     health.stale_reason = "waiting for a first complete observation: nothing accepted yet on /arm/joint_states"
     assert health.level_and_message() == (2, f"not publishing actions: {health.stale_reason}")
     health.reject("stamp_old", "stamp is 5000.0 ms behind the node's clock", source="/arm/joint_states")

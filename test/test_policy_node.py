@@ -88,6 +88,9 @@ def test_lifecycle_transitions_and_a_failed_configure(rig_factory, tmp_path):
     assert rig.transition(ACTIVATE) and rig.state() == "active"
     assert rig.wait(lambda: len(rig.chunks) >= 3, 30), rig.log()
     assert rig.transition(DEACTIVATE) and rig.state() == "inactive"
+    # a monitor sees that it does not publish, and why (not "ok")
+    assert rig.wait(lambda: rig.last_status().level == b"\x01" and rig.last_status().message.startswith(
+        "inactive: not publishing actions (lifecycle state"), 10), rig.last_status()
     time.sleep(0.3)
     count = len(rig.chunks)
     time.sleep(1.0)
