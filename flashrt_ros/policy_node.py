@@ -367,6 +367,8 @@ class PolicyNode(LifecycleNode):
         if not parts:
             return ""
         stamp, topic = min(parts)
+        if self._age_limit_ns is not None and now_ns - stamp <= self._age_limit_ns:
+            return ""  # (the sensors are fresh: the age is a buffer's, e.g. a prefix restored from a capsule)
         return f" (oldest input: {topic}, stamped {(now_ns - stamp) / 1e6:.0f} ms ago)"
 
     def _latest_observation(self):

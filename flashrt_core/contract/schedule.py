@@ -235,7 +235,9 @@ class Scheduler:
         if name == self.output_stage and limit is not None and src is not None:
             age = (now_ns - src) / 1e6
             if age > limit:
-                plan.skipped[name] = f"observation age {age:.1f} ms exceeds limits.max_observation_age_ms = {limit:g}"
+                oldest = min((b for b in s.reads if stamp[b] is not None), key=lambda b: stamp[b])
+                plan.skipped[name] = (f"observation age {age:.1f} ms exceeds limits.max_observation_age_ms = "
+                                      f"{limit:g} (the oldest it reads: {oldest})")
             elif -age > limit:  # a negative age would pass any limit: the sensor's clock and ours disagree
                 plan.skipped[name] = (f"observation stamped {-age:.1f} ms in the future (more than "
                                       f"limits.max_observation_age_ms = {limit:g}): sensor and runtime clocks disagree")
