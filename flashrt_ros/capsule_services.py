@@ -88,8 +88,9 @@ class CapsuleServices:
 
     @staticmethod
     def _snapshot(runtime, request, response):
-        response.capsule_id = runtime.snapshot(request.name or "snapshot", tier=request.tier or "device")
-        response.message = f"snapshot '{request.name}' -> {response.capsule_id}" + _dropped(runtime)
+        name = request.name or "snapshot"  # (an empty name: the capsule is named "snapshot", and so says the reply)
+        response.capsule_id = runtime.snapshot(name, tier=request.tier or "device")
+        response.message = f"snapshot '{name}' -> {response.capsule_id}" + _dropped(runtime)
 
     def _restore(self, runtime, request, response):
         runtime.restore(request.capsule_id, rewind_time=request.rewind_time)
@@ -97,7 +98,9 @@ class CapsuleServices:
             self.node.rewound(runtime.runtime_meta().get("last_stamp_ns"))
         response.message = f"restored {request.capsule_id} " + (
             "(rewind: rate clocks and the observation-stamp watermark are the snapshot's)" if request.rewind_time
-            else "(live: the rate grid and observation stamps go on from now)")
+            else "(live: the rate grid and observation stamps go on from now; the restored buffers keep their "
+                 "observation's stamp, so an act over a prefix older than max_observation_age_ms waits for the next "
+                 "observe)")
 
     @staticmethod
     def _fork(runtime, request, response):

@@ -29,8 +29,16 @@ def _policy_launch():
 def replay_command(values: dict) -> list:
     """`flashrt replay` for these launch argument values (the topic mapping the node's parameters give)."""
     policy = _policy_launch()
-    cmd = ["flashrt", "replay", values["bag"], "--realtime", "--config", values["config"],
-           "--report", values["report"], "--timeout", values["node_timeout"], "--no-progress"]
+    cmd = ["flashrt", "replay", values["bag"], "--realtime", "--report", values["report"], "--timeout",
+           values["node_timeout"], "--no-progress"]
+    # the node's contract and checkpoint, as the node takes them: the arguments over the params_file's values
+    node = {**_file_parameters(values.get("params_file", "")),
+            **{p: v for p, v in (("contract", values.get("config", "")), ("checkpoint", values.get("checkpoint", "")))
+               if v}}
+    if node.get("contract"):
+        cmd += ["--config", node["contract"]]
+    if node.get("checkpoint"):
+        cmd += ["--checkpoint", node["checkpoint"]]
     if values.get("params_file"):
         cmd += ["--topics", values["params_file"]]
     given = policy.node_parameters({name: values.get(name, "") for name in ("camera_topics", "joint_state_topic")})
@@ -39,6 +47,22 @@ def replay_command(values: dict) -> list:
     if "joint_state_topic" in given:
         cmd += ["--joints", given["joint_state_topic"]]
     return cmd
+
+
+def _file_parameters(params_file: str) -> dict:
+    """The policy node's own section (or `/**`) of a params file: {parameter: value}."""
+    if not params_file or not os.path.isfile(params_file):
+        return {}
+    import yaml
+
+    with open(params_file, encoding="utf-8") as f:
+        data = yaml.safe_load(f) or {}
+    merged = {}
+    for key in ("/**", "policy_node", "/policy_node"):
+        section = data.get(key) if isinstance(data, dict) else None
+        if isinstance(section, dict) and isinstance(section.get("ros__parameters"), dict):
+            merged.update(section["ros__parameters"])
+    return merged
 
 
 def _replay_ended(event, context):
@@ -70,8 +94,10 @@ def generate_launch_description():
     policy = _policy_launch()
     args = [
         DeclareLaunchArgument("bag", description="rosbag2 folder (mcap or sqlite3) to replay"),
-        DeclareLaunchArgument("config", default_value=os.path.join(share, "config", "pi05_tiny.yaml"),
-                              description="execution contract YAML, for the node and the replay's report"),
+        DeclareLaunchArgument("config", default_value="",
+                              description="execution contract YAML, for the node and the replay's report; '' = "
+                                          "the node's own choice (the params_file's contract, else the packaged "
+                                          "one for its checkpoint, else the built-in tiny model's)"),
         DeclareLaunchArgument("report", default_value="replay_report", description="report output folder"),
         DeclareLaunchArgument("node_timeout", default_value="300",
                               description="seconds the replay waits for the node (configure loads the weights "

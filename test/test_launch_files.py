@@ -156,6 +156,20 @@ def test_replay_maps_bag_topics_from_the_node_parameters(replay_launch, tmp_path
     assert topics.joint_states == "/" + packaged["joint_state_topic"]
 
 
+def test_replay_takes_the_nodes_contract_and_checkpoint(replay_launch, tmp_path):
+    """config '' (the default) leaves the node's own choice: the replay's report then uses the contract the node
+    takes for the checkpoint (argument or params_file), not the tiny model's."""
+    args, _ = _topic_map_of(replay_launch.replay_command(_replay_values(config="", checkpoint="/m/pi0")))
+    assert args.config is None and args.checkpoint == "/m/pi0"
+    params = _user_params(tmp_path / "user.yaml", **{**USER, "checkpoint": "/m/from_file", "contract": "/c/file.yaml"})
+    args, _ = _topic_map_of(replay_launch.replay_command(_replay_values(config="", params_file=str(params))))
+    assert (args.config, args.checkpoint) == ("/c/file.yaml", "/m/from_file")
+    args, _ = _topic_map_of(replay_launch.replay_command(_replay_values(params_file=str(params), checkpoint="/m/a")))
+    assert (args.config, args.checkpoint) == ("/c/tiny.yaml", "/m/a")
+    args, _ = _topic_map_of(replay_launch.replay_command(_replay_values(config="")))
+    assert args.config is None and args.checkpoint is None
+
+
 # ---- through ROS launch itself (a ROS 2 install) -----------------------------------------------------------
 RUNNER = """
 import sys

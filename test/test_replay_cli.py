@@ -100,3 +100,18 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only():
     bar.update(start + 10**8, 1, force=True)
     bar.close(start + 10**9, 2)
     assert quiet.text == []  # --no-progress
+
+
+def test_replay_takes_the_contract_a_node_takes_for_a_checkpoint(tmp_path):
+    """Without --config the replay's contract is the node's: the tiny model's, or for --checkpoint its model's
+    packaged contract, configured with that checkpoint (a pi0 one included, whose contract needs it)."""
+    from lerobot_checkpoint import PI0_FIXTURE, checkpoint_copy
+
+    from flashrt_core.contract.spec import configured_contract
+    from flashrt_ros.replay.runtimes import default_config
+
+    assert default_config().name == "pi05_tiny.yaml"
+    ckpt = checkpoint_copy(tmp_path, PI0_FIXTURE)
+    assert default_config(str(ckpt)).name == "pi0.yaml"
+    contract = configured_contract(default_config(str(ckpt)), checkpoint=str(ckpt))
+    assert contract.model.name == "pi0" and contract.model.checkpoint == str(ckpt)

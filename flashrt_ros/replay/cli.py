@@ -9,7 +9,10 @@ def add_subparsers(sub) -> None:
                        description="Replay a rosbag2 (mcap or sqlite3) through the execution contract on the bag "
                                    "clock (deterministic), or with --realtime against a running policy_node.")
     p.add_argument("bag", help="rosbag2 folder, .mcap or .db3 file")
-    p.add_argument("--config", default=None, help="contract YAML (default: the packaged pi05_tiny.yaml)")
+    p.add_argument("--config", default=None, help="contract YAML (default: the packaged one a node takes: "
+                                                  "pi05_tiny.yaml, or with --checkpoint that model's)")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="LeRobot checkpoint folder for the contract's model (as the node's checkpoint parameter)")
     p.add_argument("--compare", default=None, metavar="FILE",
                    help="a second contract fed the same inputs and noise; reports their agreement")
     p.add_argument("--report", default=None, metavar="DIR", help="write report.json, report.md and plots here")
@@ -60,7 +63,7 @@ def run_replay(args) -> int:
         report = replay(args.bag, config=args.config, compare=args.compare, report_dir=args.report,
                         realtime=args.realtime, seed=args.seed, progress=not args.no_progress, topics=topics,
                         prompt=args.prompt, device=args.device, node=args.node, timeout_s=args.timeout,
-                        action_dt_s=args.action_dt)
+                        action_dt_s=args.action_dt, checkpoint=args.checkpoint)
     except ReplayError as e:
         if e.report is not None and e.report.data.get("ticks"):
             print(e.report.summary_table().rsplit("\nerror: ", 1)[0])

@@ -45,9 +45,9 @@ def _chunk_tick(store, raw: bytes, offset_ns: int) -> TickRecord:
 
 
 def replay_realtime(bag, config, *, report_dir=None, topics, prompt=None, node="/policy_node", progress=True,
-                    seed=0, timeout_s=60.0, action_dt_s: float = 0.02):
-    from flashrt_core.contract.spec import load_contract
-    from flashrt_core.errors import ContractError
+                    seed=0, timeout_s=60.0, action_dt_s: float = 0.02, checkpoint=None):
+    from flashrt_core.contract.spec import configured_contract, load_contract
+    from flashrt_core.errors import FlashRTError
     from flashrt_ros.ros_env import apply_isolated_env
 
     os.environ.setdefault("ROS_DOMAIN_ID", "0")  # the running node's domain: ROS's default unless set
@@ -59,9 +59,9 @@ def replay_realtime(bag, config, *, report_dir=None, topics, prompt=None, node="
 
     from flashrt_ros.msg import ActionChunk
 
-    try:
-        contract = load_contract(config)
-    except ContractError as e:
+    try:  # (the node's contract, for the report: with the node's checkpoint where it takes one)
+        contract = load_contract(config) if checkpoint is None else configured_contract(config, checkpoint=checkpoint)
+    except FlashRTError as e:
         raise ReplayError(f"{config}: {e}") from None
     store = bagio.typestore()
     node_ns = "/" + node.strip("/")

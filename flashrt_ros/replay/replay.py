@@ -31,15 +31,17 @@ def _topic_map(topics) -> TopicMap:
 
 def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = False, seed: int = 0,
            progress: bool = True, topics=None, prompt: str | None = None, device: str = "cpu",
-           node: str = "/policy_node", timeout_s: float = 60.0, action_dt_s: float = 0.02) -> Report:
-    """Replay `bag` through `config` (default: the packaged pi05_tiny.yaml) and return the Report.
+           node: str = "/policy_node", timeout_s: float = 60.0, action_dt_s: float = 0.02,
+           checkpoint: str | None = None) -> Report:
+    """Replay `bag` through `config` (default: the packaged contract a node takes, pi05_tiny.yaml without a
+    checkpoint) and return the Report. checkpoint: the contract's model.checkpoint (as the node's parameter).
 
     topics: a TopicMap, a dict of its fields, or a mapping/params YAML path (default: make-bag's names).
     prompt: use this prompt instead of the bag's prompt topic. action_dt_s: seconds between two actions of a
     chunk on the robot (the node's action_dt), for the splice metrics. On a bad bag, raises ReplayError
     carrying the partial report (also written to report_dir).
     """
-    config = Path(config) if config is not None else default_config()
+    config = Path(config) if config is not None else default_config(checkpoint)
     topic_map = _topic_map(topics)
     if realtime:
         from flashrt_ros.replay.realtime import replay_realtime
@@ -48,7 +50,8 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
             raise ReplayError("--compare and --device apply to the bag-clock replay; --realtime drives a "
                               "running policy_node, whose parameters set them")
         return replay_realtime(bag, config, report_dir=report_dir, topics=topic_map, prompt=prompt, node=node,
-                               progress=progress, seed=seed, timeout_s=timeout_s, action_dt_s=action_dt_s)
+                               progress=progress, seed=seed, timeout_s=timeout_s, action_dt_s=action_dt_s,
+                               checkpoint=checkpoint)
     t_wall = time.perf_counter()
     player = contract = bar = None
     error = None
@@ -56,7 +59,7 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
     try:
         source.open()
         cams = len(topic_map.cameras)
-        runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device)]
+        runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device, checkpoint=checkpoint)]
         if compare is not None:
             runtimes.append(build_runtime(compare, seed=seed, cameras=cams, device=device))
         contract = runtimes[0].contract

@@ -7,16 +7,19 @@ from flashrt_core.errors import FlashRTError
 from flashrt_ros.replay.errors import ReplayError
 
 
-def default_config() -> Path:
-    from flashrt_ros.runtime_loader import packaged_config
+def default_config(checkpoint: str | None = None) -> Path:
+    """The packaged contract a node takes: for a checkpoint, its model's (pi05.yaml / pi0.yaml), else the built-in
+    tiny model's."""
+    from flashrt_ros.runtime_loader import DEFAULT_CONTRACT, checkpoint_contract, packaged_config
 
-    return packaged_config("pi05_tiny.yaml")
+    return packaged_config(checkpoint_contract(checkpoint) if checkpoint else DEFAULT_CONTRACT)
 
 
-def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu"):
+def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", checkpoint: str | None = None):
     from flashrt_core import Runtime
 
     try:
-        return Runtime.from_config(str(config), device=device, seed=seed, num_cameras=cameras)
+        return Runtime.from_config(str(config), device=device, seed=seed, num_cameras=cameras,
+                                   checkpoint=checkpoint)
     except FlashRTError as e:
         raise ReplayError(f"{config}: cannot build the runtime: {e}") from None
