@@ -7,8 +7,9 @@ Starts policy.launch.py's node (autostart) with the same arguments (params_file,
 joint_state_topic, device, image_height/width, engine, tokenizer; namespace stays empty: the bag's topics are
 played as recorded) and `flashrt replay BAG --realtime` beside it. The contract describes the model, not the
 robot's topics, so the replay maps bag topics to the node's inputs from the node's own configuration: the same
-params_file, with the camera_topics and joint_state_topic arguments over it. image_height/width must match the
-bag's camera images (the node rejects other sizes). When the replay ends, the launch shuts down, node included.
+params_file, with the camera_topics and joint_state_topic arguments over it, and its report uses the contract and
+checkpoint the node takes. Frames of another size than image_height/width are letterboxed to it. When the replay
+ends, the launch shuts down, node included; a failed replay (or a node that cannot configure) ends it with an error.
 """
 import importlib.util
 import os
