@@ -92,13 +92,27 @@ class BuildPyWithInterfaces(build_py):
                 shutil.copy2(item, dest)
 
 
+def node_executable() -> str:
+    """scripts/policy_node with this interpreter in its #! line (build/node/policy_node): launch_ros runs
+    lib/flashrt_ros/policy_node directly, and `/usr/bin/env python3` would find whichever Python is first on PATH
+    (the system's, without this environment's packages, when the environment is not activated). colcon's CMake
+    install keeps the script as it is: there the sourced workspace provides the packages."""
+    source = (HERE / "scripts" / "policy_node").read_text()
+    body = source.split("\n", 1)[1] if source.startswith("#!") else source
+    out = HERE / "build" / "node" / "policy_node"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"#!{sys.executable}\n{body}")
+    out.chmod(0o755)
+    return str(out.relative_to(HERE))
+
+
 def data_files():
     """The ament layout launch_ros expects, plus the typesupport libraries and interface definitions."""
     files = [
         (f"share/{PKG}", ["package.xml"]),
         (f"share/{PKG}/launch", sorted(glob.glob("launch/*.py"))),
         (f"share/{PKG}/config", sorted(glob.glob("config/*.yaml"))),
-        (f"lib/{PKG}", ["scripts/policy_node"]),
+        (f"lib/{PKG}", [node_executable()]),
     ]
     if not any(cmd in sys.argv for cmd in ("bdist_wheel", "build", "build_py", "install", "develop")):
         return files  # metadata-only invocations (egg_info, dist_info) need no build

@@ -494,6 +494,13 @@ def print_table(doc: dict, out=print) -> None:
                 f"{'PASS' if p['pass'] else 'FAIL'}")
 
 
+def gpu_missing() -> str | None:
+    """Why `flashrt bench` cannot run here (no CUDA GPU), or None."""
+    if torch.cuda.is_available():
+        return None
+    return "needs a CUDA GPU (this torch sees none; `flashrt doctor` says what it has)"
+
+
 def run_cli(args) -> int:
     if args.model not in MODELS:
         raise SystemExit(f"--model: one of {', '.join(MODELS)}, got {args.model!r}")
@@ -501,9 +508,9 @@ def run_cli(args) -> int:
     unknown = [b for b in baselines if b not in SYSTEMS[2:]]
     if unknown:
         raise SystemExit(f"--baselines: unknown {unknown[0]!r} (one of {', '.join(SYSTEMS[2:])})")
-    if not torch.cuda.is_available():
-        print("flashrt bench: needs a CUDA GPU (this torch sees none; `flashrt doctor` says what it has)",
-              file=sys.stderr)
+    missing = gpu_missing()
+    if missing:
+        print(f"flashrt bench: {missing}", file=sys.stderr)
         return 1
     run = bench_model(args.model, views=args.views, prompt_len=args.prompt_len, steps=args.steps, chunk=args.chunk,
                       dtype=args.dtype, baselines=baselines, iters=args.iters, warmup=args.warmup, seed=args.seed,

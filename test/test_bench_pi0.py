@@ -318,6 +318,7 @@ def test_flashrt_bench_cli_takes_model_pi0(monkeypatch, tmp_path):
     import argparse
 
     calls = []
+    monkeypatch.setattr(bench, "gpu_missing", lambda: None)  # (the command refuses a machine without a GPU)
     monkeypatch.setattr(bench, "bench_model", lambda kind, **kw: calls.append((kind, kw)) or {
         "workload": {"model": kind, "views": 2, "prompt_len": 48, "steps": 10, "chunk": 50, "dtype": "bfloat16"},
         "results": {}, "extra": {}})

@@ -207,7 +207,7 @@ def test_dry_run_merges_the_ros_forms_of_the_node_section(tmp_path, text):
     params = tmp_path / "robot.yaml"
     params.write_text(text)
     run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
-                  "--camera-topics", "/a", "--params-file", str(params), env=env)
+                  "--camera-topics", "/a", "--params-file", str(params), "--prompt", "fold it", env=env)
     assert run.returncode == 0, run.stderr
     assert "act 7 Hz" in run.stdout and "warning:" not in run.stdout, run.stdout
 
@@ -218,7 +218,7 @@ def test_dry_run_warns_when_no_section_of_the_params_file_reaches_the_node(tmp_p
     params.write_text("other_node:\n  ros__parameters:\n    act_rate_hz: 7.0\n"  # legal ROS, for other nodes
                       "robot1:\n  policy_node:\n    ros__parameters:\n      act_rate_hz: 7.0\n")  # /robot1/policy_node
     run = flashrt("run", "--dry-run", "--checkpoint", str(checkpoint_copy(tmp_path)), "--device", "cpu",
-                  "--camera-topics", "/a", "--params-file", str(params), env=env)
+                  "--camera-topics", "/a", "--params-file", str(params), "--prompt", "fold it", env=env)
     assert run.returncode == 0, run.stderr
     warnings = [line for line in run.stdout.splitlines() if line.startswith("warning:")]
     assert warnings == [f"{'warning:':<22}{params}: the node /policy_node (flashrt run starts it in the root "

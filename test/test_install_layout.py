@@ -21,6 +21,9 @@ def test_ament_index_layout_is_installed():
     node = PREFIX / "lib/flashrt_ros/policy_node"
     assert node.is_file() and os.access(node, os.X_OK)
     assert "flashrt_ros.policy_node" in node.read_text()
+    # launch_ros runs it directly: with this environment's Python, activated or not (not `env python3`)
+    shebang = node.read_text().splitlines()[0]
+    assert shebang.startswith("#!/") and pathlib.Path(shebang[2:]).parent == PREFIX / "bin", shebang
     assert (PREFIX / "share/ament_index/resource_index/rosidl_interfaces/flashrt_ros").is_file()
 
 
