@@ -70,6 +70,14 @@ class PolicyNode(LifecycleNode):
         self._worker_stop = False
         self._sensor_lock = threading.Lock()
         self._images: dict[int, tuple[np.ndarray, int]] = {}
+        # Camera frames are decoded and fitted by a thread of their own (`_fit_frames`), not in the executor's
+        # callback: a large frame (1080p: ~15 ms, 4000x4000: ~250 ms) would hold back the stage timers. A
+        # callback checks the stamp and leaves the message here; the fitter takes the newest of each camera.
+        self._frames_due: dict[int, tuple[str, object, int]] = {}  # camera -> (topic, message, stamp)
+        self._frames_wake = threading.Condition(self._sensor_lock)
+        self._frames_epoch = 0  # +1 whenever held frames are dropped: a frame being fitted then is dropped too
+        self._fitter = threading.Thread(target=self._fit_frames, name="flashrt_frames", daemon=True)
+        self._fitter.start()
         self._joints: tuple[np.ndarray, int] | None = None
         self._last_stamp: dict[str, int] = {}
         self._fed_stamp = -1
@@ -186,6 +194,7 @@ class PolicyNode(LifecycleNode):
             self.runtime = None
         with self._sensor_lock:
             self._images.clear()
+            self._frames_due.clear()
             self._joints = None
             self._last_stamp.clear()
             self._fed_stamp = -1
@@ -264,21 +273,36 @@ class PolicyNode(LifecycleNode):
         return True
 
     def _on_image(self, index: int, topic: str, msg):
-        # Any size up to conversions.MAX_PIXELS (checked before decoding, from a compressed header), fitted to
-        # the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad)
-        arrived = self.get_clock().now().nanoseconds
-        try:
-            rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
-                   conversions.image_to_rgb(msg))
-            rgb = letterbox(rgb, *self._frame_shape[:2])
-        except (conversions.ConversionError, InputError) as exc:
-            self._refuse(topic, "image", str(exc))
-            return
+        """The stamp is checked on arrival; decoding and fitting are the fitter thread's (`_fit_frames`)."""
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
-            if self._check_stamp(topic, stamp, now=arrived):
-                self._images[index] = (rgb, stamp)
-                self._dirty = True
+            if self._check_stamp(topic, stamp):
+                self._frames_due[index] = (topic, msg, stamp)  # (a frame not fitted yet is superseded)
+                self._frames_wake.notify()
+
+    def _fit_frames(self):
+        """Any size up to conversions.MAX_PIXELS (checked before decoding, from a compressed header), fitted to
+        the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad)."""
+        while True:
+            with self._sensor_lock:
+                while not self._frames_due:
+                    self._frames_wake.wait()
+                index = next(iter(self._frames_due))  # (the camera waiting longest: none starves)
+                topic, msg, stamp = self._frames_due.pop(index)
+                shape, epoch = self._frame_shape, self._frames_epoch
+            if shape is None:  # (unconfigured meanwhile)
+                continue
+            try:
+                rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
+                       conversions.image_to_rgb(msg))
+                rgb = letterbox(rgb, *shape[:2])
+            except (conversions.ConversionError, InputError) as exc:
+                self._refuse(topic, "image", str(exc))
+                continue
+            with self._sensor_lock:
+                if epoch == self._frames_epoch and stamp >= self._images.get(index, (None, -1))[1]:
+                    self._images[index] = (rgb, stamp)
+                    self._dirty = True
 
     @property
     def _state_source(self) -> str:
