@@ -195,6 +195,7 @@ class PolicyNode(LifecycleNode):
         with self._sensor_lock:
             self._images.clear()
             self._frames_due.clear()
+            self._frames_epoch += 1
             self._joints = None
             self._last_stamp.clear()
             self._fed_stamp = -1
@@ -488,6 +489,8 @@ class PolicyNode(LifecycleNode):
         horizon = now_ns + RESET_SKEW_NS
         with self._sensor_lock:
             self._images = {i: v for i, v in self._images.items() if v[1] <= horizon}
+            self._frames_due = {i: v for i, v in self._frames_due.items() if v[2] <= horizon}
+            self._frames_epoch += 1
             if self._joints is not None and self._joints[1] > horizon:
                 self._joints = None
             self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= horizon}
@@ -505,6 +508,8 @@ class PolicyNode(LifecycleNode):
         w = -1 if watermark_ns is None else int(watermark_ns)
         with self._sensor_lock:
             self._images = {i: v for i, v in self._images.items() if v[1] <= w}
+            self._frames_due = {i: v for i, v in self._frames_due.items() if v[2] <= w}
+            self._frames_epoch += 1
             if self._joints is not None and self._joints[1] > w:
                 self._joints = None
             self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= w}
