@@ -114,3 +114,13 @@ class NodeHealth:
             values.append((f"last_refusal.{source}", f"{self._describe(refusal)} [{refusal.count} refused]"))
         values.append(("staleness", self.stale_reason or "fresh"))
         return values
+
+
+def refusal_reason(exc: Exception, p, n_state: int) -> str:
+    """Why the runtime refused an observation, with the fix where the node's parameters are the cause: a state
+    of the wrong width from joints taken in message order (no `joint_names`)."""
+    why = str(exc)
+    if why.startswith("state: shape") and not p.joint_names and not p.state_topic:
+        why += (f" (the joints come in message order, {n_state} of them: set the node parameter `joint_names` to "
+                "the joints the model reads, in its order)")
+    return why

@@ -30,11 +30,11 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
-from flashrt_core.errors import InputError
 from flashrt_core.models.pi05.preprocess import letterbox
 from flashrt_ros import conversions, params
 from flashrt_ros.capsule_services import CapsuleServices
-from flashrt_ros.diagnostics import NodeHealth
+from flashrt_ros.diagnostics import NodeHealth, refusal_reason
+from flashrt_ros.frame_fitter import FrameFitter
 from flashrt_ros.msg import ActionChunk
 from flashrt_ros.runtime_loader import action_names, load_runtime
 
@@ -70,14 +70,7 @@ class PolicyNode(LifecycleNode):
         self._worker_stop = False
         self._sensor_lock = threading.Lock()
         self._images: dict[int, tuple[np.ndarray, int]] = {}
-        # Camera frames are decoded and fitted by a thread of their own (`_fit_frames`), not in the executor's
-        # callback: a large frame (1080p: ~15 ms, 4000x4000: ~250 ms) would hold back the stage timers. A
-        # callback checks the stamp and leaves the message here; the fitter takes the newest of each camera.
-        self._frames_due: dict[int, tuple[str, object, int]] = {}  # camera -> (topic, message, stamp)
-        self._frames_wake = threading.Condition(self._sensor_lock)
-        self._frames_epoch = 0  # +1 whenever held frames are dropped: a frame being fitted then is dropped too
-        self._fitter = threading.Thread(target=self._fit_frames, name="flashrt_frames", daemon=True)
-        self._fitter.start()
+        self._frames = FrameFitter(self._sensor_lock, self._fit_frame, self._refuse, self._store_frame)
         self._joints: tuple[np.ndarray, int] | None = None
         self._last_stamp: dict[str, int] = {}
         self._fed_stamp = -1
@@ -194,8 +187,7 @@ class PolicyNode(LifecycleNode):
             self.runtime = None
         with self._sensor_lock:
             self._images.clear()
-            self._frames_due.clear()
-            self._frames_epoch += 1
+            self._frames.drop()
             self._joints = None
             self._last_stamp.clear()
             self._fed_stamp = -1
@@ -274,36 +266,27 @@ class PolicyNode(LifecycleNode):
         return True
 
     def _on_image(self, index: int, topic: str, msg):
-        """The stamp is checked on arrival; decoding and fitting are the fitter thread's (`_fit_frames`)."""
+        """The stamp is checked on arrival; decoding and fitting are the FrameFitter's."""
         stamp = conversions.stamp_to_ns(msg.header.stamp)
         with self._sensor_lock:
             if self._check_stamp(topic, stamp):
-                self._frames_due[index] = (topic, msg, stamp)  # (a frame not fitted yet is superseded)
-                self._frames_wake.notify()
+                self._frames.submit(index, topic, msg, stamp)
 
-    def _fit_frames(self):
+    def _fit_frame(self, msg):
         """Any size up to conversions.MAX_PIXELS (checked before decoding, from a compressed header), fitted to
-        the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad)."""
-        while True:
-            with self._sensor_lock:
-                while not self._frames_due:
-                    self._frames_wake.wait()
-                index = next(iter(self._frames_due))  # (the camera waiting longest: none starves)
-                topic, msg, stamp = self._frames_due.pop(index)
-                shape, epoch = self._frame_shape, self._frames_epoch
-            if shape is None:  # (unconfigured meanwhile)
-                continue
-            try:
-                rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
-                       conversions.image_to_rgb(msg))
-                rgb = letterbox(rgb, *shape[:2])
-            except (conversions.ConversionError, InputError) as exc:
-                self._refuse(topic, "image", str(exc))
-                continue
-            with self._sensor_lock:
-                if epoch == self._frames_epoch and stamp >= self._images.get(index, (None, -1))[1]:
-                    self._images[index] = (rgb, stamp)
-                    self._dirty = True
+        the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad); None while
+        unconfigured. Runs in the FrameFitter's thread."""
+        shape = self._frame_shape
+        if shape is None:
+            return None
+        rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
+               conversions.image_to_rgb(msg))
+        return letterbox(rgb, *shape[:2])
+
+    def _store_frame(self, index: int, rgb, stamp: int) -> None:
+        if stamp >= self._images.get(index, (None, -1))[1]:  # (sensor lock held)
+            self._images[index] = (rgb, stamp)
+            self._dirty = True
 
     @property
     def _state_source(self) -> str:
@@ -489,8 +472,7 @@ class PolicyNode(LifecycleNode):
         horizon = now_ns + RESET_SKEW_NS
         with self._sensor_lock:
             self._images = {i: v for i, v in self._images.items() if v[1] <= horizon}
-            self._frames_due = {i: v for i, v in self._frames_due.items() if v[2] <= horizon}
-            self._frames_epoch += 1
+            self._frames.drop(keep=lambda stamp: stamp <= horizon)
             if self._joints is not None and self._joints[1] > horizon:
                 self._joints = None
             self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= horizon}
@@ -508,8 +490,7 @@ class PolicyNode(LifecycleNode):
         w = -1 if watermark_ns is None else int(watermark_ns)
         with self._sensor_lock:
             self._images = {i: v for i, v in self._images.items() if v[1] <= w}
-            self._frames_due = {i: v for i, v in self._frames_due.items() if v[2] <= w}
-            self._frames_epoch += 1
+            self._frames.drop(keep=lambda stamp: stamp <= w)
             if self._joints is not None and self._joints[1] > w:
                 self._joints = None
             self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= w}
@@ -576,16 +557,6 @@ class PolicyNode(LifecycleNode):
         array = DiagnosticArray(status=[status])
         array.header.stamp = self.get_clock().now().to_msg()
         self._diag_pub.publish(array)
-
-
-def refusal_reason(exc: Exception, p, n_state: int) -> str:
-    """Why the runtime refused an observation, with the fix where the node's parameters are the cause: a state
-    of the wrong width from joints taken in message order (no `joint_names`)."""
-    why = str(exc)
-    if why.startswith("state: shape") and not p.joint_names and not p.state_topic:
-        why += (f" (the joints come in message order, {n_state} of them: set the node parameter `joint_names` to "
-                "the joints the model reads, in its order)")
-    return why
 
 
 def main(args=None):

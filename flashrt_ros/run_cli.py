@@ -123,7 +123,7 @@ def _flat(params: dict, path: str, prefix: str = "") -> dict:
     return out
 
 
-def _file_parameters(path: str | None, node_name: str) -> tuple[dict, list[str]]:
+def file_parameters(path: str | None, node_name: str) -> tuple[dict, list[str]]:
     """The node's parameters in a ROS params file as rcl applies them (every section that selects the node, a
     later one over an earlier one), and warnings. ValueError: a file ROS refuses or that is no params file."""
     if not path:
@@ -198,7 +198,7 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
 
 def run_command(args) -> int:
     try:  # before the node starts: rcl refuses such a file too, but deep inside and less clearly
-        file_values, warnings = _file_parameters(args.params_file, args.node_name)
+        file_values, warnings = file_parameters(args.params_file, args.node_name)
     except (OSError, ValueError) as exc:
         print(f"flashrt run: --params-file: {exc}", file=sys.stderr)
         return 1

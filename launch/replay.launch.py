@@ -29,11 +29,13 @@ def _policy_launch():
 
 def replay_command(values: dict) -> list:
     """`flashrt replay` for these launch argument values (the topic mapping the node's parameters give)."""
+    from flashrt_ros.run_cli import file_parameters  # (the node's sections of the file, as rcl applies them)
+
     policy = _policy_launch()
     cmd = ["flashrt", "replay", values["bag"], "--realtime", "--report", values["report"], "--timeout",
            values["node_timeout"], "--no-progress"]
     # the node's contract and checkpoint, as the node takes them: the arguments over the params_file's values
-    node = {**_file_parameters(values.get("params_file", "")),
+    node = {**file_parameters(values.get("params_file", ""), "policy_node")[0],
             **{p: v for p, v in (("contract", values.get("config", "")), ("checkpoint", values.get("checkpoint", "")))
                if v}}
     if node.get("contract"):
@@ -48,22 +50,6 @@ def replay_command(values: dict) -> list:
     if "joint_state_topic" in given:
         cmd += ["--joints", given["joint_state_topic"]]
     return cmd
-
-
-def _file_parameters(params_file: str) -> dict:
-    """The policy node's own section (or `/**`) of a params file: {parameter: value}."""
-    if not params_file or not os.path.isfile(params_file):
-        return {}
-    import yaml
-
-    with open(params_file, encoding="utf-8") as f:
-        data = yaml.safe_load(f) or {}
-    merged = {}
-    for key in ("/**", "policy_node", "/policy_node"):
-        section = data.get(key) if isinstance(data, dict) else None
-        if isinstance(section, dict) and isinstance(section.get("ros__parameters"), dict):
-            merged.update(section["ros__parameters"])
-    return merged
 
 
 def _replay_ended(event, context):

@@ -181,7 +181,7 @@ def test_params_file_sections_reach_the_node_as_rcl_gives_them(tmp_path, text, e
     import rclpy
     from rclpy.node import Node
 
-    from flashrt_ros.run_cli import _file_parameters
+    from flashrt_ros.run_cli import file_parameters
 
     params = tmp_path / "robot.yaml"
     params.write_text(text)
@@ -195,7 +195,7 @@ def test_params_file_sections_reach_the_node_as_rcl_gives_them(tmp_path, text, e
     finally:
         rclpy.shutdown(context=context)
     assert rcl == expected
-    assert _file_parameters(str(params), "policy_node") == (expected, [])
+    assert file_parameters(str(params), "policy_node") == (expected, [])
 
 
 @pytest.mark.parametrize("text", [

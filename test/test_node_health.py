@@ -72,7 +72,7 @@ def test_a_refusal_named_by_its_kind_says_it_once_and_a_state_width_refusal_name
     from types import SimpleNamespace
 
     from flashrt_core.errors import InputError
-    from flashrt_ros.policy_node import refusal_reason
+    from flashrt_ros.diagnostics import refusal_reason
 
     health = NodeHealth(clock=Clock(5.0))
     health.reject("observation", "state: shape (7,), expected (8,)")
