@@ -289,11 +289,17 @@ def engine_scan() -> dict:
             summary = {**summarize(ptx), **resources(kernel), "target": re.search(r"\.target (\S+)", ptx).group(1)}
             if summary not in out.setdefault(name, []):
                 out[name].append(summary)
-    # the fp8 prefix's row quantization (on a CPU the engine takes its torch reference): at the widest input
+    # the fp8 prefix's row quantization (on a CPU the engine takes its torch reference) at the widest input (the
+    # attention output into o), and its norms and GeGLU writing e4m3 rows (the W2 prefix: 560 rows)
+    from flashrt_core import kernels as K
     from flashrt_core.kernels import fp8
 
     start = len(COMPILED)
     fp8.quantize_rows(torch.randn(560, full.vlm.mlp, dtype=torch.bfloat16), backend="triton")
+    x, norm = torch.randn(560, full.vlm.width, dtype=torch.bfloat16), torch.randn(full.vlm.width, dtype=torch.bfloat16)
+    K.rms_norm(x, norm, fp8=True, backend="triton")
+    K.add_rms_norm(x, x.clone(), norm, fp8=True, backend="triton")
+    K.geglu(torch.randn(560, 2 * full.vlm.mlp, dtype=torch.bfloat16), fp8=True, backend="triton")
     for name, kernel in COMPILED[start:]:
         ptx = kernel.asm["ptx"]
         out.setdefault(name, []).append({**summarize(ptx), **resources(kernel),

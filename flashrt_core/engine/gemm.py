@@ -19,7 +19,7 @@ from flashrt_core.engine.timing import graph_ms
 from flashrt_core.kernels._common import KernelInputError, precompile
 from flashrt_core.kernels.partials import dense
 from flashrt_core.kernels.skinny_gemm import SKINNY_MAX_M, GatedResidual, skinny_linear, split_layout
-from flashrt_core.kernels.fp8 import FP8Weight, scaled_linear
+from flashrt_core.kernels.fp8 import FP8Rows, FP8Weight, scaled_linear
 from flashrt_core.kernels.mx4 import K_TILE as MX4_K_TILE, MX4Weight, mx_rows_ref
 from flashrt_core.kernels.w4 import W4Weight, as_dense, weight_bytes
 from flashrt_core.engine.tuning import agrees, reuse_or_tune
@@ -62,18 +62,23 @@ W4_CONFIGS = [(32, 256, 0, 4, 1), (16, 256, 1, 4, 4), (16, 128, 8, 4, 3), (32, 5
 DEFER_MAX_SPLITS = 8
 
 
-def _cublas(x, w, b, geglu, backend, residual=None, silu=False):
+def _cublas(x, w, b, geglu, backend, residual=None, silu=False, fp8_out=False):
     """The route without the skinny kernel: cuBLAS (-> GeGLU kernel), with a residual added by the
     gated-residual kernel after it (torch ops in fp32 for an fp32 stream). fp32 rows into a bf16 / fp16 GEMM
     are rounded first, as the skinny kernel rounds them on load (bf16 rows into an fp32 GEMM widened). A 4-bit weight is dequantized first (the
     reference route; the skinny kernel dequantizes in registers), an MXFP4 one too, multiplying the rows in MX
     e4m3 as the kernel does (`kernels.mx4.mx_rows_ref`); an fp8 weight multiplies fp8 rows
-    (`kernels.fp8.scaled_linear`: per-token scales, cuBLAS's scaled GEMM on CUDA)."""
-    x = x.to(w.dtype)
+    (`kernels.fp8.scaled_linear`: per-token scales, cuBLAS's scaled GEMM on CUDA), or takes x as `FP8Rows`
+    (quantized by the kernel that wrote them); fp8_out: a GeGLU's result as `FP8Rows` for the fp8 GEMM after it."""
+    if isinstance(x, FP8Rows) or fp8_out:
+        if not isinstance(w, FP8Weight) or (fp8_out and not geglu):
+            raise KernelInputError("LinearPicker: fp8 rows go into (and come out of a GeGLU of) an fp8 weight only")
+    else:
+        x = x.to(w.dtype)
     if isinstance(w, MX4Weight):  # (the skinny kernel's activations: MX e4m3, exact in bf16)
         x = mx_rows_ref(x).to(x.dtype)
     if isinstance(w, FP8Weight):
-        y = K.geglu(scaled_linear(x, w), backend=backend) if geglu else scaled_linear(x, w, b)
+        y = K.geglu(scaled_linear(x, w), fp8=fp8_out, backend=backend) if geglu else scaled_linear(x, w, b)
     else:
         w = as_dense(w)
         y = K.geglu(F.linear(x, w), backend=backend) if geglu else F.linear(x, w, b)
@@ -149,7 +154,10 @@ class LinearPicker:
             raise KernelInputError("LinearPicker: silu= applies to a plain product (+ bias) only")
         return self._run(x, w, b, False, backend, Fusion(residual, defer=bool(defer), silu=bool(silu)))
 
-    def geglu(self, x, w_gate_up, *, backend=None):
+    def geglu(self, x, w_gate_up, *, fp8=False, backend=None):
+        """fp8: (an fp8 weight) the result as `FP8Rows` for the fp8 GEMM after it (`kernels.geglu(fp8=True)`)."""
+        if fp8:  # (an fp8 weight always takes cuBLAS's scaled GEMM: nothing to pick)
+            return _cublas(x, w_gate_up, None, True, backend, fp8_out=True)
         return self._run(x, w_gate_up, None, True, backend)
 
     def _run(self, x, w, b, geglu, backend, fusion=NO_FUSION):

@@ -69,6 +69,13 @@ def _kernel(module: str, name: str):
     return getattr(importlib.import_module(f"flashrt_core.kernels.{module}"), name)
 
 
+def _fp8_rows(y, out):
+    """The references' fp8=True: `fp8.FP8Rows` of y (fresh tensors: no `out`)."""
+    if out is not None:
+        raise KernelInputError("fp8=True writes new FP8Rows, not into `out`")
+    return _kernel("fp8", "rows_ref")(y)
+
+
 def _into(out, result):
     """The reference returns fresh tensors; copy into a caller's static buffer when one was given."""
     if out is None:
@@ -77,20 +84,24 @@ def _into(out, result):
     return out
 
 
-def rms_norm(x, weight, eps=1e-6, *, weight_offset=1.0, out=None, backend=None):
+def rms_norm(x, weight, eps=1e-6, *, weight_offset=1.0, out=None, fp8=False, backend=None):
+    """fp8 (here, in add_rms_norm and in geglu): the result as `fp8.FP8Rows` for an fp8 GEMM after it (each row
+    rounded to the result's dtype, then to e4m3 with its own scale: `fp8.quantize_rows` of the plain result)."""
     if _use_triton("rms_norm", backend, x.device):
-        return _kernel("rmsnorm", "rms_norm")(x, weight, eps, weight_offset=weight_offset, out=out)
-    return _into(out, reference.rms_norm_ref(x, weight, eps, weight_offset=weight_offset))
+        return _kernel("rmsnorm", "rms_norm")(x, weight, eps, weight_offset=weight_offset, out=out, fp8=fp8)
+    y = reference.rms_norm_ref(x, weight, eps, weight_offset=weight_offset)
+    return _fp8_rows(y, out) if fp8 else _into(out, y)
 
 
-def add_rms_norm(x, residual, weight, eps=1e-6, *, weight_offset=1.0, out=None, residual_out=None, backend=None):
+def add_rms_norm(x, residual, weight, eps=1e-6, *, weight_offset=1.0, out=None, residual_out=None, fp8=False,
+                 backend=None):
     """Returns (residual + x, rms_norm(residual + x)). x may be `Partials` (a split-K GEMM's unreduced result):
     they are summed in split order and rounded to x's dtype first, as the GEMM would have stored it."""
     if _use_triton("add_rms_norm", backend, x.device):
         return _kernel("rmsnorm", "add_rms_norm")(x, residual, weight, eps, weight_offset=weight_offset,
-                                                   out=out, residual_out=residual_out)
+                                                   out=out, residual_out=residual_out, fp8=fp8)
     new_residual, y = reference.add_rms_norm_ref(x, residual, weight, eps, weight_offset=weight_offset)
-    return _into(residual_out, new_residual), _into(out, y)
+    return _into(residual_out, new_residual), (_fp8_rows(y, out) if fp8 else _into(out, y))
 
 
 def ada_rms_norm(x, scale, shift, eps=1e-6, *, out=None, constant_mod=False, backend=None):
@@ -118,10 +129,11 @@ def gated_residual_ada_rms_norm(x, h, gate, scale, shift, eps=1e-6, *, out=None,
     return _into(x_out, new_x), _into(out, y)
 
 
-def geglu(gate_up, *, out=None, backend=None):
+def geglu(gate_up, *, out=None, fp8=False, backend=None):
     if _use_triton("geglu", backend, gate_up.device):
-        return _kernel("gelu", "geglu")(gate_up, out=out)
-    return _into(out, reference.geglu_ref(gate_up))
+        return _kernel("gelu", "geglu")(gate_up, out=out, fp8=fp8)
+    y = reference.geglu_ref(gate_up)
+    return _fp8_rows(y, out) if fp8 else _into(out, y)
 
 
 def bias_gelu(x, bias=None, *, out=None, backend=None):

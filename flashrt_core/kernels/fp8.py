@@ -4,6 +4,9 @@ dynamic scale per token (row), the product in fp32 with both scales applied, wri
 `FP8Weight` is the weight format; `scaled_linear(x, w, b)` quantizes x's rows (one Triton kernel on CUDA: the
 row's max |x|, the scale max / 448, the rounded fp8 values) and runs cuBLAS's scaled fp8 GEMM
 (`torch._scaled_mm`, row-wise scales); on a CPU it computes the same product in fp32 (the reference).
+x may arrive quantized already (`FP8Rows`): the kernel that produced it (the RMSNorm before a GEMM, the GeGLU
+before the down projection: `kernels.rms_norm(..., fp8=True)`, `kernels.geglu(..., fp8=True)`) wrote its rows in
+e4m3 with their scales, the values `quantize_rows` of its plain output gives, and no row-quantization kernel runs.
 Reference: `quantize_rows_ref` and `scaled_linear_ref`.
 """
 from __future__ import annotations
@@ -55,6 +58,37 @@ class FP8Weight:
         return (self.data.float() * self.scales32[:, None]).to(dtype or self.dtype)
 
 
+@dataclass(frozen=True)
+class FP8Rows:
+    """Activations [..., K] as `quantize_rows` makes them: e4m3 values `q` and one fp32 scale per row `scale`
+    [rows, 1], standing for rows of dtype `dtype` (what a GEMM on them writes)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def numel(self) -> int:
+        return self.q.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        k = self.q.shape[-1]
+        return (self.q.reshape(-1, k).float() * self.scale).to(self.dtype).view(self.q.shape)
+
+
+def rows_ref(y: torch.Tensor) -> FP8Rows:
+    """`FP8Rows` of y (any shape [..., K], rounded to its dtype already): `quantize_rows_ref` of its rows."""
+    q, s = quantize_rows_ref(y.reshape(-1, y.shape[-1]))
+    return FP8Rows(q.view(y.shape), s, y.dtype)
+
+
 def quantize_fp8(w: torch.Tensor, dtype: torch.dtype | None = None) -> FP8Weight:
     """w [N, K] -> FP8Weight: each output channel scaled so that its largest |w| is 448, rounded to e4m3."""
     if w.ndim != 2 or not w.is_floating_point():
@@ -71,9 +105,10 @@ def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (xf / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
-def scaled_linear_ref(x: torch.Tensor, w: FP8Weight, b: torch.Tensor | None = None) -> torch.Tensor:
-    """The fp8 GEMM in fp32 torch: rows quantized, the product of the two fp8 operands with both scales."""
-    q, s = quantize_rows_ref(x.reshape(-1, x.shape[-1]))
+def scaled_linear_ref(x, w: FP8Weight, b: torch.Tensor | None = None) -> torch.Tensor:
+    """The fp8 GEMM in fp32 torch: rows quantized (unless x is `FP8Rows`), the product of the two fp8 operands
+    with both scales."""
+    q, s = _rows(x, quantize_rows_ref)
     y = (q.float() @ w.data.float().t()) * s * w.scales32[None, :]
     if b is not None:
         y = y + b.float()
@@ -111,14 +146,22 @@ def quantize_rows(x: torch.Tensor, backend: str | None = None) -> tuple[torch.Te
     return q, s
 
 
-def scaled_linear(x: torch.Tensor, w: FP8Weight, b: torch.Tensor | None = None) -> torch.Tensor:
+def _rows(x, quantize) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 [M, K], fp32 scales [M, 1]) of x: `FP8Rows` as they are, a tensor's rows through `quantize`."""
+    if isinstance(x, FP8Rows):
+        return x.q.reshape(-1, x.shape[-1]), x.scale
+    return quantize(x.reshape(-1, x.shape[-1]))
+
+
+def scaled_linear(x, w: FP8Weight, b: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, w, b) with x's rows and w in e4m3 (per-token and per-channel scales), out in w.dtype:
-    cuBLAS's scaled fp8 GEMM on CUDA, `scaled_linear_ref` elsewhere."""
+    cuBLAS's scaled fp8 GEMM on CUDA, `scaled_linear_ref` elsewhere. x: a tensor, or `FP8Rows` (quantized by
+    the kernel that wrote them)."""
     if x.shape[-1] != w.shape[1]:
         raise KernelInputError(f"scaled_linear: x has {x.shape[-1]} inputs, the weight {w.shape[1]}")
-    if not x.is_cuda:
+    if x.device.type != "cuda":
         return scaled_linear_ref(x, w, b)
-    q, s = quantize_rows(x.reshape(-1, x.shape[-1]))
+    q, s = _rows(x, quantize_rows)
     y = torch._scaled_mm(q, w.data.t(), scale_a=s, scale_b=w.scales32[None, :], out_dtype=w.dtype,
                          bias=None if b is None else b.to(w.dtype))
     return y.view(*x.shape[:-1], w.shape[0])

@@ -21,6 +21,7 @@ from flashrt_core import kernels as K
 from flashrt_core.engine.blas import linear_bias_gelu_tanh, patch_embed, patch_matrix
 from flashrt_core.engine.staged import StagedEngine, _same
 from flashrt_core.errors import InputError
+from flashrt_core.kernels.fp8 import FP8Weight
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.precision import parse_precision, quantize
 from flashrt_core.models.pi05.inputs import check_model_inputs, check_prefix
@@ -162,7 +163,10 @@ class PaliGemmaEngine(StagedEngine):
         # Positions count valid tokens only; padding gets a clamped (unused) position.
         positions = (torch.cumsum(pad, dim=1) - 1).clamp_(min=0)
         layers = w.vlm_layers
-        h = K.rms_norm(x, layers[0].attn_norm, eps, weight_offset=0.0, backend=be)
+        # An fp8 prefix: each norm and the GeGLU write their rows in e4m3 with per-row scales for the fp8 GEMM
+        # after them (no row-quantization kernel between; the attention output still gets one in the o GEMM)
+        fp8 = isinstance(layers[0].qkv_w, FP8Weight)
+        h = K.rms_norm(x, layers[0].attn_norm, eps, weight_offset=0.0, fp8=fp8, backend=be)
         for i, L in enumerate(layers):
             q = K.qkv_rope_cache(lin(h, L.qkv_w), positions, self.cos, self.sin, buf.prefix_k[i], buf.prefix_v[i], 0,
                                  num_q_heads=g.heads, num_kv_heads=g.kv_heads, backend=be)
@@ -172,9 +176,10 @@ class PaliGemmaEngine(StagedEngine):
                 break  # the last layer's attention output and MLP only feed the unused prefix logits
             a = self.attend(q, buf.prefix_k[i], buf.prefix_v[i], key_mask=buf.pad_mask, backend=be)
             o = lin(a.flatten(2), L.o_w)
-            x, h = K.add_rms_norm(o, x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
-            d = lin(lin.geglu(h, L.gate_up_w, backend=be), L.down_w)
-            x, h = K.add_rms_norm(d, x, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=x, backend=be)
+            x, h = K.add_rms_norm(o, x, L.mlp_norm, eps, weight_offset=0.0, residual_out=x, fp8=fp8, backend=be)
+            d = lin(lin.geglu(h, L.gate_up_w, fp8=fp8, backend=be), L.down_w)
+            x, h = K.add_rms_norm(d, x, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=x, fp8=fp8,
+                                  backend=be)
 
     # ---- real-time chunking (what every flow-matching expert over this prefix shares) --------------------
     def set_rtc(self, rtc: RTCInputs) -> None:
