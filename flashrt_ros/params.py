@@ -8,11 +8,11 @@ from rcl_interfaces.msg import FloatingPointRange, IntegerRange, ParameterDescri
 # name: (default, type, description, range)
 PARAMETERS = {
     "contract": ("", ParameterType.PARAMETER_STRING,
-                 "execution contract YAML; empty = the packaged config/pi05.yaml with a checkpoint, "
-                 "config/pi05_tiny.yaml without", None),
+                 "execution contract YAML; empty = the packaged one of the checkpoint's model (config/pi05.yaml "
+                 "or config/pi0.yaml), config/pi05_tiny.yaml without a checkpoint", None),
     "checkpoint": ("", ParameterType.PARAMETER_STRING,
-                   "LeRobot pi0.5 checkpoint folder as save_pretrained writes it (config.json, model.safetensors, "
-                   "processor files); empty = the contract's model (built-in tiny)", None),
+                   "LeRobot pi0 or pi0.5 checkpoint folder as save_pretrained writes it (config.json, "
+                   "model.safetensors, processor files); empty = the contract's model (built-in tiny)", None),
     "device": ("auto", ParameterType.PARAMETER_STRING, "cpu | cuda | cuda:N | auto (cuda when available)", None),
     "dtype": ("", ParameterType.PARAMETER_STRING,
               "float32 | bfloat16 | float16; empty = the contract's (config/pi05.yaml: auto, bfloat16 on CUDA)", None),

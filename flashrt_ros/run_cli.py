@@ -30,8 +30,10 @@ PRECISIONS = ("bf16", "fp8", "w4a16", "fp8+w4a16", "fp8+mxfp4")
 
 def add_subparsers(sub) -> None:
     p = sub.add_parser("run", help="start the policy node from a LeRobot checkpoint folder (--dry-run: show the plan)")
-    p.add_argument("--checkpoint", help="LeRobot pi0.5 checkpoint folder (as save_pretrained writes it)")
-    p.add_argument("--config", help="execution contract YAML (default: the packaged pi05.yaml with a checkpoint)")
+    p.add_argument("--checkpoint", help="LeRobot pi0 or pi0.5 checkpoint folder, as save_pretrained writes it "
+                                        "(its config.json's type picks the model)")
+    p.add_argument("--config", help="execution contract YAML (default: the packaged pi05.yaml or pi0.yaml, as "
+                                    "the checkpoint's model)")
     p.add_argument("--camera-topics", nargs="+", help="one topic per camera feature, in config.json's order")
     p.add_argument("--joint-state-topic", help="sensor_msgs/JointState topic (default joint_states)")
     p.add_argument("--joint-names", nargs="+", help="joints in the checkpoint's observation.state order")

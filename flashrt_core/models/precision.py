@@ -6,7 +6,8 @@ A `Precision` names a format per part: `vision` (SigLIP + projector), `prefix` (
   w4a16   the expert's GEMM weights in 4 bits (groups of 128 inputs, bf16 scales, `kernels.w4`), activations in
           the model dtype: the act stage streams a quarter of the weight bytes
   fp8     the Gemma prefix's GEMMs in fp8 e4m3 (`kernels.fp8`: weights per output channel, activations per token,
-          scaled dynamically): the compute-bound observe stage on fp8 tensor cores (the expert stays bf16: no
+          scaled dynamically, by the norm or GeGLU kernel that writes them where there is one): the compute-bound
+          observe stage on fp8 tensor cores (the expert stays bf16: no
           fp8 form of its 50-row GEMMs measured faster than bf16, docs/performance-history.md)
   fp8+w4a16  the fp8 prefix, the expert in 4 bits
   fp8+mxfp4  the fp8 prefix, the expert in OCP MXFP4 (`kernels.mx4`: e2m1 values, a power-of-two scale per 32
@@ -80,7 +81,8 @@ class Precision:
 # needs on a GPU. On a CPU every format runs through the torch references (slow: tests, the tiny model).
 DISPATCH = {
     "bf16": {"kernel": "cuBLAS + the skinny Triton GEMM (bf16)", "min_capability": (8, 0)},
-    "fp8": {"kernel": "Triton row quantization + cuBLAS scaled fp8 GEMM (torch._scaled_mm, row-wise scales)",
+    "fp8": {"kernel": "rows quantized by the Triton norm / GeGLU before each GEMM + cuBLAS scaled fp8 GEMM "
+                      "(torch._scaled_mm, row-wise scales)",
             "min_capability": (8, 9)},
     "w4a16": {"kernel": "skinny Triton GEMM on 4-bit weights (dequantized in registers)",
               "min_capability": (8, 0)},
