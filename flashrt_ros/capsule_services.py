@@ -1,14 +1,23 @@
 """The node's capsules: ~/snapshot, ~/restore, ~/fork, ~/list_capsules, ~/drop_capsule, ~/export_capsule,
 ~/import_capsule on top of its Runtime, and the capsule parameters (capsule_params) applied at configure.
 
-Every handler takes the runtime lock, so it runs between two control ticks; every failure (unknown id,
-fingerprint mismatch, budget, unconfigured node) is answered with ok=false and the reason.
+Every call but a listing runs on the capsule thread, one at a time, while the executor goes on with the control
+ticks and sensor callbacks (the service callback awaits it). Only the copies from or into the live buffers (snapshot, restore) take the runtime
+lock, between two ticks; disk work (the disk tier, export, import: files of ~17 MB for pi0.5 with checksums) holds
+no lock a tick needs. Every outcome is logged and counted on /diagnostics (`NodeHealth.capsule_done`); every
+failure (unknown id, fingerprint mismatch, budget, unconfigured node) is answered with ok=false and the reason.
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from rcl_interfaces.msg import SetParametersResult
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.task import Future
 
 from flashrt_core.capsule.options import mb_text
 from flashrt_core.capsule.store import TIERS
@@ -18,12 +27,28 @@ from flashrt_ros.srv import (DropCapsule, ExportCapsule, ForkCapsule, ImportCaps
                              SnapshotCapsule)
 
 
+BUSY_WAIT_S = 30.0  # how long cleanup waits for a capsule call in progress before it closes the runtime anyway
+
+
 class CapsuleServices:
     def __init__(self, node):
         self.node = node
         self._services = []
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capsules")
+        self.busy = threading.Lock()  # held by the capsule thread for each call (cleanup waits for it)
+        self._group = ReentrantCallbackGroup()
         capsule_params.declare(node)
         node.add_on_set_parameters_callback(self._on_set_parameters)
+
+    def idle(self, timeout: float = BUSY_WAIT_S) -> bool:
+        """Wait until no capsule call runs (before the runtime is closed); False after `timeout` seconds."""
+        if not self.busy.acquire(timeout=timeout):
+            return False
+        self.busy.release()
+        return True
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
 
     def configure(self, runtime) -> None:
         """Apply the capsule parameters to a runtime being configured (before the node holds it): budgets,
@@ -53,7 +78,12 @@ class CapsuleServices:
             (ExportCapsule, "~/export_capsule", self._export),
             (ImportCapsule, "~/import_capsule", self._import),
         ):
-            self._services.append(node.create_service(srv_type, name, self._guard(handler)))
+            verb = name.removeprefix("~/")
+            # (a listing reads the store only: answered at once, even while another call waits for its files)
+            call = self._inline(verb, handler) if verb == "list_capsules" else self._guard(verb, handler)
+            # (a group of their own, reentrant: a call awaiting the capsule thread holds back neither the
+            # node's default group (sensor callbacks, timers) nor a listing)
+            self._services.append(node.create_service(srv_type, name, call, callback_group=self._group))
 
     def destroy_services(self):
         for service in self._services:
@@ -69,33 +99,60 @@ class CapsuleServices:
                         f"{p.name}: read at configure; deactivate, clean up and configure again to change it"))
         return SetParametersResult(successful=True)
 
-    def _guard(self, handler):
-        def call(request, response):
-            with self.node.runtime_lock:
-                runtime = self.node.runtime
-                if runtime is None:
-                    response.ok, response.message = False, "policy node is not configured"
-                    return response
+    def _guard(self, verb: str, handler):
+        async def call(request, response):
+            done = Future()
+
+            def work():
+                try:
+                    done.set_result(self.run(verb, handler, request, response))
+                except BaseException as exc:  # (run answers every Exception itself; this is the rest)
+                    done.set_exception(exc)
+
+            self._worker.submit(work)
+            return await done
+
+        return call
+
+    def _inline(self, verb: str, handler):
+        return lambda request, response: self.run(verb, handler, request, response, serial=False)
+
+    def run(self, verb: str, handler, request, response, serial: bool = True):
+        """One call (on the capsule thread where serial): the handler, its outcome logged and counted; the filled
+        response."""
+        with self.busy if serial else contextlib.nullcontext():
+            runtime = self.node.runtime
+            t0 = time.monotonic()
+            if runtime is None:
+                response.ok, response.message = False, "policy node is not configured"
+            else:
                 try:
                     handler(runtime, request, response)
                     response.ok = True
                 except Exception as exc:  # CapsuleError and anything unexpected: answer, never crash
                     response.ok, response.message = False, f"{type(exc).__name__}: {exc}"
-                    self.node.get_logger().warning(f"capsule service failed: {response.message}")
-            return response
+            took_ms = (time.monotonic() - t0) * 1e3
+            self.node.health.capsule_done(verb, response.ok, response.message)
+            log = self.node.get_logger()
+            if response.ok and verb != "list_capsules":
+                log.info(f"capsule {verb}: {response.message} ({took_ms:.0f} ms)")
+            elif not response.ok:
+                log.warning(f"capsule {verb} failed: {response.message}")
+        return response
 
-        return call
-
-    @staticmethod
-    def _snapshot(runtime, request, response):
+    def _snapshot(self, runtime, request, response):
         name = request.name or "snapshot"  # (an empty name: the capsule is named "snapshot", and so says the reply)
-        response.capsule_id = runtime.snapshot(name, tier=request.tier or "device")
+        with self.node.runtime_lock:  # (the live buffers' copy, between two ticks; a disk capsule's files after)
+            finish = runtime.begin_snapshot(name, tier=request.tier or "device")
+        response.capsule_id = finish()
         response.message = f"snapshot '{name}' -> {response.capsule_id}" + _dropped(runtime)
 
     def _restore(self, runtime, request, response):
-        runtime.restore(request.capsule_id, rewind_time=request.rewind_time)
-        if request.rewind_time:  # the node's per-topic stamp checks rewind too (re-sent messages are accepted)
-            self.node.rewound(runtime.runtime_meta().get("last_stamp_ns"))
+        loaded = runtime.load_capsule(request.capsule_id)  # (a disk capsule's files: read before the lock)
+        with self.node.runtime_lock:
+            runtime.restore(request.capsule_id, rewind_time=request.rewind_time, loaded=loaded)
+            if request.rewind_time:  # the node's per-topic stamp checks rewind too (re-sent messages are accepted)
+                self.node.rewound(runtime.runtime_meta().get("last_stamp_ns"))
         response.message = f"restored {request.capsule_id} " + (
             "(rewind: rate clocks and the observation-stamp watermark are the snapshot's)" if request.rewind_time
             else "(live: the rate grid and observation stamps go on from now; the restored buffers keep their "

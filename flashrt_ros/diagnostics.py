@@ -64,6 +64,9 @@ class NodeHealth:
         self.overruns = 0  # stage timers that fired while a tick was still computing
         self.deadline_misses = 0  # act periods without a chunk (the action_chunk publisher's deadline QoS)
         self.clock_resets = 0  # times the node's clock jumped back (simulation resets)
+        self.capsule_calls: collections.Counter = collections.Counter()  # "<verb>.ok" / "<verb>.failed"
+        self.last_capsule = ""  # the last capsule call that changed something (a restore changes the actions)
+        self.last_capsule_failure = ""
 
     def reject(self, kind: str, why: str, source: str = "") -> None:
         """Count a refused input of `source` (a topic name; default: the kind) and keep it as its last refusal."""
@@ -73,6 +76,14 @@ class NodeHealth:
         before = self.refusals.get(source)
         self.refusals[source] = Refusal(kind, why, self.clock(), (before.count if before else 0) + 1)
         self.last_rejection = f"{source}: {why}" if source == kind else f"{source}: {kind}: {why}"
+
+    def capsule_done(self, verb: str, ok: bool, message: str) -> None:
+        """Count a capsule service call and keep the last one that changed something, and the last failure."""
+        self.capsule_calls[f"{verb}.{'ok' if ok else 'failed'}"] += 1
+        if not ok:
+            self.last_capsule_failure = f"{verb}: {message}"
+        elif verb != "list_capsules":
+            self.last_capsule = f"{verb}: {message}"
 
     def recent_refusals(self) -> list[tuple[str, Refusal]]:
         """The sources refused within the last RECOVERY_S seconds, the latest first."""
@@ -113,6 +124,12 @@ class NodeHealth:
         for source, refusal in sorted(self.refusals.items()):
             values.append((f"last_refusal.{source}", f"{self._describe(refusal)} [{refusal.count} refused]"))
         values.append(("staleness", self.stale_reason or "fresh"))
+        for call, n in sorted(self.capsule_calls.items()):
+            values.append((f"capsule.{call}", str(n)))
+        if self.last_capsule:
+            values.append(("capsule.last", self.last_capsule))
+        if self.last_capsule_failure:
+            values.append(("capsule.last_failure", self.last_capsule_failure))
         return values
 
 

@@ -177,6 +177,8 @@ class PolicyNode(LifecycleNode):
             self.destroy_subscription(sub)
         self._subs.clear()
         self.capsules.destroy_services()
+        if not self.capsules.idle():  # (a capsule call still at its files: it fails once the runtime is closed)
+            self.get_logger().warning("cleanup: a capsule call still runs; closing the runtime under it")
         for pub in (self._chunk_pub, self._traj_pub):
             if pub is not None:
                 self.destroy_lifecycle_publisher(pub)
@@ -584,6 +586,7 @@ def main(args=None):
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         node._stop_timers()  # the inference thread must not publish through a node being destroyed
+        node.capsules.shutdown()  # (a capsule call in progress is not waited for; queued ones are dropped)
         executor.shutdown()
         node.destroy_node()
         if rclpy.ok():

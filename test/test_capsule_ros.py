@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -108,3 +109,43 @@ def test_capsule_parameters_services_and_cli_on_a_running_node(capsule_rig, tmp_
     assert [(c.capsule_id, c.name, c.tier) for c in after.capsules] == [(kept.capsule_id, "kept on disk", "disk")]
     assert rig.transition(ACTIVATE)
     assert rig.call(RestoreCapsule, "restore", RestoreCapsule.Request(capsule_id=kept.capsule_id)).ok
+
+
+def test_a_capsule_call_stuck_at_its_files_holds_back_neither_ticks_nor_diagnostics(capsule_rig, tmp_path):
+    """An import whose manifest is a FIFO nobody writes (a hung network disk): the call waits on the capsule
+    thread while chunks, /diagnostics and ~/list_capsules go on; once it fails, the failure is answered, logged
+    and counted on /diagnostics, and a successful snapshot is logged and shown there too."""
+    from flashrt_ros.srv import ImportCapsule, ListCapsules, SnapshotCapsule
+
+    rig, _ = capsule_rig
+    listing = lambda timeout=5: rig.call(ListCapsules, "list_capsules", ListCapsules.Request(), timeout=timeout)
+    rig.client(ListCapsules, "list_capsules")
+    rig.client(SnapshotCapsule, "snapshot")
+    assert rig.wait(lambda: len(rig.chunks) >= 3, 60), rig.log()
+    assert listing(30).message.startswith("0 capsule(s)")  # (the client's first call, before the test's)
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    os.mkfifo(stuck / "manifest.json")
+    future = rig.client(ImportCapsule, "import_capsule").call_async(ImportCapsule.Request(path=str(stuck)))
+    time.sleep(0.5)
+    n_chunks, n_diag = len(rig.chunks), len(rig.diagnostics)
+    listed = listing()
+    assert listed.message.startswith("0 capsule(s)"), listed.message
+    assert rig.wait(lambda: len(rig.chunks) >= n_chunks + 10 and len(rig.diagnostics) >= n_diag + 2, 10), \
+        f"{len(rig.chunks) - n_chunks} chunks, {len(rig.diagnostics) - n_diag} diagnostics while the import waits"
+    assert not future.done()
+    with open(stuck / "manifest.json", "w") as f:  # the disk answers: an empty manifest
+        f.write("")
+    assert rig.wait(future.done, 10)
+    answer = future.result()
+    assert not answer.ok and "manifest" in answer.message, answer.message
+    made = rig.call(SnapshotCapsule, "snapshot", SnapshotCapsule.Request(name="after"))
+    assert made.ok, made.message
+    since = time.monotonic()
+    assert rig.wait(lambda: any(t > since for t in rig.status_times[-1:]), 5)
+    values = {kv.key: kv.value for kv in rig.last_status().values}
+    assert values["capsule.import_capsule.failed"] == "1" and values["capsule.snapshot.ok"] == "1", values
+    assert values["capsule.last"] == f"snapshot: {made.message}"
+    assert values["capsule.last_failure"].startswith("import_capsule: ") and "manifest" in values["capsule.last_failure"]
+    assert rig.wait(lambda: f"capsule snapshot: {made.message}" in rig.log(), 5), rig.log()
+    assert "capsule import_capsule failed: " in rig.log()

@@ -130,10 +130,22 @@ def _checked_store(rt, what: str) -> CapsuleStore:
 
 
 def snapshot(rt, name: str, tier: str = "device") -> str:
-    return _checked_store(rt, f"snapshot {name!r}").snapshot(name, tier, rt.persistent_buffers(), rt.runtime_meta())
+    return begin_snapshot(rt, name, tier)()
 
 
-def restore(rt, capsule_id: str, rewind_time: bool = False) -> dict:
+def begin_snapshot(rt, name: str, tier: str = "device"):
+    """Copy the live buffers and meta now; -> the call that finishes the capsule (the disk tier: writes its files,
+    without the live buffers) and returns its id."""
+    return _checked_store(rt, f"snapshot {name!r}").begin_snapshot(name, tier, rt.persistent_buffers(),
+                                                                    rt.runtime_meta())
+
+
+def load(rt, capsule_id: str):
+    """A disk capsule's tensors read and verified, for `restore(..., loaded=)` (None in a memory tier)."""
+    return _checked_store(rt, f"restore of {capsule_id}").load(capsule_id)
+
+
+def restore(rt, capsule_id: str, rewind_time: bool = False, loaded=None) -> dict:
     """Copy the capsule into the live buffers, then apply its meta, so the next step continues that branch:
     live (the rate grid and the input watermark go on from now) or with rewind_time (they return to the
     snapshot's; see contract.host_state).
@@ -145,7 +157,7 @@ def restore(rt, capsule_id: str, rewind_time: bool = False) -> dict:
     """
     store = _checked_store(rt, f"restore of {capsule_id}")
     meta = store.restore(capsule_id, rt.persistent_buffers(), check=getattr(rt, "check_meta", None),
-                         copy_meta=False)
+                         copy_meta=False, loaded=loaded)
     rt.apply_meta(meta, rewind_time=rewind_time)  # takes no references into meta
     return {"capsule_id": capsule_id, "decisions": meta.get("decisions"), "step": meta.get("step"),
             "prompt": meta.get("prompt"), "rewind_time": rewind_time}

@@ -113,30 +113,60 @@ class CapsuleStore:
 
     # ---------------------------------------------------------------- public verbs
     def snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor], meta: Mapping) -> str:
+        return self.begin_snapshot(name, tier, tensors, meta)()
+
+    def begin_snapshot(self, name: str, tier: str, tensors: Mapping[str, torch.Tensor],
+                       meta: Mapping) -> Callable[[], str]:
+        """Copy the live tensors now and return the call that finishes the capsule and returns its id. In a memory
+        tier the capsule is whole already; in the disk tier the copy is a host staging slab and the call writes
+        its files (without holding the live buffers: the caller may let its control loop run meanwhile)."""
         self._check_tier(tier)
         meta = _own_meta(meta)
+        what = f"snapshot {name!r}"
         with self._lock:
-            live = self._check_buffers(tensors, f"snapshot {name!r}")
-            self._make_room(tier, self.capsule_bytes, protect=set(), for_what=f"snapshot {name!r}")
-            cap = self._new(name, tier, meta)
-            if tier == "disk":
-                staging = self._slab("host")
-                self._copier.live_to_slab(staging, live, self._live_gen)
-                staging.wait_host()
-                try:
-                    self._write_disk(cap, staging.views)
-                finally:
-                    self._release(staging, "host")
-            else:
+            live = self._check_buffers(tensors, what)
+            if tier != "disk":
+                self._make_room(tier, self.capsule_bytes, protect=set(), for_what=what)
+                cap = self._new(name, tier, meta)
                 cap.slab = self._slab(tier)
                 self._copier.live_to_slab(cap.slab, live, self._live_gen)
-            self._caps[cap.id] = cap
-            return cap.id
+                self._caps[cap.id] = cap
+                return lambda: cap.id
+            room.plan(self, tier, self.capsule_bytes, set(), what)  # (refused here, before any copy)
+            staging = self._slab("host")
+            self._copier.live_to_slab(staging, live, self._live_gen)
+        staging.wait_host()
+
+        def finish() -> str:
+            try:
+                with self._lock:
+                    self._make_room(tier, self.capsule_bytes, protect=set(), for_what=what)
+                    cap = self._new(name, tier, meta)
+                self._write_disk(cap, staging.views)  # (the files of a capsule no other call knows yet)
+                with self._lock:
+                    self._caps[cap.id] = cap
+                return cap.id
+            finally:
+                with self._lock:
+                    self._release(staging, "host")
+
+        return finish
+
+    def load(self, capsule_id: str) -> dict[str, torch.Tensor] | None:
+        """A disk capsule's tensors, read and verified (checksums, fingerprint, layout) without holding the store,
+        for `restore(..., loaded=)`; None for a capsule in a memory tier (restore copies it directly)."""
+        with self._lock:
+            cap = self._get(capsule_id)
+            if cap.tier != "disk":
+                return None
+        return self._load_disk(cap, f"restore of capsule {capsule_id}")
 
     def restore(self, capsule_id: str, into: Mapping[str, torch.Tensor],
-                check: Callable[[dict], None] | None = None, copy_meta: bool = True) -> dict:
+                check: Callable[[dict], None] | None = None, copy_meta: bool = True,
+                loaded: Mapping[str, torch.Tensor] | None = None) -> dict:
         """Copy a capsule into the live tensors in place; returns a copy of its meta (copy_meta=False: the
-        capsule's own meta, for a caller that only reads it before its next call into the store).
+        capsule's own meta, for a caller that only reads it before its next call into the store). loaded: a
+        disk capsule's tensors as `load` read them (else they are read here).
 
         Everything is validated before the first byte moves: the id, the live buffers against the layout,
         a disk capsule's checksums and fingerprint, and `check(meta)` (the runtime's own test that it can
@@ -146,7 +176,10 @@ class CapsuleStore:
         with self._lock:
             cap = self._get(capsule_id)
             live = self._check_buffers(into, what)
-            loaded = self._load_disk(cap, what) if cap.tier == "disk" else None
+            if cap.tier != "disk":
+                loaded = None
+            elif loaded is None:
+                loaded = self._load_disk(cap, what)
             owner = getattr(check, "__self__", check)
             if check is not None and not (cap.checked_by is not None and cap.checked_by() is owner):
                 try:
@@ -241,17 +274,20 @@ class CapsuleStore:
             self._relocate(cap, tier)
 
     def export(self, capsule_id: str, path) -> None:
+        """Write a capsule to `path`. A memory capsule is copied to the host under the store's lock, and the files
+        are written after it (a ring snapshot of the control loop never waits for the disk)."""
         with self._lock:
             cap = self._get(capsule_id)
-            if cap.tier == "disk":
-                tensors = self._load_disk(cap, f"export of capsule {cap.id}")
-            else:
+            if cap.tier != "disk":
                 cap.slab.wait_host()
-                tensors = cap.slab.views
-            diskfmt.write_capsule(path, capsule_id=cap.id, name=cap.name, created=cap.created,
-                                  fingerprint=self.fingerprint.to_dict(),
-                                  fingerprint_digest=self.fingerprint.digest(), meta=cap.meta,
-                                  tensors=tensors)
+                # (host copies: a host slab's views are copied too, since a drop may hand the slab on)
+                tensors = {n: t.to("cpu", copy=True) for n, t in cap.slab.views.items()}
+            meta, header = clone_meta(cap.meta), (cap.id, cap.name, cap.created)
+        if cap.tier == "disk":
+            tensors = self._load_disk(cap, f"export of capsule {cap.id}")
+        diskfmt.write_capsule(path, capsule_id=header[0], name=header[1], created=header[2],
+                              fingerprint=self.fingerprint.to_dict(), fingerprint_digest=self.fingerprint.digest(),
+                              meta=meta, tensors=tensors)
 
     def import_(self, path, tier: str = "host") -> str:
         """Load an exported capsule into `tier` (a new id); refuses other fingerprints and corrupt files."""

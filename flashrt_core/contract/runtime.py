@@ -495,29 +495,43 @@ class Runtime:
                 torch.cuda.empty_cache()
 
     # ---- capsule verbs (implemented in flashrt_core.capsule.runtime_verbs) -------------------------------
+    # Disk I/O (the disk tier, export, import) runs outside the runtime's lock: a step on another thread never
+    # waits for it. Snapshot and restore hold the lock only while they copy from or into the live buffers.
     def snapshot(self, name: str, tier: str = "device") -> str:
+        return self.begin_snapshot(name, tier)()
+
+    def begin_snapshot(self, name: str, tier: str = "device"):
+        """Copy the live buffers now, between two steps; -> the call that finishes the capsule and returns its id
+        (for the disk tier it writes the files, holding nothing: a control loop runs that call off its thread)."""
         self._not_in_on_actions("snapshot")
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:
-            return runtime_verbs.snapshot(self, name, tier)
+            return runtime_verbs.begin_snapshot(self, name, tier)
 
-    def restore(self, capsule_id: str, rewind_time: bool = False) -> dict:
+    def load_capsule(self, capsule_id: str):
+        """A disk capsule's buffers read and verified (no lock held), for `restore(..., loaded=)`; None for a
+        capsule in a memory tier."""
+        from flashrt_core.capsule import runtime_verbs
+
+        return runtime_verbs.load(self, capsule_id)
+
+    def restore(self, capsule_id: str, rewind_time: bool = False, loaded=None) -> dict:
         """Live (default): the model state rewinds, the rate grid and input watermark go on from now.
-        rewind_time=True: they return to the snapshot's too (re-fed observations replay it exactly)."""
+        rewind_time=True: they return to the snapshot's too (re-fed observations replay it exactly).
+        loaded: what `load_capsule` read for a disk capsule (else it is read here, under the lock)."""
         self._not_in_on_actions("restore")
         from flashrt_core.capsule import runtime_verbs
 
         with self._lock:
-            meta = runtime_verbs.restore(self, capsule_id, rewind_time=rewind_time)
+            meta = runtime_verbs.restore(self, capsule_id, rewind_time=rewind_time, loaded=loaded)
             self.binding.restored(self.buffers.tensors, rewind_time)
             return meta
 
     def fork(self, capsule_id: str, name: str) -> str:
         from flashrt_core.capsule import runtime_verbs
 
-        with self._lock:
-            return runtime_verbs.fork(self, capsule_id, name)
+        return runtime_verbs.fork(self, capsule_id, name)  # (the store's own lock: no live buffer is touched)
 
     def configure_capsules(self, capsule_budget_mb: Mapping | None = None, capsule_eviction: str = "none",
                            capsule_dir=None) -> None:
@@ -542,14 +556,12 @@ class Runtime:
     def export_capsule(self, capsule_id: str, path) -> None:
         from flashrt_core.capsule import runtime_verbs
 
-        with self._lock:
-            runtime_verbs.export_capsule(self, capsule_id, path)
+        runtime_verbs.export_capsule(self, capsule_id, path)  # (the store's lock while it copies, not the files')
 
     def import_capsule(self, path, tier: str = "host") -> str:
         from flashrt_core.capsule import runtime_verbs
 
-        with self._lock:
-            return runtime_verbs.import_capsule(self, path, tier)
+        return runtime_verbs.import_capsule(self, path, tier)  # (files read and checked before the store's lock)
 
     @property
     def decisions(self) -> int:
