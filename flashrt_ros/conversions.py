@@ -223,7 +223,8 @@ def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
             raise ConversionError(f"JointState lacks joints {missing} (has {list(msg.name)})")
         values = np.asarray([msg.position[index[n]] for n in joint_names], dtype=np.float32)
     if not np.all(np.isfinite(values)):
-        bad = [joint_names[i] if joint_names else str(i) for i in np.flatnonzero(~np.isfinite(values))]
+        names = list(joint_names) or list(msg.name)  # (in message order: the message's own names, if it has them)
+        bad = [names[i] if i < len(names) else str(i) for i in np.flatnonzero(~np.isfinite(values))]
         raise ConversionError(f"JointState has non-finite positions for {bad}")
     return values
 

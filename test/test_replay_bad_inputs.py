@@ -195,3 +195,54 @@ def test_a_compare_contract_with_other_actions_is_refused_up_front(tmp_path, con
     with pytest.raises(ReplayError, match=r"compare contract #1: its actions are \[50, 5\], the main contract's "
                                           r"\[50, 7\]"):
         replay(bag, config=contract, compare=other, progress=False)
+
+
+def test_bad_messages_are_refused_as_the_node_refuses_them_and_stale_inputs_are_named(tmp_path, contract):
+    """NaN joint positions for 0.3 s and a camera that stops at 0.5 s: the replay goes on (the last good joints
+    stay in use, as in the node), notes the refused messages by topic and joint name, groups the refusals by the
+    input that made them (the stale camera's into one line), and lists every due tick in decisions_table: a decision
+    with its whole chunk, or a refusal with its reason."""
+    import math
+
+    def damage(topic, seq, msg):
+        if topic == "/joint_states" and 40 <= seq < 100:  # 0.2 .. 0.5 s at 200 Hz
+            msg.position[2] = math.nan
+        return msg
+
+    def stop_camera1(topic, seq, msg):
+        return None if topic == "/camera1/image_raw" and seq > 15 else msg
+
+    bag = tmp_path / "bag"
+    store = bagio.typestore()
+    topics = TopicMap()
+    with bagio.open_writer(bag, "mcap") as writer:
+        conns = {t: writer.add_connection(t, m, typestore=store) for t, m in
+                 [(t, bagio.IMAGE) for t in topics.cameras] + [(topics.joint_states, bagio.JOINT_STATE),
+                                                                (topics.prompt, bagio.STRING)]}
+        seq = {}
+        for ns, _, _, topic, msgtype, msg in sensor_events(store, topics, 1.5, H, W, 8, "stack the cups"):
+            seq[topic] = seq.get(topic, -1) + 1
+            msg = stop_camera1(topic, seq[topic], damage(topic, seq[topic], msg))
+            if msg is not None:
+                writer.write(conns[topic], ns, store.serialize_cdr(msg, msgtype))
+    report = replay(bag, config=contract, report_dir=tmp_path / "report", progress=False)
+    d = report.data
+    assert d["status"] == "ok" and d["decisions"] > 0
+    notes = [n for n in d["input_notes"] if n.startswith("/joint_states")]
+    assert notes == ["/joint_states: 60 message(s) refused, #40..#99 (first: JointState has non-finite positions "
+                     "for ['joint2']); the last good one stayed in use"], d["input_notes"]
+    # two kinds of refusal, each naming its input: the observation taken while the joints were refused (its
+    # joints 0.3 s old by 0.5 s), then every tick after camera1 stopped (its age grows: one group)
+    s = d["staleness"]
+    assert [g["reason"].split("; stale input: ")[1].split(" ")[0] for g in s["refusals"]] == \
+        ["/camera1/image_raw", "/joint_states"], s["refusals"]
+    cam, joints = s["refusals"]
+    assert cam["count"] + joints["count"] == s["refused"] and joints["count"] == 1 and joints["first_s"] == 0.5
+    assert 0.5 < cam["first_s"] < cam["last_s"] <= 1.5 and cam["count"] >= 8
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert f"refused {cam['count']}x from {cam['first_s']:.2f} to {cam['last_s']:.2f} s: " in text
+    rows = d["decisions_table"]
+    made = [r for r in rows if "actions" in r]
+    assert len(made) == d["decisions"] and len(rows) - len(made) == s["refused"]
+    assert all(len(r["actions"]) == 50 and all(math.isfinite(v) for row in r["actions"] for v in row) for r in made)
+    assert sum("stale input: /camera1/image_raw" in r["refused"] for r in rows if "refused" in r) == cam["count"]

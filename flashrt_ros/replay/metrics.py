@@ -3,6 +3,7 @@ against recorded chunks, and agreement between two configurations on the same in
 from __future__ import annotations
 
 import bisect
+import re
 from typing import Sequence
 
 import numpy as np
@@ -48,13 +49,27 @@ def staleness(ticks, limit_ms: float | None) -> dict:
     row["limit_ms"] = limit_ms
     row["over_limit"] = int(sum(a > limit_ms for a in ages)) if limit_ms is not None else 0
     # A tick where the output stage was due but produced nothing is a refusal (stale input, missing prefix).
-    reasons: dict[str, int] = {}
+    # Refusals of one kind differ only in their numbers (the age, the input's age): grouped by the reason with
+    # its numbers taken out, each group shown by its first reason, counted, with the bag times it spans.
+    groups: dict[str, dict] = {}
+    t0 = ticks[0].t_ns if ticks else 0
     for t in ticks:
-        if t.actions is None and t.reason and "is not due" not in t.reason:
-            reasons[t.reason] = reasons.get(t.reason, 0) + 1
-    row["refused"] = int(sum(reasons.values()))
-    row["refusal_reasons"] = reasons
+        if refused(t):
+            g = groups.setdefault(_NUMBER.sub("#", t.reason), {"reason": t.reason, "count": 0,
+                                                               "first_s": (t.t_ns - t0) / 1e9})
+            g["count"] += 1
+            g["last_s"] = (t.t_ns - t0) / 1e9
+    row["refused"] = int(sum(g["count"] for g in groups.values()))
+    row["refusals"] = sorted(groups.values(), key=lambda g: -g["count"])
     return row
+
+
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+
+
+def refused(t) -> bool:
+    """Whether a tick's output stage was due and refused (a stage that is not due is no refusal)."""
+    return t.actions is None and bool(t.reason) and "is not due" not in t.reason
 
 
 def match_recorded(ticks, recorded, tolerance_ns: int) -> list[tuple]:

@@ -10,6 +10,7 @@ same inputs at the same ticks and draw the same noise from their own equally see
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -70,6 +71,10 @@ class RecordedChunk:
                    stages_ran=list(m.stages_ran), joint_names=tuple(m.joint_names))
 
 
+FED_KEPT = 256  # feeds remembered for naming the input behind a refusal
+_AGE = re.compile(r"^observation age ([0-9.]+) ms")
+
+
 def _slots(runtime) -> int | None:
     images = runtime.contract.buffers.get("images")
     return images.shape[0] if images is not None else None
@@ -103,6 +108,10 @@ class BagClockPlayer:
         self.ticks: list[TickRecord] = []
         self.recorded: list[RecordedChunk] = []
         self.messages = 0
+        self.refused: dict[str, dict] = {}  # topic -> {count, first, last, reason}: input messages refused as the
+        # node refuses them (its previous value stays in use, and ages)
+        self._topics: dict = {}  # ("camera", i) / "joints" -> the topic it came from
+        self._fed: dict[int, str] = {}  # observation stamp -> its oldest input's topic, of the latest feeds
         self.last_ns: int | None = None
         self._clock = None
         self._next: int | None = None
@@ -137,10 +146,12 @@ class BagClockPlayer:
         where = f"{ev.topic} message #{ev.seq}"
         try:
             if ev.role == "camera":
+                self._topics[("camera", ev.index)] = ev.topic
                 conv = conversions.compressed_to_rgb if ev.msg.__msgtype__ == COMPRESSED else conversions.image_to_rgb
                 self.images[ev.index] = (self.fit.frame(conv(ev.msg), ev.topic), ev.stamp_ns)
                 self.dirty = True
             elif ev.role == "joints":
+                self._topics["joints"] = ev.topic
                 state = conversions.joint_positions(ev.msg, self.joint_names)
                 self.joints = (self.fit.state(state, ev.topic), ev.stamp_ns)
                 self.dirty = True
@@ -149,8 +160,33 @@ class BagClockPlayer:
                     self._set_prompt(ev.msg.data, where)
             elif ev.role == "actions":
                 self.recorded.append(RecordedChunk.from_msg(ev))
-        except conversions.ConversionError as e:
-            raise ReplayError(f"{where}: {e}") from None
+        except conversions.ConversionError as e:  # refused as the node refuses it: the last good value stays
+            seen = self.refused.setdefault(ev.topic, {"count": 0, "first": ev.seq, "reason": str(e)})
+            seen["count"] += 1
+            seen["last"] = ev.seq
+
+    def refusal_notes(self) -> list[str]:
+        """One line per topic with refused messages."""
+        return [f"{topic}: {r['count']} message(s) refused, #{r['first']}..#{r['last']} (first: {r['reason']}); "
+                "the last good one stayed in use" for topic, r in self.refused.items()]
+
+    def _oldest_input(self) -> tuple[int, str]:
+        """(stamp, topic) of the input whose last accepted message is the oldest."""
+        inputs = [(s, self._topics.get(("camera", i), f"camera {i}")) for i, (_, s) in enumerate(self.images)]
+        inputs.append((self.joints[1], self._topics.get("joints", "joints")))
+        return min(inputs, key=lambda x: x[0])
+
+    def _stale_input(self, t_ns: int, reason: str) -> str:
+        """Which input made the refused stage's data too old: the oldest input of the observation it was computed
+        from (the feed whose stamp is the age the runtime reports), else the oldest input now."""
+        found = _AGE.search(reason)
+        if found is not None:
+            stamp = t_ns - round(float(found.group(1)) * 1e6)
+            near = min(self._fed, key=lambda s: abs(s - stamp), default=None)
+            if near is not None and abs(near - stamp) <= 1_000_000:
+                return f"stale input: {self._fed[near]} (its message from {(t_ns - near) / 1e6:.0f} ms before)"
+        stamp, topic = self._oldest_input()
+        return f"stale input: {topic} (its message from {(t_ns - stamp) / 1e6:.0f} ms before)"
 
     def _complete(self) -> bool:
         return self.prompt is not None and self.joints is not None and all(i is not None for i in self.images)
@@ -158,7 +194,10 @@ class BagClockPlayer:
     # ---- ticks -------------------------------------------------------------------------------------------
     def _feed(self, t_ns: int) -> None:
         frames = [img for img, _ in self.images] + [None] * (self.slots - len(self.images))
-        stamp = min([s for _, s in self.images] + [self.joints[1]])
+        stamp, topic = self._oldest_input()
+        self._fed[stamp] = topic
+        if len(self._fed) > FED_KEPT:
+            del self._fed[next(iter(self._fed))]
         try:
             for rt in self.runtimes:
                 rt.set_observation(images=frames, state=self.joints[0], stamp_ns=stamp)
@@ -174,10 +213,13 @@ class BagClockPlayer:
         stamp = getattr(r, "observation_stamp_ns", None)
         if stamp is None and r.observation_age_ms is not None:
             stamp = t_ns - int(round(r.observation_age_ms * 1e6))
+        reason = r.reason
+        if r.actions is None and reason and reason.startswith("observation age"):
+            reason = f"{reason}; {self._stale_input(t_ns, reason)}"
         self.ticks.append(TickRecord(
             t_ns=t_ns, ran=list(r.ran), latency_ms=float(r.latency_ms), stage_latency_ms=r.completed_stage_ms(),
             decision_id=r.decision_id, actions=r.actions, observation_age_ms=r.observation_age_ms,
-            observation_stamp_ns=stamp, reason=r.reason, prefix_id=getattr(r, "prefix_id", None),
+            observation_stamp_ns=stamp, reason=reason, prefix_id=getattr(r, "prefix_id", None),
             compare_actions=[o.actions for o in results[1:]], compare_latency_ms=[o.latency_ms for o in results[1:]]))
 
     def finish(self, end_ns: int | None = None) -> None:

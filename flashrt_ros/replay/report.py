@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from flashrt_ros.replay import metrics, plots
 from flashrt_ros.replay.clock import stage_periods_ms, stage_rates
 from flashrt_ros.replay.errors import ReplayError
@@ -80,13 +82,19 @@ class Report:
         lines = []
         s = d.get("staleness", {})
         if s.get("n"):
-            limit = f", limit {s['limit_ms']:.0f} ms: {s['over_limit']} over" if s.get("limit_ms") else ""
-            lines.append(f"observation age: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, max {s['max']:.1f} ms"
-                         f"{limit}; refused decisions: {s['refused']}")
+            limit = f" (limit {s['limit_ms']:.0f} ms)" if s.get("limit_ms") else ""
+            lines.append(f"observation age of the decisions made: p50 {s['p50']:.1f} ms, p99 {s['p99']:.1f} ms, max "
+                         f"{s['max']:.1f} ms{limit}; refused decisions: {s['refused']}")
         elif s.get("refused"):
             lines.append(f"refused decisions: {s['refused']} (no decision was made)")
-        for reason, n in sorted(s.get("refusal_reasons", {}).items(), key=lambda kv: -kv[1])[:3]:
-            lines.append(f"  refused {n}x: {reason}")
+        groups = s.get("refusals", [])
+        for g in groups[:5]:
+            span = (f"at {g['first_s']:.2f} s" if g["count"] == 1 else
+                    f"from {g['first_s']:.2f} to {g['last_s']:.2f} s")
+            lines.append(f"  refused {g['count']}x {span}: {g['reason']}")
+        if len(groups) > 5:
+            lines.append(f"  ... and {sum(g['count'] for g in groups[5:])} more refusals of {len(groups) - 5} other "
+                         "kinds (report.json: staleness.refusals)")
         for note in d.get("input_notes", []):
             lines.append(f"input: {note}")
         e = d.get("action_error", {})
@@ -192,14 +200,17 @@ def build_report(*, mode: str, config, seed: int, topics, info=None, player=None
         if compare_config is not None:
             data["splice"]["compare"] = metrics.splice(ticks, action_dt_s, index=0)
     if not error and ticks and data["decisions"] == 0 and data.get("staleness", {}).get("refused"):
-        reasons = data["staleness"]["refusal_reasons"]
         data["status"] = "error"
         data["error"] = (f"no decisions: all {data['staleness']['refused']} due decisions were refused (most: "
-                         f"{max(reasons, key=reasons.get)})")
+                         f"{data['staleness']['refusals'][0]['reason']})")
+    # every tick whose output stage was due: a decision (its whole chunk: `actions`, rows x action columns) or
+    # a refusal (`refused`: why)
     data["decisions_table"] = [
         {"t_s": (t.t_ns - ticks[0].t_ns) / 1e9, "decision_id": t.decision_id, "ran": t.ran,
-         "latency_ms": t.latency_ms, "observation_age_ms": t.observation_age_ms}
-        for t in ticks if t.actions is not None]
+         "latency_ms": t.latency_ms, "observation_age_ms": t.observation_age_ms,
+         **({"actions": np.asarray(t.actions, dtype=np.float64).round(6).tolist()} if t.actions is not None
+            else {"refused": t.reason})}
+        for t in ticks if t.actions is not None or metrics.refused(t)]
     joint_names = recorded[0].joint_names if recorded else ()
     return Report(data=data, ticks=ticks, recorded=recorded, pairs=pairs, joint_names=joint_names or
                   tuple(topics.joint_names))
