@@ -322,4 +322,3 @@ def test_a_failed_replay_ends_the_replay_launch_with_an_error(ros_launch, tmp_pa
         raise AssertionError(f"the launch did not end:\n{log.read_text()[-3000:]}") from None
     text = log.read_text()
     assert rc != 0 and "flashrt replay failed (exit code 1)" in text, text[-3000:]
-
