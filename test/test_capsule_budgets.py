@@ -159,20 +159,29 @@ def test_the_capsule_dir_lists_its_capsules_again_after_a_restart(tmp_path):
     other = make_runtime(seed=1)  # other weights: its capsule in the folder is not this runtime's
     run_ticks(other, range(2))
     other.export_capsule(other.snapshot("foreign", tier="host"), folder / "foreign")
+    # this runtime's capsules whose buffers file was deleted, or cut short, are not listed again either
+    import shutil
+    shutil.copytree(folder / kept, folder / "gone")
+    (folder / "gone" / "buffers.safetensors").unlink()
+    shutil.copytree(folder / kept, folder / "short")
+    with (folder / "short" / "buffers.safetensors").open("r+b") as f:
+        f.truncate(100)
 
     again = make_runtime(capsule_dir=folder)  # not warmed up: listing opens the folder
     listed = again.list_capsules()
     assert [(r["id"], r["name"], r["tier"], r["decision_id"]) for r in listed] == [(kept, "kept", "disk", 4)]
     assert listed[0]["created_utc"] == rows[0]["created_utc"] and ISO.match(listed[0]["created_utc"])
-    assert [s.split(":")[0] for s in again.capsules.relist_skipped] == ["foreign"]
-    assert "weights_digest" in again.capsules.relist_skipped[0]
+    skipped = dict(s.split(": ", 1) for s in again.capsules.relist_skipped)
+    assert sorted(skipped) == ["foreign", "gone", "short"] and "weights_digest" in skipped["foreign"]
+    assert skipped["gone"] == "buffers.safetensors is missing"
+    assert skipped["short"].startswith("buffers.safetensors is cut short (100 bytes")
     run_ticks(again, range(6))
     again.restore(kept, rewind_time=True)
     assert_state(again, want)
     new = again.snapshot("new", tier="disk")
     assert new != kept and {r["id"] for r in again.list_capsules()} == {kept, new}
     again.drop_capsule(kept)
-    assert not (folder / kept).exists() and (folder / "foreign").is_dir()
+    assert not (folder / kept).exists() and (folder / "foreign").is_dir() and (folder / "gone").is_dir()
 
 
 def _rewrite_manifest(folder, edit):

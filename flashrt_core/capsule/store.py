@@ -441,7 +441,8 @@ class CapsuleStore:
 
     def _relist(self) -> None:
         """List the capsules of this fingerprint already in the disk_dir again (a restart), oldest first. Only
-        manifests are read here; a capsule's checksums are verified when it is restored, forked or moved."""
+        manifests are read here, and the buffers file's size checked (missing or cut short: not listed, and
+        said why); a capsule's checksums are verified when it is restored, forked or moved."""
         found = []
         for path in sorted(self.disk_dir.iterdir()):
             if path.name.startswith(".") or not (path / diskfmt.MANIFEST).is_file():
@@ -455,6 +456,12 @@ class CapsuleStore:
                     raise CapsuleError("another fingerprint (this runtime != file): " + "; ".join(diffs))
                 meta = _own_meta(decode_meta(manifest["meta"]))
                 created = diskfmt.created_unix(manifest)
+                tensors = path / diskfmt.TENSORS
+                if not tensors.is_file():
+                    raise CapsuleError(f"{diskfmt.TENSORS} is missing")
+                if tensors.stat().st_size < self.capsule_bytes:
+                    raise CapsuleError(f"{diskfmt.TENSORS} is cut short ({tensors.stat().st_size} bytes, its buffers "
+                                       f"alone take {self.capsule_bytes})")
             except CapsuleError as exc:
                 self.relist_skipped.append(f"{path.name}: {exc}")
                 continue
