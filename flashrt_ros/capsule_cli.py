@@ -1,4 +1,5 @@
-"""`flashrt capsule list|export|import --node NAME`: the capsule services of a running policy node.
+"""`flashrt capsule list|snapshot|restore|fork|drop|export|import --node NAME`: the capsule services of a running
+policy node, from a pip install (no `ros2` command needed).
 
 Paths go to the node as absolute paths (a relative one is taken from this shell's directory); the node reads
 and writes them on its own machine. Exit status 0 when the node answered ok, 1 when it refused (its reason
@@ -107,6 +108,48 @@ def capsule_import(args, out=None) -> int:
     return 0 if response.ok else 1
 
 
+def _reply(args, service, srv_type, request, out=None, id_field: str | None = None) -> int:
+    """Call a service and print its answer: the new capsule's id alone on stdout where it makes one
+    (`cid=$(flashrt capsule snapshot NAME)`), the node's message on stderr."""
+    response = _answer(args, service, srv_type, request)
+    if response is None:
+        return 2
+    if response.ok:
+        if id_field:
+            print(getattr(response, id_field), file=out or sys.stdout)
+            print(response.message, file=sys.stderr)
+        else:
+            print(response.message, file=out or sys.stdout)
+    return 0 if response.ok else 1
+
+
+def capsule_snapshot(args, out=None) -> int:
+    from flashrt_ros.srv import SnapshotCapsule
+
+    return _reply(args, "snapshot", SnapshotCapsule, SnapshotCapsule.Request(name=args.name, tier=args.tier), out,
+                  id_field="capsule_id")
+
+
+def capsule_restore(args, out=None) -> int:
+    from flashrt_ros.srv import RestoreCapsule
+
+    request = RestoreCapsule.Request(capsule_id=args.id, rewind_time=args.rewind_time)
+    return _reply(args, "restore", RestoreCapsule, request, out)
+
+
+def capsule_fork(args, out=None) -> int:
+    from flashrt_ros.srv import ForkCapsule
+
+    return _reply(args, "fork", ForkCapsule, ForkCapsule.Request(capsule_id=args.id, name=args.name), out,
+                  id_field="capsule_id")
+
+
+def capsule_drop(args, out=None) -> int:
+    from flashrt_ros.srv import DropCapsule
+
+    return _reply(args, "drop_capsule", DropCapsule, DropCapsule.Request(capsule_id=args.id), out)
+
+
 def add_node_verbs(verbs) -> None:
     """Add list / export / import to the `flashrt capsule` verbs (flashrt_core.capsule.cli.add_subparsers)."""
     def common(p):
@@ -116,6 +159,26 @@ def add_node_verbs(verbs) -> None:
     p = verbs.add_parser("list", help="the capsules a running node holds: id, name, tier, size, time")
     common(p)
     p.set_defaults(func=capsule_list)
+    p = verbs.add_parser("snapshot", help="snapshot a running node's pipeline state (prints the new id)")
+    p.add_argument("name", nargs="?", default="", help="a name for it (default: snapshot)")
+    p.add_argument("--tier", default="device", choices=["device", "host", "disk"], help="where to keep it (device)")
+    common(p)
+    p.set_defaults(func=capsule_snapshot)
+    p = verbs.add_parser("restore", help="restore a capsule into a running node (its next ticks go on from it)")
+    p.add_argument("id", help="capsule id (see `flashrt capsule list`)")
+    p.add_argument("--rewind-time", action="store_true",
+                   help="the rate clocks and observation-stamp watermark return to the snapshot's too")
+    common(p)
+    p.set_defaults(func=capsule_restore)
+    p = verbs.add_parser("fork", help="copy a node's capsule under a new id (prints it)")
+    p.add_argument("id", help="capsule id")
+    p.add_argument("name", nargs="?", default="", help="a name for the copy (default: fork)")
+    common(p)
+    p.set_defaults(func=capsule_fork)
+    p = verbs.add_parser("drop", help="free a node's capsule")
+    p.add_argument("id", help="capsule id")
+    common(p)
+    p.set_defaults(func=capsule_drop)
     p = verbs.add_parser("export", help="write a node's capsule to a folder (on the node's machine)")
     p.add_argument("id", help="capsule id (see `flashrt capsule list`)")
     p.add_argument("path", help="folder to write (must not exist)")

@@ -97,6 +97,18 @@ def test_capsule_parameters_services_and_cli_on_a_running_node(capsule_rig, tmp_
     assert back.stdout.strip() in [c.capsule_id for c in listing().capsules] and "imported" in back.stderr
     refused = cli("export", "c-none", str(tmp_path / "none"))
     assert refused.returncode == 1 and "unknown capsule id 'c-none'" in refused.stderr
+    # snapshot, fork, restore and drop from the command line (the id alone on stdout where one is made)
+    made_id = cli("snapshot", "by cli", "--tier", "host")
+    assert made_id.returncode == 0 and "snapshot 'by cli' -> " in made_id.stderr, made_id.stderr
+    cid = made_id.stdout.strip()
+    forked = cli("fork", cid, "its fork")
+    assert forked.returncode == 0 and f"forked {cid} -> {forked.stdout.strip()}" in forked.stderr
+    restored = cli("restore", forked.stdout.strip(), "--rewind-time")
+    assert restored.returncode == 0 and restored.stdout.startswith(f"restored {forked.stdout.strip()} (rewind")
+    dropped = cli("drop", cid)
+    assert dropped.returncode == 0 and dropped.stdout.strip() == f"dropped {cid}"
+    assert cli("drop", cid).returncode == 1
+    assert cid not in [c.capsule_id for c in listing().capsules]
 
     # read at configure: a change while configured is refused
     change = rig.call(SetParameters, "set_parameters", SetParameters.Request(parameters=[Parameter(

@@ -37,10 +37,10 @@ def capsule_inspect(path, out=None) -> int:
 
 def add_subparsers(subparsers):
     """Register `capsule inspect PATH` on an argparse subparsers object; the handler is in `func`. Returns the
-    `capsule` verbs, so that a shell around the engine can add its own (flashrt_ros: export/import/list on a
-    running node)."""
+    `capsule` verbs, so that a shell around the engine can add its own (flashrt_ros: the services of a running
+    node)."""
     capsule = subparsers.add_parser("capsule", help="execution-state capsules: inspect files, or (with a node) "
-                                                    "export, import, list")
+                                                    "list, snapshot, restore, fork, drop, export, import")
     verbs = capsule.add_subparsers(dest="capsule_verb", required=True)
     insp = verbs.add_parser("inspect", help="print the manifest and verify every buffer checksum")
     insp.add_argument("path", help="capsule folder (or its manifest.json / buffers.safetensors)")
