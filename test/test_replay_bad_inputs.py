@@ -246,3 +246,4 @@ def test_bad_messages_are_refused_as_the_node_refuses_them_and_stale_inputs_are_
     assert len(made) == d["decisions"] and len(rows) - len(made) == s["refused"]
     assert all(len(r["actions"]) == 50 and all(math.isfinite(v) for row in r["actions"] for v in row) for r in made)
     assert sum("stale input: /camera1/image_raw" in r["refused"] for r in rows if "refused" in r) == cam["count"]
+

@@ -165,7 +165,7 @@ class BagClockPlayer:
             seen["count"] += 1
             seen["last"] = ev.seq
 
-    def refusal_notes(self) -> list[str]:
+    def notes(self) -> list[str]:
         """One line per topic with refused messages."""
         return [f"{topic}: {r['count']} message(s) refused, #{r['first']}..#{r['last']} (first: {r['reason']}); "
                 "the last good one stayed in use" for topic, r in self.refused.items()]

@@ -83,7 +83,7 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
                               player=player, contract=contract, compare_config=compare,
                               wall_s=time.perf_counter() - t_wall, error=error, action_dt_s=action_dt_s)
         if player is not None:
-            report.data["input_notes"] = list(player.fit.notes) + player.refusal_notes()
+            report.data["input_notes"] = list(player.fit.notes) + player.notes()
         error = report.data["error"]  # (also: no decision at all, every one refused)
         if report_dir is not None:
             report.write(report_dir)
