@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.callback_groups import ReentrantCallbackGroup
@@ -34,7 +34,11 @@ class CapsuleServices:
     def __init__(self, node):
         self.node = node
         self._services = []
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capsules")
+        # the capsule thread: a daemon, so that a call stuck at its files (a hung network disk) never keeps the
+        # process from exiting (a ThreadPoolExecutor's workers are joined at exit)
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker = threading.Thread(target=self._serve, name="capsules", daemon=True)
+        self._worker.start()
         self.busy = threading.Lock()  # held by the capsule thread for each call (cleanup waits for it)
         self._group = ReentrantCallbackGroup()
         capsule_params.declare(node)
@@ -48,7 +52,12 @@ class CapsuleServices:
         return True
 
     def shutdown(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        """Calls still queued are not run (a call in progress is left to end with the process)."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (work := self._calls.get()) is not None:
+            work()
 
     def configure(self, runtime) -> None:
         """Apply the capsule parameters to a runtime being configured (before the node holds it): budgets,
@@ -109,7 +118,7 @@ class CapsuleServices:
                 except BaseException as exc:  # (run answers every Exception itself; this is the rest)
                     done.set_exception(exc)
 
-            self._worker.submit(work)
+            self._calls.put(work)
             return await done
 
         return call
