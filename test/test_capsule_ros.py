@@ -161,3 +161,13 @@ def test_a_capsule_call_stuck_at_its_files_holds_back_neither_ticks_nor_diagnost
     assert values["capsule.last_failure"].startswith("import_capsule: ") and "manifest" in values["capsule.last_failure"]
     assert rig.wait(lambda: f"capsule snapshot: {made.message}" in rig.log(), 5), rig.log()
     assert "capsule import_capsule failed: " in rig.log()
+    # Ctrl-C while a call is stuck at its files: the node still ends (the capsule thread does not hold it)
+    os.remove(stuck / "manifest.json")
+    os.mkfifo(stuck / "manifest.json")
+    rig.client(ImportCapsule, "import_capsule").call_async(ImportCapsule.Request(path=str(stuck)))
+    time.sleep(0.5)
+    rig.proc.send_signal(2)
+    try:
+        rig.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the node did not end within 15 s of Ctrl-C with a capsule call stuck\n{rig.log()}")
