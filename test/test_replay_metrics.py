@@ -221,3 +221,15 @@ def test_splice_metrics_measure_disagreement_and_jerk_where_chunks_join():
     compare = metrics.splice(jumpy, 0.02, index=0)  # the compare runtime's chunks: the steady plan
     assert compare["disagreement"]["max"] == pytest.approx(0.0)
     assert metrics.splice(jumpy[:1], 0.02) == {"action_dt_s": 0.02, "splices": 0}
+
+
+def test_a_stage_that_misses_most_of_its_deadlines_is_warned_about():
+    from flashrt_ros.replay.report import Report
+
+    stages = {"act": {"n": 10, "p50": 26.5, "p90": 30.0, "p99": 31.0, "max": 31.0, "period_ms": 20.0,
+                      "deadline_misses": 9},
+              "observe": {"n": 4, "p50": 30.0, "p90": 30.0, "p99": 30.0, "max": 300.0, "period_ms": 100.0,
+                          "deadline_misses": 1}}
+    lines = Report(data={"stages": stages}, ticks=[], recorded=[], pairs=[], joint_names=()).result_lines()
+    assert lines == ["warning: act took longer than its period in 9 of 10 runs (p50 26.5 ms, period 20.0 ms): this "
+                     "machine does not hold the contract's rate"]

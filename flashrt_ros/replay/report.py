@@ -80,6 +80,12 @@ class Report:
     def result_lines(self) -> list[str]:
         d = self.data
         lines = []
+        for name, r in d.get("stages", {}).items():  # a rate this machine cannot hold is said, not only counted
+            misses, n = r.get("deadline_misses"), r.get("n", 0)
+            if misses and n and misses * 2 > n:
+                lines.append(f"warning: {name} took longer than its period in {misses} of {n} runs (p50 "
+                             f"{r['p50']:.1f} ms, period {r['period_ms']:.1f} ms): this machine does not hold the "
+                             "contract's rate")
         s = d.get("staleness", {})
         if s.get("n"):
             limit = f" (limit {s['limit_ms']:.0f} ms)" if s.get("limit_ms") else ""
