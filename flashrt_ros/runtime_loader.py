@@ -34,17 +34,22 @@ def checkpoint_contract(checkpoint: str) -> str:
     return PI0_CONTRACT if kind == "pi0" else CHECKPOINT_CONTRACT
 
 
+def model_widths(joint_names, action_dim: int = 0, checkpoint: bool = False, state_from_joints: bool = True) -> dict:
+    """The model options the robot's joints set: they decide the state width (a checkpoint's config.json must
+    agree; not with a Float64MultiArray state: state_from_joints=False), and the action width where no
+    checkpoint gives it. No joints named: the contract's or checkpoint's widths."""
+    n = len(joint_names)
+    widths = {"state_dim": n if state_from_joints else 0, "action_dim": action_dim or (0 if checkpoint else n)}
+    return {k: v for k, v in widths.items() if v > 0}
+
+
 def runtime_arguments(p, n_cameras: int) -> dict:
     """`Runtime.from_config` arguments (all but device and seed) for the node parameters `p`."""
     contract = p.contract or str(packaged_config(checkpoint_contract(p.checkpoint) if p.checkpoint
                                                  else DEFAULT_CONTRACT))
     rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
-    # The robot's joints decide the state width (a checkpoint's config.json must agree), and the action width
-    # where no checkpoint gives it; a Float64MultiArray state takes the checkpoint's width.
-    state_dim = len(p.joint_names) if not p.state_topic else 0
-    action_dim = p.action_dim or (0 if p.checkpoint else len(p.joint_names))
-    options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width),
-                                 ("state_dim", state_dim), ("action_dim", action_dim)) if v > 0}
+    options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width)) if v > 0}
+    options.update(model_widths(p.joint_names, p.action_dim, bool(p.checkpoint), state_from_joints=not p.state_topic))
     if p.engine != "auto":
         options["engine"] = p.engine
     if p.precision:

@@ -247,3 +247,15 @@ def test_bad_messages_are_refused_as_the_node_refuses_them_and_stale_inputs_are_
     assert all(len(r["actions"]) == 50 and all(math.isfinite(v) for row in r["actions"] for v in row) for r in made)
     assert sum("stale input: /camera1/image_raw" in r["refused"] for r in rows if "refused" in r) == cam["count"]
 
+
+
+def test_named_joints_set_the_models_widths_as_in_the_node(tmp_path, contract):
+    """A params file naming 7 of the bag's 8 joints (the packaged policy_node.yaml): the replay builds the model
+    the node builds from it (state and action width 7: `runtime_loader.model_widths`), where it used to stop at
+    the first joint message (7 joints, a state of 8)."""
+    bag = write_bag(tmp_path / "bag", "mcap")
+    params = pathlib.Path(__file__).resolve().parents[1] / "config" / "policy_node.yaml"
+    report = replay(bag, config=contract, progress=False, topics=str(params))
+    assert report.data["status"] == "ok" and report.data["decisions"] > 0
+    assert report.data["topics"]["joint_names"] == [f"joint{i}" for i in range(7)]
+    assert all(len(r["actions"][0]) == 7 for r in report.data["decisions_table"] if "actions" in r)

@@ -59,9 +59,11 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
     try:
         source.open()
         cams = len(topic_map.cameras)
-        runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device, checkpoint=checkpoint)]
+        joints = topic_map.joint_names  # (named joints set the model's widths, as in the node)
+        runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device, checkpoint=checkpoint,
+                                  joint_names=joints)]
         if compare is not None:
-            runtimes.append(build_runtime(compare, seed=seed, cameras=cams, device=device))
+            runtimes.append(build_runtime(compare, seed=seed, cameras=cams, device=device, joint_names=joints))
         contract = runtimes[0].contract
         player = BagClockPlayer(runtimes, cams, topic_map.joint_names, prompt=prompt)
         player.progress = bar = Progress(source.info.start_ns, source.info.end_ns, enabled=progress)

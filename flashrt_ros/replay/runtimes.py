@@ -15,11 +15,16 @@ def default_config(checkpoint: str | None = None) -> Path:
     return packaged_config(checkpoint_contract(checkpoint) if checkpoint else DEFAULT_CONTRACT)
 
 
-def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", checkpoint: str | None = None):
+def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", checkpoint: str | None = None,
+                  joint_names=()):
+    """The runtime a policy node builds from the same contract, checkpoint, cameras and joint_names (the joints
+    set the state width, and the action width without a checkpoint: `runtime_loader.model_widths`)."""
     from flashrt_core import Runtime
+    from flashrt_ros.runtime_loader import model_widths
 
     try:
         return Runtime.from_config(str(config), device=device, seed=seed, num_cameras=cameras,
-                                   checkpoint=checkpoint)
+                                   checkpoint=checkpoint,
+                                   options=model_widths(joint_names, checkpoint=bool(checkpoint)) or None)
     except FlashRTError as e:
         raise ReplayError(f"{config}: cannot build the runtime: {e}") from None
