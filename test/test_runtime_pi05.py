@@ -190,6 +190,21 @@ def test_fingerprint_fields():
     assert Runtime.from_config(CONFIG, seed=1).fingerprint_fields()["weights_digest"] != f["weights_digest"]
 
 
+def test_the_weights_digest_does_not_depend_on_the_thread_count():
+    """A node at cpu_threads 1 and a script at the default count digest the same weights alike (the AdaRMS tables
+    derived by CPU matmuls, whose last bits differ between thread counts, are not part of it): a capsule of one
+    restores into the other."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; torch.set_num_threads(int(sys.argv[1])); from flashrt_core import Runtime; "
+            f"print(Runtime.from_config({str(CONFIG)!r}, seed=0).fingerprint_fields()['weights_digest'])")
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    digests = {subprocess.run([sys.executable, "-c", code, str(n)], capture_output=True, text=True, check=True,
+                              cwd=root).stdout.strip() for n in (1, 2)}
+    assert len(digests) == 1 and all(digests), digests
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", ["stage", "plan"])
 def test_cuda_graphs_match_eager_and_never_move(graphs):

@@ -50,6 +50,8 @@ from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
 from flashrt_core.models import pi05, rtc
+from flashrt_core.models.pi0.weights import TABLE_FIELDS as PI0_TABLES
+from flashrt_core.models.pi05.weights import TABLE_FIELDS as PI05_TABLES
 from flashrt_core.models.pi05.normalize import Normalizer
 from flashrt_core.models.pi05.policy import choose_tokenizer, make_engine, resolve_engine
 from flashrt_core.models.pi05.preprocess import resize_with_pad
@@ -545,6 +547,9 @@ def device_images(frames: torch.Tensor, present: torch.Tensor, slots: int, size:
 
 
 def named_tensors(value, name: str):
+    """(name, tensor) of every weight, for the weights digest; the tables derived from the others (the AdaRMS
+    modulation per step: CPU matmuls, whose last bits depend on the thread count) are left out, so that the
+    same weights give the same digest in every process."""
     if isinstance(value, torch.Tensor):
         yield name, value
     elif isinstance(value, list):
@@ -552,4 +557,8 @@ def named_tensors(value, name: str):
             yield from named_tensors(v, f"{name}.{i}")
     elif dataclasses.is_dataclass(value) and not isinstance(value, pi05.Pi05Config):
         for f in dataclasses.fields(value):
-            yield from named_tensors(getattr(value, f.name), f"{name}.{f.name}")
+            if f.name not in _DERIVED:
+                yield from named_tensors(getattr(value, f.name), f"{name}.{f.name}")
+
+
+_DERIVED = PI05_TABLES | PI0_TABLES

@@ -18,6 +18,11 @@ from flashrt_core.models.pi05.weights import (GemmaLayerWeights, VisionLayerWeig
 _FP32_FIELDS = {"attn_norm", "mlp_norm", "final_norm", "step_times", "time_emb", "rope_inv_freq"}
 
 
+# derived from the config alone (step times, their sincos embedding, RoPE frequencies): not part of the weights'
+# identity (`contract.bindings.pi05.named_tensors`)
+TABLE_FIELDS = frozenset({"step_times", "time_emb", "rope_inv_freq"})
+
+
 @dataclass
 class Pi0Weights:
     config: Pi05Config  # (kind "pi0")

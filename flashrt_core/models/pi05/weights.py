@@ -61,6 +61,11 @@ _FP32_FIELDS = {"attn_norm", "mlp_norm", "attn_ada_w", "attn_ada_b", "mlp_ada_w"
                 "rope_inv_freq"}
 
 
+# The tables `precompute_tables` derives from the other weights (CPU matmuls: their last bits depend on the
+# thread count): not part of the weights' identity (`contract.bindings.pi05.named_tensors`).
+TABLE_FIELDS = frozenset({"step_times", "time_cond", "ada_attn", "ada_mlp", "ada_final", "rope_inv_freq"})
+
+
 @dataclass
 class Pi05Weights:
     config: Pi05Config
