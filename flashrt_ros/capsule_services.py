@@ -2,10 +2,11 @@
 ~/import_capsule on top of its Runtime, and the capsule parameters (capsule_params) applied at configure.
 
 Every call but a listing runs on the capsule thread, one at a time, while the executor goes on with the control
-ticks and sensor callbacks (the service callback awaits it). Only the copies from or into the live buffers (snapshot, restore) take the runtime
-lock, between two ticks; disk work (the disk tier, export, import: files of ~17 MB for pi0.5 with checksums) holds
-no lock a tick needs. Every outcome is logged and counted on /diagnostics (`NodeHealth.capsule_done`); every
-failure (unknown id, fingerprint mismatch, budget, unconfigured node) is answered with ok=false and the reason.
+ticks and sensor callbacks (the service callback awaits it). Only the copies from or into the live buffers
+(snapshot, restore) take the runtime lock, between two ticks; disk work (the disk tier, export, import: a full
+pi0.5 state is megabytes of files with checksums) holds no lock a tick needs. Every outcome is logged and counted
+on /diagnostics (`NodeHealth.capsule_done`); every failure (unknown id, fingerprint mismatch, budget,
+unconfigured node) is answered with ok=false and the reason.
 """
 from __future__ import annotations
 
