@@ -158,7 +158,8 @@ def test_a_capsule_call_stuck_at_its_files_holds_back_neither_ticks_nor_diagnost
     values = {kv.key: kv.value for kv in rig.last_status().values}
     assert values["capsule.import_capsule.failed"] == "1" and values["capsule.snapshot.ok"] == "1", values
     assert values["capsule.last"] == f"snapshot: {made.message}"
-    assert values["capsule.last_failure"].startswith("import_capsule: ") and "manifest" in values["capsule.last_failure"]
+    failure = values["capsule.last_failure"]
+    assert failure.startswith("import_capsule: ") and "manifest" in failure
     assert rig.wait(lambda: f"capsule snapshot: {made.message}" in rig.log(), 5), rig.log()
     assert "capsule import_capsule failed: " in rig.log()
     # Ctrl-C while a call is stuck at its files: the node still ends (the capsule thread does not hold it)
