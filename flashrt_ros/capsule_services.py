@@ -44,6 +44,7 @@ class CapsuleServices:
         self._group = ReentrantCallbackGroup()
         capsule_params.declare(node)
         node.add_on_set_parameters_callback(self._on_set_parameters)
+        self._create_services()
 
     def idle(self, timeout: float = BUSY_WAIT_S) -> bool:
         """Wait until no capsule call runs (before the runtime is closed); False after `timeout` seconds."""
@@ -77,7 +78,9 @@ class CapsuleServices:
         for skipped in store.relist_skipped:
             log.warning(f"capsule_dir {store.disk_dir}: not listed: {skipped}")
 
-    def create_services(self):
+    def _create_services(self):
+        """The services, for the node's whole life (not per configure: a reply still due when the node cleans up
+        must find its service); unconfigured, each call answers "policy node is not configured"."""
         node = self.node
         for srv_type, name, handler in (
             (SnapshotCapsule, "~/snapshot", self._snapshot),
@@ -94,11 +97,6 @@ class CapsuleServices:
             # (a group of their own, reentrant: a call awaiting the capsule thread holds back neither the
             # node's default group (sensor callbacks, timers) nor a listing)
             self._services.append(node.create_service(srv_type, name, call, callback_group=self._group))
-
-    def destroy_services(self):
-        for service in self._services:
-            self.node.destroy_service(service)
-        self._services.clear()
 
     def _on_set_parameters(self, parameters) -> SetParametersResult:
         """The capsule parameters are read at configure: while configured a change is refused, not ignored."""
@@ -118,6 +116,9 @@ class CapsuleServices:
                     done.set_result(self.run(verb, handler, request, response))
                 except BaseException as exc:  # (run answers every Exception itself; this is the rest)
                     done.set_exception(exc)
+                executor = self.node.executor  # (the awaiting callback resumes at the executor's next wake)
+                if executor is not None:
+                    executor.wake()
 
             self._calls.put(work)
             return await done
@@ -127,11 +128,15 @@ class CapsuleServices:
     def _inline(self, verb: str, handler):
         return lambda request, response: self.run(verb, handler, request, response, serial=False)
 
+    def _runtime(self):
+        with self.node.runtime_lock:  # (cleanup detaches the runtime under it before it closes it)
+            return self.node.runtime
+
     def run(self, verb: str, handler, request, response, serial: bool = True):
         """One call (on the capsule thread where serial): the handler, its outcome logged and counted; the filled
         response."""
         with self.busy if serial else contextlib.nullcontext():
-            runtime = self.node.runtime
+            runtime = self._runtime()
             t0 = time.monotonic()
             if runtime is None:
                 response.ok, response.message = False, "policy node is not configured"

@@ -141,7 +141,6 @@ class PolicyNode(LifecycleNode):
         if self.p.publish_joint_trajectory:
             self._traj_pub = self.create_lifecycle_publisher(JointTrajectory, "~/joint_trajectory", 10)
         self._subscribe_sensors()
-        self.capsules.create_services()
         self.get_logger().info(
             f"configured: {runtime.describe()} cameras={self.p.camera_topics} joints={self.p.joint_names or 'as sent'} "
             f"(warm-up {runtime.warmup_s or 0.0:.1f} s)")
@@ -176,17 +175,16 @@ class PolicyNode(LifecycleNode):
         for sub in self._subs:
             self.destroy_subscription(sub)
         self._subs.clear()
-        self.capsules.destroy_services()
-        if not self.capsules.idle():  # (a capsule call still at its files: it fails once the runtime is closed)
-            self.get_logger().warning("cleanup: a capsule call still runs; closing the runtime under it")
         for pub in (self._chunk_pub, self._traj_pub):
             if pub is not None:
                 self.destroy_lifecycle_publisher(pub)
         self._chunk_pub = self._traj_pub = None
-        with self.runtime_lock:
-            if self.runtime is not None:
-                self.runtime.close()
-            self.runtime = None
+        with self.runtime_lock:  # (a capsule call that starts from now on answers "not configured")
+            runtime, self.runtime = self.runtime, None
+        if not self.capsules.idle():  # (a capsule call still at its files: it fails once the runtime is closed)
+            self.get_logger().warning("cleanup: a capsule call still runs; closing the runtime under it")
+        if runtime is not None:
+            runtime.close()
         with self._sensor_lock:
             self._images.clear()
             self._frames.drop()

@@ -162,6 +162,31 @@ def test_a_capsule_call_stuck_at_its_files_holds_back_neither_ticks_nor_diagnost
     assert failure.startswith("import_capsule: ") and "manifest" in failure
     assert rig.wait(lambda: f"capsule snapshot: {made.message}" in rig.log(), 5), rig.log()
     assert "capsule import_capsule failed: " in rig.log()
+    # deactivate and clean up while a call waits for its files: the call ends with its failure, the node lives
+    # on (its reply still finds the service) and configures and runs again
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState
+
+    os.remove(stuck / "manifest.json")
+    os.mkfifo(stuck / "manifest.json")
+    pending = rig.client(ImportCapsule, "import_capsule").call_async(ImportCapsule.Request(path=str(stuck)))
+    time.sleep(0.5)
+    assert rig.transition(DEACTIVATE)
+    cleanup = rig.client(ChangeState, "change_state").call_async(
+        ChangeState.Request(transition=Transition(id=CLEANUP)))
+    time.sleep(0.5)
+    with open(stuck / "manifest.json", "w") as f:
+        f.write("")
+    assert rig.wait(lambda: pending.done() and cleanup.done(), 20), rig.log()
+    assert not pending.result().ok and cleanup.result().success
+    assert rig.proc.poll() is None, rig.log()
+    unconfigured = rig.call(ListCapsules, "list_capsules", ListCapsules.Request(), timeout=5)
+    assert not unconfigured.ok and unconfigured.message == "policy node is not configured"
+    assert rig.transition(CONFIGURE) and rig.transition(ACTIVATE), rig.log()
+    n_chunks = len(rig.chunks)
+    assert rig.wait(lambda: len(rig.chunks) >= n_chunks + 3, 30), rig.log()
+    assert listing().ok
+
     # Ctrl-C while a call is stuck at its files: the node still ends (the capsule thread does not hold it)
     os.remove(stuck / "manifest.json")
     os.mkfifo(stuck / "manifest.json")
