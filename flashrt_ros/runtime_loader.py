@@ -34,6 +34,18 @@ def checkpoint_contract(checkpoint: str) -> str:
     return PI0_CONTRACT if kind == "pi0" else CHECKPOINT_CONTRACT
 
 
+def names_checkpoint(contract) -> bool:
+    """Whether a contract YAML names its own model.checkpoint (a file that cannot be read: False; loading it
+    says what is wrong)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(contract).read_text())
+        return bool(((data or {}).get("model") or {}).get("checkpoint"))
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return False
+
+
 def model_widths(joint_names, action_dim: int = 0, checkpoint: bool = False, state_from_joints: bool = True) -> dict:
     """The model options the robot's joints set: they decide the state width (a checkpoint's config.json must
     agree; not with a Float64MultiArray state: state_from_joints=False), and the action width where no
@@ -49,7 +61,8 @@ def runtime_arguments(p, n_cameras: int) -> dict:
                                                  else DEFAULT_CONTRACT))
     rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
     options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width)) if v > 0}
-    options.update(model_widths(p.joint_names, p.action_dim, bool(p.checkpoint), state_from_joints=not p.state_topic))
+    options.update(model_widths(p.joint_names, p.action_dim, bool(p.checkpoint) or names_checkpoint(contract),
+                                state_from_joints=not p.state_topic))
     if p.engine != "auto":
         options["engine"] = p.engine
     if p.precision:

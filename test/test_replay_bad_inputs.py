@@ -4,6 +4,7 @@ of an unknown message type."""
 import json
 import pathlib
 
+import numpy as np
 import pytest
 import yaml
 
@@ -171,7 +172,7 @@ def test_a_report_folder_is_replaced_whole_and_a_file_in_its_way_is_refused(tmp_
     (out / "notes.txt").write_text("older")
     report = replay(bag, config=contract, report_dir=out, progress=False)
     assert report.ok and sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.json", "report.md", "latency.png", "observation_age.png", "actions.png", "splices.png"])
+        ["report.json", "report.md", "actions.npz", "latency.png", "observation_age.png", "actions.png", "splices.png"])
     assert (out / "actions.png").read_bytes()[:4] == b"\x89PNG"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]  # no temporary folders left
     blocked = tmp_path / "file"
@@ -242,9 +243,13 @@ def test_bad_messages_are_refused_as_the_node_refuses_them_and_stale_inputs_are_
     text = (tmp_path / "report" / "report.md").read_text()
     assert f"refused {cam['count']}x from {cam['first_s']:.2f} to {cam['last_s']:.2f} s: " in text
     rows = d["decisions_table"]
-    made = [r for r in rows if "actions" in r]
-    assert len(made) == d["decisions"] and len(rows) - len(made) == s["refused"]
-    assert all(len(r["actions"]) == 50 and all(math.isfinite(v) for row in r["actions"] for v in row) for r in made)
+    made = [r for r in rows if "chunk" in r]
+    assert [r["chunk"] for r in made] == list(range(d["decisions"])) and len(rows) - len(made) == s["refused"]
+    saved = np.load(tmp_path / "report" / "actions.npz")
+    assert saved["actions"].shape == (d["decisions"], 50, 7) and np.isfinite(saved["actions"]).all()
+    np.testing.assert_array_equal(saved["t_s"], [r["t_s"] for r in made])
+    np.testing.assert_array_equal(saved["actions"][-1], report.ticks[-1].actions if report.ticks[-1].actions
+                                  is not None else [t.actions for t in report.ticks if t.actions is not None][-1])
     assert sum("stale input: /camera1/image_raw" in r["refused"] for r in rows if "refused" in r) == cam["count"]
 
 
@@ -258,4 +263,4 @@ def test_named_joints_set_the_models_widths_as_in_the_node(tmp_path, contract):
     report = replay(bag, config=contract, progress=False, topics=str(params))
     assert report.data["status"] == "ok" and report.data["decisions"] > 0
     assert report.data["topics"]["joint_names"] == [f"joint{i}" for i in range(7)]
-    assert all(len(r["actions"][0]) == 7 for r in report.data["decisions_table"] if "actions" in r)
+    assert all(t.actions.shape[1] == 7 for t in report.ticks if t.actions is not None)

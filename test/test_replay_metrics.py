@@ -233,3 +233,27 @@ def test_a_stage_that_misses_most_of_its_deadlines_is_warned_about():
     lines = Report(data={"stages": stages}, ticks=[], recorded=[], pairs=[], joint_names=()).result_lines()
     assert lines == ["warning: act took longer than its period in 9 of 10 runs (p50 26.5 ms, period 20.0 ms): this "
                      "machine does not hold the contract's rate"]
+
+
+def test_refusals_group_by_kind_and_input_not_by_their_numbers():
+    why = "observation age {} ms exceeds limits.max_observation_age_ms = 250; stale input: /cam{}/image_raw ({} ms)"
+    ticks = [tick(0, 1.0, actions=np.ones((2, 2)), age=10.0)]
+    ticks += [tick(20 * k, 1.0, reason=why.format(250 + 20 * k, 1, 250 + 20 * k)) for k in range(1, 5)]
+    ticks += [tick(100 + 20 * k, 1.0, reason=why.format(300 + k, 0, 300 + k)) for k in range(1, 3)]
+    groups = metrics.staleness(ticks, 250.0)["refusals"]
+    assert [(g["count"], g["first_s"], g["last_s"]) for g in groups] == [(4, 0.02, 0.08), (2, 0.12, 0.14)]
+    assert "/cam1/" in groups[0]["reason"] and "/cam0/" in groups[1]["reason"]
+
+
+def test_a_contract_that_names_its_checkpoint_keeps_its_action_width(tmp_path):
+    from flashrt_ros.runtime_loader import model_widths, names_checkpoint
+
+    named, bare, broken = tmp_path / "named.yaml", tmp_path / "bare.yaml", tmp_path / "broken.yaml"
+    named.write_text("model:\n  checkpoint: /models/pi05\n")
+    bare.write_text("model:\n  checkpoint: null\n")
+    broken.write_text("model: [unclosed\n")
+    assert names_checkpoint(named) and not names_checkpoint(bare) and not names_checkpoint(broken)
+    assert not names_checkpoint(tmp_path / "missing.yaml")
+    joints = ["a", "b", "c"]
+    assert model_widths(joints, checkpoint=names_checkpoint(named)) == {"state_dim": 3}
+    assert model_widths(joints, checkpoint=names_checkpoint(bare)) == {"state_dim": 3, "action_dim": 3}

@@ -550,8 +550,7 @@ class Runtime:
     def drop_capsule(self, capsule_id: str) -> None:
         from flashrt_core.capsule import runtime_verbs
 
-        with self._lock:
-            runtime_verbs.drop_capsule(self, capsule_id)
+        runtime_verbs.drop_capsule(self, capsule_id)  # (the store's lock: a disk capsule's folder goes, no step waits)
 
     def export_capsule(self, capsule_id: str, path) -> None:
         from flashrt_core.capsule import runtime_verbs

@@ -64,7 +64,7 @@ def staleness(ticks, limit_ms: float | None) -> dict:
     return row
 
 
-_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+_NUMBER = re.compile(r"(?<![\w/])-?\d+(\.\d+)?")  # (a quantity, not the digits of a name such as /cam0)
 
 
 def refused(t) -> bool:

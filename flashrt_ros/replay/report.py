@@ -61,6 +61,12 @@ class Report:
             if any(sp.get("series", {}).get("t_s") for sp in splices.values()):
                 made.append(plots.splice_plot(splices, out / "splices.png"))
         self.data["plots"] = [p.name for p in made]
+        chunks = [t.actions for t in self.ticks if t.actions is not None]
+        if chunks:  # every decision's whole chunk, row k of `actions` = decisions_table's "chunk": k
+            rows = [r for r in self.data.get("decisions_table", []) if "chunk" in r]
+            np.savez_compressed(out / "actions.npz", actions=np.stack([np.asarray(a, np.float32) for a in chunks]),
+                                t_s=np.asarray([r["t_s"] for r in rows], np.float64),
+                                decision_id=np.asarray([r["decision_id"] for r in rows], np.int64))
         (out / "report.json").write_text(json.dumps(self.data, indent=2, default=_jsonable) + "\n")
         (out / "report.md").write_text(self.markdown())
 
@@ -209,14 +215,19 @@ def build_report(*, mode: str, config, seed: int, topics, info=None, player=None
         data["status"] = "error"
         data["error"] = (f"no decisions: all {data['staleness']['refused']} due decisions were refused (most: "
                          f"{data['staleness']['refusals'][0]['reason']})")
-    # every tick whose output stage was due: a decision (its whole chunk: `actions`, rows x action columns) or
-    # a refusal (`refused`: why)
-    data["decisions_table"] = [
-        {"t_s": (t.t_ns - ticks[0].t_ns) / 1e9, "decision_id": t.decision_id, "ran": t.ran,
-         "latency_ms": t.latency_ms, "observation_age_ms": t.observation_age_ms,
-         **({"actions": np.asarray(t.actions, dtype=np.float64).round(6).tolist()} if t.actions is not None
-            else {"refused": t.reason})}
-        for t in ticks if t.actions is not None or metrics.refused(t)]
+    # every tick whose output stage was due: a decision (`chunk`: its row in the report folder's actions.npz,
+    # whose `actions` [decisions, rows, action columns] hold every whole chunk) or a refusal (`refused`: why)
+    data["decisions_table"], k = [], 0
+    for t in ticks:
+        if t.actions is None and not metrics.refused(t):
+            continue
+        row = {"t_s": (t.t_ns - ticks[0].t_ns) / 1e9, "decision_id": t.decision_id, "ran": t.ran,
+               "latency_ms": t.latency_ms, "observation_age_ms": t.observation_age_ms}
+        if t.actions is not None:
+            row["chunk"], k = k, k + 1
+        else:
+            row["refused"] = t.reason
+        data["decisions_table"].append(row)
     joint_names = recorded[0].joint_names if recorded else ()
     return Report(data=data, ticks=ticks, recorded=recorded, pairs=pairs, joint_names=joint_names or
                   tuple(topics.joint_names))

@@ -20,11 +20,11 @@ def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", check
     """The runtime a policy node builds from the same contract, checkpoint, cameras and joint_names (the joints
     set the state width, and the action width without a checkpoint: `runtime_loader.model_widths`)."""
     from flashrt_core import Runtime
-    from flashrt_ros.runtime_loader import model_widths
+    from flashrt_ros.runtime_loader import model_widths, names_checkpoint
 
+    widths = model_widths(joint_names, checkpoint=bool(checkpoint) or names_checkpoint(config))
     try:
         return Runtime.from_config(str(config), device=device, seed=seed, num_cameras=cameras,
-                                   checkpoint=checkpoint,
-                                   options=model_widths(joint_names, checkpoint=bool(checkpoint)) or None)
+                                   checkpoint=checkpoint, options=widths or None)
     except FlashRTError as e:
         raise ReplayError(f"{config}: cannot build the runtime: {e}") from None
