@@ -117,15 +117,21 @@ def scaled_linear_ref(x, w: FP8Weight, b: torch.Tensor | None = None) -> torch.T
 
 if triton is not None:
     @triton.jit
+    def e4m3_row(x):
+        """A whole row x (fp32, zeros past its end) -> (its values scaled into e4m3's range, not yet converted;
+        the fp32 scale max |x| / 448): `quantize_rows_ref` in a kernel that holds the row (this one, and the norm
+        and GeGLU kernels that write fp8 rows)."""
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 448.0, 1e-12)
+        return tl.minimum(tl.maximum(x / scale, -448.0), 448.0), scale
+
+    @triton.jit
     def _quantize_rows_kernel(X, Q, S, K, sxm, BLOCK: tl.constexpr, PDL: tl.constexpr):
         """One row per program: its largest |x|, the scale max / 448 (fp32), the row in e4m3."""
         pdl_enter(PDL)
         row = tl.program_id(0).to(tl.int64)
         k = tl.arange(0, BLOCK)
         mask = k < K
-        x = tl.load(X + row * sxm + k, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 448.0, 1e-12)
-        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+        q, scale = e4m3_row(tl.load(X + row * sxm + k, mask=mask, other=0.0).to(tl.float32))
         tl.store(Q + row * K + k, q.to(tl.float8e4nv), mask=mask)
         tl.store(S + row, scale)
 

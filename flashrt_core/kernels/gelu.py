@@ -13,7 +13,7 @@ import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch
 from flashrt_core.kernels._pdl import pdl_enter
-from flashrt_core.kernels.fp8 import FP8, FP8Rows
+from flashrt_core.kernels.fp8 import FP8, FP8Rows, e4m3_row
 
 _BLOCK = 1024
 
@@ -46,9 +46,7 @@ def _geglu_fp8_kernel(GU_ptr, Q_ptr, S_ptr, F, BLOCK: tl.constexpr, PDL: tl.cons
     mask = cols < F
     gate = tl.load(GU_ptr + row * 2 * F + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(GU_ptr + row * 2 * F + F + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (_gelu_tanh(gate) * up).to(GU_ptr.dtype.element_ty).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(y), axis=0) / 448.0, 1e-12)
-    q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+    q, scale = e4m3_row((_gelu_tanh(gate) * up).to(GU_ptr.dtype.element_ty).to(tl.float32))
     tl.store(Q_ptr + row * F + cols, q.to(Q_ptr.dtype.element_ty), mask=mask)
     tl.store(S_ptr + row, scale)
 

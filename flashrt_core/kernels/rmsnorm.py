@@ -10,13 +10,15 @@ each row rounded to x's dtype, then to e4m3 with the row's scale (max |y| / 448)
 `fp8.quantize_rows` of the plain result gives, so that no row-quantization kernel runs between the two.
 Reference: `reference.rms_norm_ref`, `reference.add_rms_norm_ref`.
 """
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from flashrt_core.kernels._common import KernelInputError, check, check_out, next_pow2, pdl_launch, row_warps
 from flashrt_core.kernels._pdl import pdl_trigger, pdl_wait
-from flashrt_core.kernels.fp8 import FP8, FP8Rows
+from flashrt_core.kernels.fp8 import FP8, FP8Rows, e4m3_row
 from flashrt_core.kernels.partials import Partials
 
 
@@ -26,7 +28,7 @@ def _rms_norm_kernel(X_ptr, R_ptr, W_ptr, Y_ptr, RES_OUT_ptr, S_ptr, D, eps, wei
                      FP8_OUT: tl.constexpr):
     """PARTS > 0: X holds PARTS fp32 partials of x, part_stride elements apart, summed in order and rounded to
     Y's dtype (x's). FP8_OUT: Y is e4m3 and S gets each row's fp32 scale (the row rounded to x's dtype
-    first)."""
+    first: x is a tensor here, and the residual of its dtype)."""
     pdl_trigger(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -49,12 +51,7 @@ def _rms_norm_kernel(X_ptr, R_ptr, W_ptr, Y_ptr, RES_OUT_ptr, S_ptr, D, eps, wei
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     y = x * rstd * (w + weight_offset)
     if FP8_OUT:  # (the row as x's dtype would hold it, then its scale and e4m3 values: fp8.quantize_rows)
-        if HAS_RESIDUAL:
-            y = y.to(RES_OUT_ptr.dtype.element_ty).to(tl.float32)
-        else:
-            y = y.to(X_ptr.dtype.element_ty).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(y), axis=0) / 448.0, 1e-12)
-        y = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+        y, scale = e4m3_row(y.to(X_ptr.dtype.element_ty).to(tl.float32))
         tl.store(S_ptr + row, scale)
     tl.store(Y_ptr + row * D + cols, y.to(Y_ptr.dtype.element_ty), mask=mask)
 
@@ -76,11 +73,8 @@ def _launch(op, x, residual, weight, eps, weight_offset, out, residual_out, fp8=
         if residual is not None and (residual.dtype != dtype or (residual_out is not None
                                                                  and residual_out.dtype != dtype)):
             raise KernelInputError(f"{op}: fp8=True needs the residual in x's dtype ({dtype})")
-        rows = 1
-        for n in shape[:-1]:
-            rows *= n
         out = torch.empty(shape, dtype=FP8, device=data.device)
-        scales = torch.empty(rows, 1, dtype=torch.float32, device=data.device)
+        scales = torch.empty(math.prod(shape[:-1]), 1, dtype=torch.float32, device=data.device)
     else:
         out = check_out(op, "out", out, shape, data.device) if out is not None else torch.empty(
             shape, dtype=dtype, device=data.device)
