@@ -129,10 +129,6 @@ def _checked_store(rt, what: str) -> CapsuleStore:
     return store
 
 
-def snapshot(rt, name: str, tier: str = "device") -> str:
-    return begin_snapshot(rt, name, tier)()
-
-
 def begin_snapshot(rt, name: str, tier: str = "device"):
     """Copy the live buffers and meta now; -> the call that finishes the capsule (the disk tier: writes its files,
     without the live buffers) and returns its id."""

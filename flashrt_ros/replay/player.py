@@ -10,7 +10,6 @@ same inputs at the same ticks and draw the same noise from their own equally see
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -72,7 +71,6 @@ class RecordedChunk:
 
 
 FED_KEPT = 256  # feeds remembered for naming the input behind a refusal
-_AGE = re.compile(r"^observation age ([0-9.]+) ms")
 
 
 def _slots(runtime) -> int | None:
@@ -176,16 +174,13 @@ class BagClockPlayer:
         inputs.append((self.joints[1], self._topics.get("joints", "joints")))
         return min(inputs, key=lambda x: x[0])
 
-    def _stale_input(self, t_ns: int, reason: str) -> str:
+    def _stale_input(self, t_ns: int, stamp: int | None) -> str:
         """Which input made the refused stage's data too old: the oldest input of the observation it was computed
-        from (the feed whose stamp is the age the runtime reports), else the oldest input now."""
-        found = _AGE.search(reason)
-        if found is not None:
-            stamp = t_ns - round(float(found.group(1)) * 1e6)
-            near = min(self._fed, key=lambda s: abs(s - stamp), default=None)
-            if near is not None and abs(near - stamp) <= 1_000_000:
-                return f"stale input: {self._fed[near]} (its message from {(t_ns - near) / 1e6:.0f} ms before)"
-        stamp, topic = self._oldest_input()
+        from (the feed of the stamp the runtime reports for it), else the oldest input now."""
+        if stamp not in self._fed:
+            stamp, topic = self._oldest_input()
+        else:
+            topic = self._fed[stamp]
         return f"stale input: {topic} (its message from {(t_ns - stamp) / 1e6:.0f} ms before)"
 
     def _complete(self) -> bool:
@@ -215,7 +210,7 @@ class BagClockPlayer:
             stamp = t_ns - int(round(r.observation_age_ms * 1e6))
         reason = r.reason
         if r.actions is None and reason and reason.startswith("observation age"):
-            reason = f"{reason}; {self._stale_input(t_ns, reason)}"
+            reason = f"{reason}; {self._stale_input(t_ns, stamp)}"
         self.ticks.append(TickRecord(
             t_ns=t_ns, ran=list(r.ran), latency_ms=float(r.latency_ms), stage_latency_ms=r.completed_stage_ms(),
             decision_id=r.decision_id, actions=r.actions, observation_age_ms=r.observation_age_ms,
