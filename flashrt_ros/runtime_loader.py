@@ -34,6 +34,12 @@ def checkpoint_contract(checkpoint: str) -> str:
     return PI0_CONTRACT if kind == "pi0" else CHECKPOINT_CONTRACT
 
 
+def default_contract(checkpoint: str | None = None) -> Path:
+    """The packaged contract a node takes without a `contract` parameter: the checkpoint model's (pi05.yaml /
+    pi0.yaml), else the built-in tiny model's."""
+    return packaged_config(checkpoint_contract(checkpoint) if checkpoint else DEFAULT_CONTRACT)
+
+
 def names_checkpoint(contract) -> bool:
     """Whether a contract YAML names its own model.checkpoint (a file that cannot be read: False; loading it
     says what is wrong)."""
@@ -57,8 +63,7 @@ def model_widths(joint_names, action_dim: int = 0, checkpoint: bool = False, sta
 
 def runtime_arguments(p, n_cameras: int) -> dict:
     """`Runtime.from_config` arguments (all but device and seed) for the node parameters `p`."""
-    contract = p.contract or str(packaged_config(checkpoint_contract(p.checkpoint) if p.checkpoint
-                                                 else DEFAULT_CONTRACT))
+    contract = p.contract or str(default_contract(p.checkpoint or None))
     rates = {stage: hz for stage, hz in (("observe", p.observe_rate_hz), ("act", p.act_rate_hz)) if hz > 0}
     options = {k: v for k, v in (("image_height", p.image_height), ("image_width", p.image_width)) if v > 0}
     options.update(model_widths(p.joint_names, p.action_dim, bool(p.checkpoint) or names_checkpoint(contract),

@@ -8,11 +8,10 @@ from flashrt_ros.replay.errors import ReplayError
 
 
 def default_config(checkpoint: str | None = None) -> Path:
-    """The packaged contract a node takes: for a checkpoint, its model's (pi05.yaml / pi0.yaml), else the built-in
-    tiny model's."""
-    from flashrt_ros.runtime_loader import DEFAULT_CONTRACT, checkpoint_contract, packaged_config
+    """The packaged contract a node takes (`runtime_loader.default_contract`)."""
+    from flashrt_ros.runtime_loader import default_contract
 
-    return packaged_config(checkpoint_contract(checkpoint) if checkpoint else DEFAULT_CONTRACT)
+    return default_contract(checkpoint)
 
 
 def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", checkpoint: str | None = None,
