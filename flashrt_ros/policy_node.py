@@ -469,13 +469,7 @@ class PolicyNode(LifecycleNode):
         until an observation stamped on the new one is fed (runtime lock held)."""
         back_ms = (self._last_tick_ns - now_ns) / 1e6
         self.runtime.reset_clock()
-        horizon = now_ns + RESET_SKEW_NS
-        with self._sensor_lock:
-            self._images = {i: v for i, v in self._images.items() if v[1] <= horizon}
-            self._frames.drop(keep=lambda stamp: stamp <= horizon)
-            if self._joints is not None and self._joints[1] > horizon:
-                self._joints = None
-            self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= horizon}
+        self._forget_sensors_after(now_ns + RESET_SKEW_NS)
         self._fed_stamp = -1
         self._fresh_since_reset = False
         self._started_ns = None  # (a stamp before the reset is not one from before the node started)
@@ -488,14 +482,20 @@ class PolicyNode(LifecycleNode):
         runtime's, so observations stamped after the snapshot (re-sent by a replay or a reset simulation) are
         accepted again; held sensor messages newer than the snapshot's watermark are dropped."""
         w = -1 if watermark_ns is None else int(watermark_ns)
+        self._forget_sensors_after(w)
         with self._sensor_lock:
-            self._images = {i: v for i, v in self._images.items() if v[1] <= w}
-            self._frames.drop(keep=lambda stamp: stamp <= w)
-            if self._joints is not None and self._joints[1] > w:
-                self._joints = None
-            self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= w}
             self._dirty = bool(self._images) or self._joints is not None
         self._fed_stamp = w
+
+    def _forget_sensors_after(self, limit_ns: int) -> None:
+        """Drop every sensor message held, being fitted or remembered as a topic's last stamp that is stamped
+        after limit_ns (a clock reset, a rewind)."""
+        with self._sensor_lock:
+            self._images = {i: v for i, v in self._images.items() if v[1] <= limit_ns}
+            self._frames.drop(keep=lambda stamp: stamp <= limit_ns)
+            if self._joints is not None and self._joints[1] > limit_ns:
+                self._joints = None
+            self._last_stamp = {k: v for k, v in self._last_stamp.items() if v <= limit_ns}
 
     def _publish_safely(self, result):
         """on_actions: publish; a failure is reported as such (the step itself went on and committed)."""
