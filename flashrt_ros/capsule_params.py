@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from rcl_interfaces.msg import IntegerRange, ParameterDescriptor, ParameterType
 
 from flashrt_core.capsule.options import DEFAULT_BUDGET_MB, EVICTIONS
+from flashrt_ros.params import declare_one
 
 BUDGET_PREFIX = "capsule_budget_mb."
 MAX_BUDGET_MB = 1 << 30  # (1 PB: the range only keeps a typo's sign or size out)
@@ -36,12 +37,15 @@ class CapsuleParams:
     capsule_dir: str
 
 
-def declare(node) -> None:
+def declare(node) -> dict[str, str]:
+    """Declare the capsule parameters; -> {name: why its override was not taken} (`params.declare_one`)."""
+    errors = {}
     for name, (default, ptype, description) in PARAMETERS.items():
         descriptor = ParameterDescriptor(name=name, type=ptype, description=description)
         if ptype == ParameterType.PARAMETER_INTEGER:
             descriptor.integer_range = [IntegerRange(from_value=0, to_value=MAX_BUDGET_MB)]
-        node.declare_parameter(name, default, descriptor)
+        errors.update(declare_one(node, name, default, descriptor))
+    return errors
 
 
 def read(node) -> CapsuleParams:

@@ -42,7 +42,7 @@ class CapsuleServices:
         self._worker.start()
         self.busy = threading.Lock()  # held by the capsule thread for each call (cleanup waits for it)
         self._group = ReentrantCallbackGroup()
-        capsule_params.declare(node)
+        self.parameter_errors = capsule_params.declare(node)  # (the node reports them)
         node.add_on_set_parameters_callback(self._on_set_parameters)
         self._create_services()
 

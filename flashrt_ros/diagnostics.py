@@ -25,10 +25,15 @@ class StageStats:
         self.latencies_ms.append(float(latency_ms))
         self.count += 1
 
-    def rate_hz(self) -> float:
+    def rate_hz(self, now: float | None = None) -> float:
+        """Runs per second over the window; 0 once the stage has not run for three of its periods (at least
+        a second): a stopped stage does not keep its old rate."""
         if len(self.times) < 2 or self.times[-1] <= self.times[0]:
             return 0.0
-        return (len(self.times) - 1) / (self.times[-1] - self.times[0])
+        period = (self.times[-1] - self.times[0]) / (len(self.times) - 1)
+        if (time.monotonic() if now is None else now) - self.times[-1] > max(1.0, 3 * period):
+            return 0.0
+        return 1.0 / period
 
     def percentile(self, q: float) -> float:
         return float(np.percentile(np.asarray(self.latencies_ms), q)) if self.latencies_ms else 0.0
@@ -67,6 +72,7 @@ class NodeHealth:
         self.capsule_calls: collections.Counter = collections.Counter()  # "<verb>.ok" / "<verb>.failed"
         self.last_capsule = ""  # the last capsule call that changed something (a restore changes the actions)
         self.last_capsule_failure = ""
+        self.setup_warnings: list[str] = []  # a set-up that runs but is likely wrong (flashrt_ros.setup_checks)
 
     def reject(self, kind: str, why: str, source: str = "") -> None:
         """Count a refused input of `source` (a topic name; default: the kind) and keep it as its last refusal."""
@@ -106,6 +112,8 @@ class NodeHealth:
             return 2, message + (f"; refusing {refusing}" if refusing else "")
         if refusing:
             return 1, f"refusing {refusing}"
+        if self.setup_warnings:
+            return 1, "publishing; set-up: " + "; ".join(self.setup_warnings)
         return 0, "ok"
 
     def key_values(self) -> list[tuple[str, str]]:
@@ -123,7 +131,10 @@ class NodeHealth:
             values.append((f"rejected.{kind}", str(n)))
         for source, refusal in sorted(self.refusals.items()):
             values.append((f"last_refusal.{source}", f"{self._describe(refusal)} [{refusal.count} refused]"))
-        values.append(("staleness", self.stale_reason or "fresh"))
+        values.append(("staleness", self.stale_reason or ("fresh" if self.lifecycle == "active" else
+                                                          f"- ({self.lifecycle})")))
+        for i, warning in enumerate(self.setup_warnings):
+            values.append((f"setup_warning.{i}", warning))
         for call, n in sorted(self.capsule_calls.items()):
             values.append((f"capsule.{call}", str(n)))
         if self.last_capsule:

@@ -120,14 +120,60 @@ class NodeParams:
     diagnostics_period_s: float
 
 
-def declare(node) -> None:
+def declare(node) -> dict[str, str]:
+    """Declare every parameter with its descriptor (`declare_one`); -> {name: why its override was not taken}."""
+    errors = {}
     for name, (default, ptype, description, value_range) in PARAMETERS.items():
         descriptor = ParameterDescriptor(name=name, type=ptype, description=description)
         if isinstance(value_range, FloatingPointRange):
             descriptor.floating_point_range = [value_range]
         elif isinstance(value_range, IntegerRange):
             descriptor.integer_range = [value_range]
+        errors.update(declare_one(node, name, default, descriptor))
+    return errors
+
+
+def declare_one(node, name: str, default, descriptor: ParameterDescriptor) -> dict[str, str]:
+    """Declare a parameter, taking the override a params file or `-p` gives. An integer for a double is taken as
+    that number (`act_rate_hz: 10`); an override of another type, or out of range, is not taken: the parameter
+    keeps its default and the returned list says why (the node's configure then fails with it, instead of the
+    node dying at start with rclpy's traceback)."""
+    from rclpy.exceptions import InvalidParameterTypeException, InvalidParameterValueException
+
+    given = overrides_of(node).get(name)
+    if descriptor.type == ParameterType.PARAMETER_DOUBLE and type(given) is int:
+        try:
+            node.declare_parameter(name, float(given), descriptor, ignore_override=True)
+            return {}
+        except InvalidParameterValueException:
+            pass  # (out of range: reported below, as any other refused override)
+    try:
         node.declare_parameter(name, default, descriptor)
+        return {}
+    except (InvalidParameterTypeException, InvalidParameterValueException):
+        node.declare_parameter(name, default, descriptor, ignore_override=True)
+    ranges = list(descriptor.floating_point_range) + list(descriptor.integer_range)
+    expected = f"of type {ptype_name(descriptor.type)}" + \
+        (f" in [{ranges[0].from_value}, {ranges[0].to_value}]" if ranges else "")
+    return {name: f"parameter '{name}' must be {expected}, got {given!r} (from the params file or -p; not taken)"}
+
+
+def overrides_of(node) -> dict:
+    """{name: value} of the parameter overrides rcl gave the node (params files, `-p`): rclpy keeps them on the
+    node until a parameter of that name is declared; it has no public accessor."""
+    return {name: p.value for name, p in getattr(node, "_parameter_overrides", {}).items()}
+
+
+def validate_one(name: str, v) -> None:
+    """ValueError where `v` is not of the declared type or outside the declared range of parameter `name`."""
+    _default, ptype, _doc, value_range = PARAMETERS[name]
+    kinds = _TYPES[ptype]
+    if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+        raise ValueError(f"parameter '{name}' must be of type {ptype_name(ptype)}, got {v!r}")
+    if ptype == ParameterType.PARAMETER_STRING_ARRAY and not all(isinstance(x, str) for x in v):
+        raise ValueError(f"parameter '{name}' must be a list of strings, got {v!r}")
+    if value_range is not None and not value_range.from_value <= v <= value_range.to_value:
+        raise ValueError(f"parameter '{name}' must lie in [{value_range.from_value}, {value_range.to_value}], got {v}")
 
 
 def read(node) -> NodeParams:
@@ -147,16 +193,10 @@ def validate(values: dict) -> NodeParams:
     from rclpy.validate_topic_name import validate_topic_name
 
     values = dict(values)
-    for name, (_default, ptype, _doc, value_range) in PARAMETERS.items():
-        v = values[name]
-        kinds = _TYPES[ptype]
-        if isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-            raise ValueError(f"parameter '{name}' must be of type {ptype_name(ptype)}, got {v!r}")
-        if ptype == ParameterType.PARAMETER_STRING_ARRAY and not all(isinstance(x, str) for x in v):
-            raise ValueError(f"parameter '{name}' must be a list of strings, got {v!r}")
-        if value_range is not None and not value_range.from_value <= v <= value_range.to_value:
-            raise ValueError(f"parameter '{name}' must lie in [{value_range.from_value}, {value_range.to_value}], "
-                             f"got {v}")
+    for name, (_default, ptype, _doc, _range) in PARAMETERS.items():
+        if ptype == ParameterType.PARAMETER_DOUBLE and type(values[name]) is int:
+            values[name] = float(values[name])  # (as the node declares it: `act_rate_hz: 10` is 10.0)
+        validate_one(name, values[name])
     values["joint_names"] = [n for n in values["joint_names"] if n]
     cameras = [t for t in values["camera_topics"] if t]
     if not cameras:

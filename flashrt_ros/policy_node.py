@@ -31,12 +31,12 @@ from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from flashrt_core.models.pi05.preprocess import letterbox
-from flashrt_ros import conversions, params
+from flashrt_ros import capsule_params, conversions, params, setup_checks
 from flashrt_ros.capsule_services import CapsuleServices
 from flashrt_ros.diagnostics import NodeHealth, refusal_reason
 from flashrt_ros.frame_fitter import FrameFitter
 from flashrt_ros.msg import ActionChunk
-from flashrt_ros.runtime_loader import action_names, load_runtime
+from flashrt_ros.runtime_loader import action_names, load_runtime, runtime_camera_names
 
 
 DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
@@ -50,7 +50,7 @@ STOP_POLL_S = 0.1  # the executor returns at least this often to see a Ctrl-C
 class PolicyNode(LifecycleNode):
     def __init__(self, name: str = "policy_node", **kwargs):
         super().__init__(name, **kwargs)
-        params.declare(self)
+        self._parameter_errors = params.declare(self)  # overrides of a wrong type: configure fails with them
         self.p = None
         self.runtime = None
         self.runtime_lock = threading.Lock()
@@ -78,12 +78,22 @@ class PolicyNode(LifecycleNode):
         self._state_dim: int | None = None
         self._action_names: list[str] = []
         self._dirty = False
+        self.finalized = False  # set by the shutdown transition
         self._stage_timers = []
         self._logged_refusal: dict[str, float] = {}  # source -> when its last refusal was logged
         self._subs = []
         self._chunk_pub = self._traj_pub = None
         self._diag_timer = None
         self.capsules = CapsuleServices(self)
+        self._parameter_errors.update(self.capsules.parameter_errors)
+        # a typo in a params file: ROS keeps the override of an undeclared name and never uses it
+        self._unknown_parameters = setup_checks.unknown_parameters(
+            [n for n in params.overrides_of(self) if not self.has_parameter(n)],
+            list(params.PARAMETERS) + list(capsule_params.PARAMETERS))
+        for error in self._parameter_errors.values():
+            self.get_logger().error(error)
+        for warning in self._unknown_parameters:
+            self.get_logger().warning(warning)
         self._prompt_echo = False  # set_parameters of a prompt the runtime already took (from ~/prompt)
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_subscription(String, "~/prompt", self._on_prompt, 10)
@@ -104,6 +114,8 @@ class PolicyNode(LifecycleNode):
 
     def on_configure(self, state) -> TransitionCallbackReturn:
         try:
+            if self._parameter_errors:  # (a wrong type in the params file; `ros2 param set` may fix it)
+                raise ValueError("; ".join(self._parameter_errors.values()))
             self.p = params.read(self)
             runtime = load_runtime(self.p, n_cameras=len(self.p.camera_topics))
             self.capsules.configure(runtime)  # capsule_* parameters (closes the runtime if they are bad)
@@ -129,6 +141,12 @@ class PolicyNode(LifecycleNode):
             self._future_limit_ns = int((limit if limit is not None else FUTURE_STAMP_MS) * 1e6)
             self._age_limit_ns = int(limit * 1e6) if limit is not None else None
         self.health.last_error = ""
+        self.health.setup_warnings = self._unknown_parameters + setup_checks.camera_warnings(
+            runtime_camera_names(runtime), self.p.camera_topics) + setup_checks.joint_warnings(
+            self.p.joint_names, self.p.state_topic, self._action_names if action_names(runtime) else []) + \
+            setup_checks.rate_warnings(runtime.contract)
+        for warning in self.health.setup_warnings[len(self._unknown_parameters):]:
+            self.get_logger().warning(warning)
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
         # Reliable, with a deadline of 1.5 act periods: a period and a half without a chunk (not ordinary
         # timer jitter) raises the middleware's offered-deadline-missed event, counted in /diagnostics.
@@ -167,9 +185,24 @@ class PolicyNode(LifecycleNode):
     def on_deactivate(self, state) -> TransitionCallbackReturn:
         self._stop_timers()
         self.health.lifecycle = "inactive"
+        self.get_logger().info("inactive: stage timers stopped, no actions published (activate to resume)")
         return super().on_deactivate(state)
 
     def on_cleanup(self, state) -> TransitionCallbackReturn:
+        self._release()
+        self.get_logger().info("unconfigured: the runtime and its memory are freed (configure to load it again)")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state) -> TransitionCallbackReturn:
+        self._release()
+        self.health.lifecycle = "finalized"
+        self.finalized = True  # (main() ends the process: a finalized lifecycle node can do nothing more)
+        self.get_logger().info("finalized: shut down (the process ends)")
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self) -> None:
+        """Stop the timers, drop the sensor subscriptions and publishers and close the runtime (cleanup and
+        shutdown)."""
         self._stop_timers()
         self.health.lifecycle = "unconfigured"
         for sub in self._subs:
@@ -192,10 +225,6 @@ class PolicyNode(LifecycleNode):
             self._last_stamp.clear()
             self._fed_stamp = -1
         self._last_tick_ns, self._fresh_since_reset = None, True
-        return TransitionCallbackReturn.SUCCESS
-
-    def on_shutdown(self, state) -> TransitionCallbackReturn:
-        return self.on_cleanup(state)
 
     def _on_chunk_deadline_missed(self, info):
         self.health.deadline_misses = int(info.total_count)
@@ -320,6 +349,8 @@ class PolicyNode(LifecycleNode):
         refused with the runtime's reason); the others are read at configure only, so a change is refused
         rather than accepted and ignored."""
         if self.runtime is None:
+            for p in parameters:  # (a value of the declared type: rclpy refuses any other before this callback)
+                self._parameter_errors.pop(p.name, None)
             return SetParametersResult(successful=True)
         for p in parameters:  # (parameters of rclpy's own, e.g. use_sim_time, are live: let them through)
             if p.name != "prompt" and p.name in params.PARAMETERS:
@@ -574,7 +605,7 @@ def main(args=None):
     executor = SingleThreadedExecutor()
     executor.add_node(node)
     try:
-        while not stop.is_set() and node.context.ok():
+        while not stop.is_set() and node.context.ok() and not node.finalized:
             executor.spin_once(timeout_sec=STOP_POLL_S)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass

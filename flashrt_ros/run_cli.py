@@ -62,8 +62,7 @@ def node_parameters(args) -> dict:
     return {param: getattr(args, flag) for flag, param in _FLAGS.items() if getattr(args, flag) is not None}
 
 
-# parameters a params file may set beside the node's own: the capsule ones (flashrt_ros.capsule_params) and rclpy's
-CAPSULE_PARAMETERS = {"capsule_budget_mb", "capsule_eviction", "capsule_dir"}
+# parameters a params file may set beside the node's own and the capsule ones (flashrt_ros.capsule_params): rclpy's
 ROS_PARAMETERS = {"use_sim_time"}
 
 
@@ -170,10 +169,13 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
     from flashrt_ros.params import PARAMETERS, validate
     from flashrt_ros.runtime_loader import runtime_arguments
 
+    from flashrt_ros import capsule_params, setup_checks
+
     values = {name: default for name, (default, *_rest) in PARAMETERS.items()}
     values.update(file_values)
     values.update(node_parameters(args))
-    unknown = sorted(set(values) - set(PARAMETERS) - CAPSULE_PARAMETERS - ROS_PARAMETERS)
+    unknown = setup_checks.unknown_parameters(set(values) - ROS_PARAMETERS,
+                                              list(PARAMETERS) + list(capsule_params.PARAMETERS))
     try:
         p = validate({k: values[k] for k in PARAMETERS})
         kwargs = runtime_arguments(p, len(p.camera_topics))
@@ -186,9 +188,9 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
         f"from {p.joint_state_topic} (JointState; joints {', '.join(p.joint_names) or 'in message order'})"
     print(format_run(info, camera_topics=p.camera_topics))
     print(f"{'state input:':<22}{state}")
-    for name in unknown:  # (a typo, most likely: ROS ignores an override of an undeclared parameter)
-        print(f"{'warning:':<22}parameter {name!r} in {args.params_file} is not a policy_node parameter; the node "
-              "ignores it")
+    cameras = info["cameras"] if kwargs.get("checkpoint") else []  # (feature names come with a checkpoint)
+    warnings = unknown + setup_checks.camera_warnings(cameras, p.camera_topics) + \
+        setup_checks.joint_warnings(p.joint_names, p.state_topic, []) + info.get("warnings", []) + warnings
     for warning in warnings:
         print(f"{'warning:':<22}{warning}")
     if not p.prompt:

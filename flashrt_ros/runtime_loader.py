@@ -104,3 +104,9 @@ def action_names(runtime) -> list[str]:
     """The checkpoint's action column names (config.json action_feature_names), or [] when it has none."""
     procs = getattr(runtime.binding, "processors", None)
     return list(procs.action_names) if procs is not None and procs.action_names else []
+
+
+def runtime_camera_names(runtime) -> list[str]:
+    """The checkpoint's camera features (config.json input_features order), or [] without a checkpoint."""
+    procs = getattr(runtime.binding, "processors", None)
+    return list(procs.camera_names) if procs is not None and procs.camera_names else []

@@ -23,6 +23,17 @@ def fixtures_dir() -> pathlib.Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def model_ckpt(fixtures_dir, tmp_path_factory) -> dict:
+    """{"pi05": folder, "pi0": folder}: the model-only golden fixtures (lerobot_pi0*_tiny) as checkpoints the
+    policy API and the runtime load: no processor files, so config.json's normalization_mapping is set to
+    IDENTITY (a folder that asks for statistics it lacks is refused, `test_pi05_normalize`)."""
+    from lerobot_checkpoint import unnormalized_copy
+
+    base = tmp_path_factory.mktemp("model_ckpt")
+    return {kind: unnormalized_copy(base, fixtures_dir / f"lerobot_{kind}_tiny") for kind in ("pi05", "pi0")}
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

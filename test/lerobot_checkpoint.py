@@ -52,3 +52,15 @@ def cases(fixture: pathlib.Path = FIXTURE) -> list[dict]:
                     **{k: tensors[f"{n}.{k}"] for k in ("state", "noise", "lang_tokens", "lang_mask",
                                                        "state_normalized", "actions_model", "actions")}})
     return out
+
+
+def unnormalized_copy(dest: pathlib.Path, model_fixture: pathlib.Path) -> pathlib.Path:
+    """A model-only golden fixture (lerobot_pi0*_tiny: config.json and model.safetensors, no processor files) as
+    a checkpoint the runtime loads: its config.json's normalization_mapping set to IDENTITY, since the folder has
+    no statistics (a folder that asks for them and lacks them is refused)."""
+    folder = dest / model_fixture.name
+    shutil.copytree(model_fixture, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["normalization_mapping"] = {k: "IDENTITY" for k in config["normalization_mapping"]}
+    (folder / "config.json").write_text(json.dumps(config, indent=4))
+    return folder

@@ -241,8 +241,8 @@ def test_input_errors_name_the_field(fixture_weights, cases):
         engine.denoise(prefix, torch.zeros(1, 49, 32))
 
 
-def test_policy_load_fused_engine(fixtures_dir, cases):
-    policy = pi05.load(fixtures_dir / "lerobot_pi05_tiny", engine="fused")
+def test_policy_load_fused_engine(fixtures_dir, cases, model_ckpt):
+    policy = pi05.load(model_ckpt["pi05"], engine="fused")
     assert policy.engine.name == "fused"
     c = cases["three_views_full_prompt"]
     policy.engine.backend = "torch"
@@ -250,9 +250,9 @@ def test_policy_load_fused_engine(fixtures_dir, cases):
     assert (actions - c["actions"]).abs().max() < TOL["fp32_vs_lerobot"]
     # Without noise the policy draws it from its seeded generator, as the reference engine's policy does
     # (the fused engine takes its one-call decision path, the reference engine its two stages).
-    fused = pi05.load(fixtures_dir / "lerobot_pi05_tiny", engine="fused", seed=3)
+    fused = pi05.load(model_ckpt["pi05"], engine="fused", seed=3)
     fused.engine.backend = "torch"
-    reference = pi05.load(fixtures_dir / "lerobot_pi05_tiny", engine="reference", seed=3)
+    reference = pi05.load(model_ckpt["pi05"], engine="reference", seed=3)
     a, b = fused.sample_actions(*_inputs(c)), reference.sample_actions(*_inputs(c))
     assert (a - b).abs().max() < TOL["fp32_vs_lerobot"] and (a - actions).abs().max() > 0.1
     with pytest.raises(InputError, match="images"):

@@ -157,6 +157,25 @@ def test_from_checkpoint_defaults_to_pi05_quantiles_without_json(tmp_path):
 def test_from_checkpoint_without_stats_is_identity(tmp_path):
     n = Normalizer.from_checkpoint(tmp_path, state_dim=8, action_dim=7)
     assert n.source == "identity" and n.is_identity
+    # a config.json that normalizes nothing needs no statistics either
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"type": "pi05", "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "IDENTITY", "ACTION": "IDENTITY"}}))
+    assert Normalizer.from_checkpoint(tmp_path, state_dim=8, action_dim=7).is_identity
+
+
+@pytest.mark.parametrize("missing,feature", [("policy_*", "STATE"), ("policy_postprocessor*", "ACTION")])
+def test_a_folder_copied_without_the_statistics_its_config_asks_for_is_refused(tmp_path, missing, feature):
+    """config.json (as save_pretrained writes it) normalizes the state and actions: a folder without the
+    processor files would run un-normalized, its actions off by the dataset's scale; LeRobot refuses it too."""
+    write_stats(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"type": "pi05", "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "MEAN_STD"}}))
+    assert Normalizer.from_checkpoint(tmp_path).state.mode == "QUANTILES"
+    for f in tmp_path.glob(missing):
+        f.unlink()
+    with pytest.raises(CheckpointError, match=f"normalization_mapping.{feature} is .* but .* holds no .*statistics: "
+                                              "copy the checkpoint folder whole"):
+        Normalizer.from_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("case,message", [

@@ -120,8 +120,8 @@ def test_time_condition_tables(fixture_model):
     assert w.ada_attn.shape == (n, cfg.expert.depth, 3, width) and w.ada_final.shape == (n, 2, width)
 
 
-def test_policy_api_matches_lerobot_and_seeds_noise(fixture_model, cases):
-    folder, _ = fixture_model
+def test_policy_api_matches_lerobot_and_seeds_noise(model_ckpt, cases):
+    folder = model_ckpt["pi05"]
     policy = pi05.load(folder, device="cpu", dtype="float32", engine="reference", seed=5)
     c = cases["three_views_full_prompt"]
     # LeRobot passes images and masks as lists of per-camera tensors.

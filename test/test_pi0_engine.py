@@ -80,11 +80,11 @@ def test_bad_inputs_are_refused_before_anything_is_written(pi0_weights, pi0_case
         Pi0Engine(pi05.convert(*pi05.build_tiny(0)), backend="torch")
 
 
-def test_policy_load_takes_the_fused_engine_when_asked(fixtures_dir, pi0_cases):
+def test_policy_load_takes_the_fused_engine_when_asked(fixtures_dir, pi0_cases, model_ckpt):
     """engine "auto" is the reference on a CPU (fused on CUDA); "fused" is the fused engine anywhere."""
-    assert pi0.load(fixtures_dir / "lerobot_pi0_tiny").engine.name == "reference"
+    assert pi0.load(model_ckpt["pi0"]).engine.name == "reference"
     assert pi0.policy.resolve_engine("auto", "cuda") == "fused"
-    policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", engine="fused")
+    policy = pi0.load(model_ckpt["pi0"], engine="fused")
     assert isinstance(policy.engine, Pi0Engine)
     policy.engine.backend = "torch"
     c = pi0_cases["one_view_240x320_two_missing"]
@@ -93,7 +93,7 @@ def test_policy_load_takes_the_fused_engine_when_asked(fixtures_dir, pi0_cases):
                                 c["state_padded"], noise=c["noise"])
     assert (out - c["actions"]).abs().max().item() < TOL["fp32_vs_lerobot"]
     with pytest.raises(ValueError, match="not available for pi0"):
-        pi0.load(fixtures_dir / "lerobot_pi0_tiny", engine="turbo")
+        pi0.load(model_ckpt["pi0"], engine="turbo")
 
 
 # ---- Triton kernels (interpreter on CPU, compiled on CUDA) ------------------------------------------------

@@ -51,12 +51,12 @@ def test_act_reads_the_state_over_a_prefix_that_does_not(pi0_weights, pi0_cases)
         engine.denoise(prefix, torch.zeros(1, 33), c["noise"])
 
 
-def test_a_pi0_checkpoint_with_a_pi05_type_is_refused(fixtures_dir, tmp_path):
+def test_a_pi0_checkpoint_with_a_pi05_type_is_refused(fixtures_dir, tmp_path, model_ckpt):
     import json
     import shutil
 
     folder = tmp_path / "ckpt"
-    shutil.copytree(fixtures_dir / "lerobot_pi0_tiny", folder)
+    shutil.copytree(model_ckpt["pi0"], folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["type"] = "pi05"
     (folder / "config.json").write_text(json.dumps(cfg))
@@ -64,10 +64,10 @@ def test_a_pi0_checkpoint_with_a_pi05_type_is_refused(fixtures_dir, tmp_path):
         pi05.load_checkpoint(folder)
 
 
-def test_policy_api_as_lerobot_model_sample_actions(fixtures_dir, pi0_cases):
+def test_policy_api_as_lerobot_model_sample_actions(fixtures_dir, pi0_cases, model_ckpt):
     """`pi0.load(DIR).sample_actions(images, img_masks, lang_tokens, lang_mask, state, noise=)` as LeRobot's
     `PI0Pytorch.sample_actions` (lists of cameras, as LeRobot passes them)."""
-    policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", device="cpu")
+    policy = pi0.load(model_ckpt["pi0"], device="cpu")
     assert policy.dtype == torch.float32 and policy.processors.camera_names[0] == "observation.images.cam0"
     c = pi0_cases["one_view_240x320_two_missing"]
     images, masks, tokens, lang_mask = model_inputs(c)
@@ -76,8 +76,8 @@ def test_policy_api_as_lerobot_model_sample_actions(fixtures_dir, pi0_cases):
     assert (out - c["actions"]).abs().max().item() < TOL["actions_vs_lerobot"]
 
 
-def test_pi0_prompt_is_the_task_with_a_newline(fixtures_dir):
-    policy = pi0.load(fixtures_dir / "lerobot_pi0_tiny", device="cpu")
+def test_pi0_prompt_is_the_task_with_a_newline(fixtures_dir, model_ckpt):
+    policy = pi0.load(model_ckpt["pi0"], device="cpu")
     tokens, mask = policy.tokenize("stack the cups")
     ids = [policy.tokenizer.bos_id] + policy.tokenizer.encode("stack the cups\n")
     assert tokens[0, : len(ids)].tolist() == ids and int(mask.sum()) == len(ids)

@@ -89,7 +89,7 @@ def test_node_publishes_the_runtime_chunk_in_robot_units(tmp_path, monkeypatch, 
     assert np.abs(got[:, :5] - state[:5]).max() < np.abs(got[:, :5]).max()  # robot units, near the state
 
 
-def test_node_with_a_pi0_checkpoint_takes_the_pi0_contract(tmp_path, ros_node, spawn):
+def test_node_with_a_pi0_checkpoint_takes_the_pi0_contract(tmp_path, ros_node, spawn, model_ckpt):
     """config.json "type": "pi0" -> the node runs config/pi0.yaml (act reads the state every tick); its chunks
     equal the runtime's for the same frames, state and seed."""
     import pathlib
@@ -102,7 +102,7 @@ def test_node_with_a_pi0_checkpoint_takes_the_pi0_contract(tmp_path, ros_node, s
     from flashrt_ros.msg import ActionChunk
 
     repo = pathlib.Path(__file__).resolve().parents[1]
-    ckpt = repo / "test" / "fixtures" / "lerobot_pi0_tiny"
+    ckpt = model_ckpt["pi0"]
     name = "pi0_node"
     cams = [f"/{name}/cam0", f"/{name}/cam1"]
     joints = [f"j{i}" for i in range(8)]

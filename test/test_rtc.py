@@ -176,7 +176,7 @@ def test_triton_rtc_matches_the_reference(dev, kind):
 
 @pytest.mark.parametrize("kind,engine", [("pi05", "reference"), ("pi05", "fused"), ("pi0", "reference"),
                                          ("pi0", "fused")])
-def test_policy_sample_actions_takes_lerobots_rtc_arguments(fixtures_dir, golden, tmp_path, kind, engine):
+def test_policy_sample_actions_takes_lerobots_rtc_arguments(fixtures_dir, golden, tmp_path, kind, engine, model_ckpt):
     """`policy.sample_actions(..., inference_delay=, prev_chunk_left_over=, execution_horizon=)` as LeRobot's
     model.sample_actions, with the options from a config.json rtc_config as LeRobot saves it; without
     rtc_config a previous chunk is ignored (LeRobot's behaviour), and a bad rtc_config is refused."""
@@ -186,7 +186,7 @@ def test_policy_sample_actions_takes_lerobots_rtc_arguments(fixtures_dir, golden
     name = "exp_d2_h20_w6"
     s = settings[name]
     folder = tmp_path / "ckpt"
-    shutil.copytree(fixtures_dir / {"pi05": "lerobot_pi05_tiny", "pi0": "lerobot_pi0_tiny"}[kind], folder)
+    shutil.copytree(model_ckpt[kind], folder)
     mod = pi05 if kind == "pi05" else pi0
     plain_policy = mod.load(folder, engine=engine)
     assert plain_policy.rtc is None
@@ -358,7 +358,7 @@ def test_guidance_weight_follows_lerobots_nan_to_num_at_the_ends():
     assert rtc.options_from_lerobot({"rtc_config": {"enabled": False}}) is None
 
 
-def test_contract_rtc_with_pi0_guides_its_act_ticks_too():
+def test_contract_rtc_with_pi0_guides_its_act_ticks_too(model_ckpt):
     """config/pi0.yaml with model.options.rtc (act reads the state and follows the previous chunk's rest):
     each act tick is the pi0 policy's guided flow over the same prefix, state and noise."""
     import numpy as np
@@ -367,7 +367,7 @@ def test_contract_rtc_with_pi0_guides_its_act_ticks_too():
     from flashrt_core.contract.runtime import Runtime
 
     repo = pathlib.Path(__file__).resolve().parents[1]
-    rt = Runtime.from_config(repo / "config" / "pi0.yaml", checkpoint=str(repo / "test" / "fixtures" / "lerobot_pi0_tiny"),
+    rt = Runtime.from_config(repo / "config" / "pi0.yaml", checkpoint=str(model_ckpt["pi0"]),
                              device="cpu", num_cameras=2, seed=2, deferred={"observe": False},
                              options={"rtc": {"inference_delay": 1, "execution_horizon": 15}})
     policy, b = rt.binding.policy, rt.buffers

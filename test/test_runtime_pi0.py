@@ -11,16 +11,20 @@ from flashrt_core.errors import ContractError
 from flashrt_core.models import pi0
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "test" / "fixtures" / "lerobot_pi0_tiny"
 TOL = 1e-5  # the same fp32 model on the same inputs (the runtime's buffers vs the policy API)
 PERIOD = 20_000_000  # 50 Hz act; observe at 10 Hz runs every 5th tick (deferred)
 
 
-def test_act_reads_fresh_state_over_the_cached_prefix():
-    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), device="cpu", num_cameras=2,
+@pytest.fixture
+def pi0_ckpt(model_ckpt):
+    return model_ckpt["pi0"]
+
+
+def test_act_reads_fresh_state_over_the_cached_prefix(pi0_ckpt):
+    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), device="cpu", num_cameras=2,
                              seed=3)
     assert rt.binding.engine_name == "reference" and rt.contract.buffers["act_state"].shape == (32,)
-    policy = pi0.load(FIXTURE)
+    policy = pi0.load(pi0_ckpt)
     rng = np.random.default_rng(1)
     frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
     rt.set_prompt("stack the cups")
@@ -41,13 +45,13 @@ def test_act_reads_fresh_state_over_the_cached_prefix():
     assert np.abs(outs[1] - outs[2]).max() > 1e-3  # another state (and noise) at every act tick
 
 
-def test_pi0_contract_needs_a_pi0_checkpoint(fixtures_dir):
+def test_pi0_contract_needs_a_pi0_checkpoint(fixtures_dir, pi0_ckpt):
     with pytest.raises(ContractError, match="needs a checkpoint"):
         Runtime.from_config(REPO / "config" / "pi0.yaml")
     with pytest.raises(ContractError, match="is a pi0 checkpoint"):
-        Runtime.from_config(REPO / "config" / "pi05.yaml", checkpoint=str(FIXTURE), dtype="float32")
+        Runtime.from_config(REPO / "config" / "pi05.yaml", checkpoint=str(pi0_ckpt), dtype="float32")
     with pytest.raises(ContractError, match="not available for pi0"):
-        Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), options={"engine": "turbo"})
+        Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), options={"engine": "turbo"})
 
 
 def drive(rt, seed: int, ticks: int, period: int = PERIOD):
@@ -64,12 +68,12 @@ def drive(rt, seed: int, ticks: int, period: int = PERIOD):
     return out
 
 
-def test_the_fused_engine_through_the_contract_matches_the_reference_engine():
+def test_the_fused_engine_through_the_contract_matches_the_reference_engine(pi0_ckpt):
     """engine: fused (pi0.5's stage hooks with pi0's act inputs: the state and the noise into the engine's
     buffers) gives the reference engine's chunks tick for tick, the state read at every act tick."""
     out = {}
     for engine in ("reference", "fused"):
-        rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), device="cpu",
+        rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), device="cpu",
                                  num_cameras=2, seed=4, options={"engine": engine})
         assert rt.binding.engine_name == engine
         out[engine] = drive(rt, seed=2, ticks=7)
@@ -81,7 +85,7 @@ def test_the_fused_engine_through_the_contract_matches_the_reference_engine():
 
 
 @pytest.mark.gpu
-def test_fused_pi0_on_cuda_with_deferred_observe_matches_the_reference_engine():
+def test_fused_pi0_on_cuda_with_deferred_observe_matches_the_reference_engine(pi0_ckpt):
     """config/pi0.yaml as shipped on CUDA (engine auto: fused, graphs per stage with their hooks, observe
     deferred behind act) in float32 against the reference engine inline: equal from the tick after each
     observe (a deferred observe's prefix counts from the next tick)."""
@@ -89,7 +93,7 @@ def test_fused_pi0_on_cuda_with_deferred_observe_matches_the_reference_engine():
         pytest.skip("needs CUDA")
     out = {}
     for engine, deferred in (("reference", False), ("auto", True)):
-        rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(FIXTURE), device="cuda",
+        rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), device="cuda",
                                  dtype="float32", num_cameras=2, seed=4, options={"engine": engine},
                                  deferred={"observe": deferred}, max_observation_age_ms=1000.0)
         rt.warmup(freeze_gc=False)
@@ -102,8 +106,8 @@ def test_fused_pi0_on_cuda_with_deferred_observe_matches_the_reference_engine():
         np.testing.assert_allclose(fused.actions, ref.actions, atol=2e-3, rtol=0, err_msg=f"tick {k}")
 
 
-def test_the_node_loader_picks_the_contract_from_the_checkpoint_type():
+def test_the_node_loader_picks_the_contract_from_the_checkpoint_type(pi0_ckpt):
     from flashrt_ros.runtime_loader import checkpoint_contract
 
-    assert checkpoint_contract(str(FIXTURE)) == "pi0.yaml"
+    assert checkpoint_contract(str(pi0_ckpt)) == "pi0.yaml"
     assert checkpoint_contract(str(REPO / "test" / "fixtures" / "lerobot_pi05_tiny")) == "pi05.yaml"

@@ -45,6 +45,8 @@ def describe_run(path, device: str | None = "auto", tokenizer=None, prompt: str 
         "dtype": contract.model.dtype,
         "stages": {s.name: s.describe_trigger() for s in contract.stages.values()},
     }
+    if rate_warnings(contract):
+        info["warnings"] = rate_warnings(contract)
     plan = getattr(binding, "plan", None)
     if plan is not None:
         info.update(plan(contract.model, contract.dims, torch.device(device), tokenizer, prompt=prompt))
@@ -55,6 +57,8 @@ def format_run(info: dict[str, Any], camera_topics=None) -> str:
     """The plan as aligned `key: value` lines; camera_topics (node order) are shown beside the features."""
     lines = []
     for key, value in info.items():
+        if key == "warnings":  # (the caller tells them as warnings)
+            continue
         if key == "cameras" and isinstance(value, list):
             topics = list(camera_topics or [])
             shown = []
@@ -68,3 +72,19 @@ def format_run(info: dict[str, Any], camera_topics=None) -> str:
             value = ", ".join(map(str, value))
         lines.append(f"{key + ':':<22}{value}")
     return "\n".join(lines)
+
+
+def rate_warnings(contract) -> list[str]:
+    """Stages that read the camera images less often than the contract's observation age limit allows: between
+    the limit and the next refresh, decisions are refused (no actions)."""
+    limit = contract.limits.max_observation_age_ms
+    if limit is None:
+        return []
+    out = []
+    for stage in contract.stages.values():
+        rate = stage.trigger.rate_hz
+        if rate and "images" in stage.reads and 1e3 / rate > limit:
+            out.append(f"stage {stage.name} runs every {1e3 / rate:.0f} ms ({rate:g} Hz) but observations older than "
+                       f"{limit:g} ms give no actions (max_observation_age_ms): part of every period publishes "
+                       f"nothing; raise its rate above {1e3 / limit:g} Hz or the age limit")
+    return out

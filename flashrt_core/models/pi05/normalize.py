@@ -106,8 +106,10 @@ class Normalizer:
 
     @classmethod
     def from_checkpoint(cls, path, state_dim: int | None = None, action_dim: int | None = None) -> Normalizer:
-        """Statistics beside `model.safetensors` (path: the folder or the weights file). No stats files:
-        identity (source "identity"). state_dim / action_dim, when given, must match the stats' lengths."""
+        """Statistics beside `model.safetensors` (path: the folder or the weights file). No stats files: identity
+        (source "identity"), unless the folder's config.json normalizes that feature (`normalization_mapping`:
+        then the checkpoint is incomplete, CheckpointError). state_dim / action_dim, when given, must match the
+        stats' lengths."""
         folder = pathlib.Path(path)
         folder = folder if folder.is_dir() else folder.parent
         state, s_src = _load_feature(folder, "policy_preprocessor", "normalizer_processor", STATE_KEY, state_dim)
@@ -140,6 +142,7 @@ def _load_feature(folder: pathlib.Path, pipeline: str, step: str, key: str, dim:
     files = [folder / declared] if declared is not None else \
         sorted(folder.glob(f"{pipeline}_step_*_{step}.safetensors"))
     if not files:
+        _check_no_stats_needed(folder, pipeline, step, "STATE" if key == STATE_KEY else "ACTION")
         return FeatureNorm(), None
     if len(files) > 1:
         raise CheckpointError(f"{folder}: several {step} stats files ({', '.join(f.name for f in files)})")
@@ -175,6 +178,24 @@ def _load_feature(folder: pathlib.Path, pipeline: str, step: str, key: str, dim:
         if not torch.isfinite(t).all():
             raise CheckpointError(f"{file}: key {k} has non-finite values")
     return FeatureNorm(mode, stats[0], stats[1], eps), str(file)
+
+
+def _check_no_stats_needed(folder: pathlib.Path, pipeline: str, step: str, feature_type: str) -> None:
+    """CheckpointError where the policy's config.json maps `feature_type` to a mode that needs statistics: a
+    folder copied without its processor files would otherwise run un-normalized (LeRobot refuses it too)."""
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        mapping = json.loads(config_file.read_text()).get("normalization_mapping")
+    except (ValueError, AttributeError):
+        return  # (config.json itself is checked, with its own message, where the model is read)
+    mode = mapping.get(feature_type, "IDENTITY") if isinstance(mapping, dict) else "IDENTITY"
+    if mode != "IDENTITY":
+        raise CheckpointError(f"{config_file}: normalization_mapping.{feature_type} is {mode}, but {folder} holds "
+                              f"no {pipeline}_step_*_{step}.safetensors with its statistics: copy the checkpoint "
+                              f"folder whole (save_pretrained writes {pipeline}.json and its step files beside "
+                              f"model.safetensors)")
 
 
 def _mode(config_file: pathlib.Path, step: str, feature_type: str) -> tuple[str, float]:

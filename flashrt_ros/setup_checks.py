@@ -1,0 +1,44 @@
+"""Warnings about a node set-up that runs but is probably not what the user meant: told at configure (log and
+/diagnostics) and by `flashrt run --dry-run`, from the same function.
+
+- parameters in a params file or `-p` that the node does not have (a typo: ROS ignores such an override);
+- camera features of the checkpoint without a topic (the model sees those views masked);
+- the state taken in each JointState message's own order (no `joint_names`);
+- an observation stage slower than the observation age limit (part of every period publishes nothing;
+  `flashrt_core.contract.plan.rate_warnings`, also for the replay).
+"""
+from __future__ import annotations
+
+import difflib
+
+from flashrt_core.contract.plan import rate_warnings  # noqa: F401 (the contract's part, told here too)
+
+
+def unknown_parameters(given, known) -> list[str]:
+    """One warning per name in `given` the node does not declare, with the closest known name."""
+    out = []
+    for name in sorted(set(given) - set(known)):
+        near = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f" (did you mean '{near[0]}'?)" if near else ""
+        out.append(f"parameter '{name}' is not a policy_node parameter; the node ignores it{hint}")
+    return out
+
+
+def camera_warnings(features, topics) -> list[str]:
+    """The checkpoint's camera features (config.json order) that no topic feeds."""
+    missing = list(features)[len(topics):]
+    if not missing or not topics:
+        return []
+    return [f"camera feature(s) {', '.join(missing)} have no topic (camera_topics lists {len(topics)} for "
+            f"{len(features)} features): the model sees those views masked; add their topics to camera_topics, in "
+            "config.json's order"]
+
+
+def joint_warnings(joint_names, state_topic: str, action_names) -> list[str]:
+    """The state in message order: right only if the robot's driver sends its joints in the model's order."""
+    if joint_names or state_topic:
+        return []
+    named = (f"; the checkpoint names its actions {', '.join(action_names)}: if the state holds the same joints, "
+             "set joint_names to them in that order") if action_names else ""
+    return ["joint_names is empty: the state is each JointState message's positions in the order the message "
+            f"lists them{named}"]
