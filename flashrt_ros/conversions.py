@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-SUPPORTED_ENCODINGS = ("rgb8", "bgr8", "mono8", "16UC1", "mono16")
+SUPPORTED_ENCODINGS = ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "16UC1", "mono16")
+CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4}  # (the others: one)
 
 
 class ConversionError(ValueError):
@@ -35,6 +36,10 @@ def _to_rgb8(array: np.ndarray, encoding: str) -> np.ndarray:
         return array
     if encoding == "bgr8":
         return array[..., ::-1]
+    if encoding == "rgba8":  # (alpha dropped: e.g. a ZED camera's frames)
+        return array[..., :3]
+    if encoding == "bgra8":
+        return array[..., 2::-1]
     if encoding == "mono8":
         return np.repeat(array[..., None], 3, axis=2)
     # 16-bit single channel (depth in mm, or mono16): keep the high byte so the range maps onto 0..255.
@@ -71,7 +76,7 @@ def image_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarra
         raise ImageSizeError(f"size {width}x{height}, expected {expected_size[0]}x{expected_size[1]}")
     if width * height > MAX_PIXELS:
         raise ImageSizeError(f"size {width}x{height} is over {MAX_PIXELS} pixels")
-    channels = 3 if encoding in ("rgb8", "bgr8") else 1
+    channels = CHANNELS.get(encoding, 1)
     itemsize = 2 if encoding in ("16UC1", "mono16") else 1
     row_bytes = width * channels * itemsize
     if step < row_bytes:
@@ -92,7 +97,7 @@ def image_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarra
         dtype = np.dtype(">u2" if msg.is_bigendian else "<u2")
         array = np.ascontiguousarray(rows).view(dtype).reshape(height, width).astype(np.uint16)
     else:
-        array = rows.reshape(height, width, channels) if channels == 3 else rows.reshape(height, width)
+        array = rows.reshape(height, width, channels) if channels > 1 else rows.reshape(height, width)
     return np.ascontiguousarray(_to_rgb8(array, encoding))
 
 
@@ -187,6 +192,9 @@ def rgb_to_image(rgb: np.ndarray, image_type, stamp=None, frame_id: str = "", en
         pixels = rgb
     elif encoding == "bgr8":
         pixels = rgb[..., ::-1]
+    elif encoding in ("rgba8", "bgra8"):
+        alpha = np.full(rgb.shape[:2] + (1,), 255, np.uint8)
+        pixels = np.concatenate([rgb if encoding == "rgba8" else rgb[..., ::-1], alpha], axis=2)
     elif encoding == "mono8":
         pixels = rgb.mean(axis=2).astype(np.uint8)
     elif encoding in ("16UC1", "mono16"):

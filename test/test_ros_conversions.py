@@ -14,12 +14,13 @@ def rgb():
 
 
 @pytest.mark.parametrize("pad", [0, 5])
-@pytest.mark.parametrize("encoding", ["rgb8", "bgr8"])
+@pytest.mark.parametrize("encoding", ["rgb8", "bgr8", "rgba8", "bgra8"])
 def test_colour_images_round_trip_exactly(rgb, encoding, pad):
+    """(rgba8 / bgra8, as e.g. ZED cameras send them: the alpha channel is dropped)"""
     from sensor_msgs.msg import Image
 
     msg = cv.rgb_to_image(rgb, Image, encoding=encoding, pad=pad)
-    assert msg.step == 17 * 3 + pad
+    assert msg.step == 17 * len(encoding.removesuffix("8")) + pad
     np.testing.assert_array_equal(cv.image_to_rgb(msg), rgb)
 
 
