@@ -84,7 +84,11 @@ def doctor(config=None, checkpoint=None, device="auto", tokenizer=None) -> int:
     for name, ok, detail in rows:
         print(f"{name:<{width}}  {'ok ' if ok else '-- '} {detail}")
     ok_plan, text = plan(config, checkpoint, device, tokenizer)
-    print("\nwhat runs (flashrt run --dry-run):")
+    if checkpoint or config:
+        print("\nwhat runs (flashrt run --dry-run):")
+    else:  # (flashrt run itself needs a checkpoint)
+        print("\nwhat runs: no --checkpoint given, so this is config/pi05.yaml's full-size pi0.5 with random weights "
+              "on this device (give --checkpoint DIR for your policy's plan, as flashrt run --dry-run shows it):")
     print("\n".join("  " + line for line in text.splitlines()))
     required = {"torch", "python"}
     return 0 if ok_plan and all(ok for name, ok, _ in rows if name in required) else 1

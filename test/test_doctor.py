@@ -21,6 +21,7 @@ def test_doctor_reports_the_shipped_gpu_contract_for_this_device():
     text = out.stdout
     assert "engine:               reference" in text and "dtype:                float32" in text  # auto on a CPU
     assert "pi05.yaml" in text and "prompt 48 tokens" in text
+    assert "no --checkpoint given, so this is config/pi05.yaml's full-size pi0.5 with random weights" in text
 
 
 def test_doctor_and_dry_run_with_a_lerobot_checkpoint(tmp_path):
@@ -29,6 +30,7 @@ def test_doctor_and_dry_run_with_a_lerobot_checkpoint(tmp_path):
     out = flashrt("doctor", "--checkpoint", str(ckpt), "--device", "cpu", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "cameras:              observation.images.front; observation.images.wrist" in out.stdout
+    assert "what runs (flashrt run --dry-run):" in out.stdout
     run = flashrt("run", "--dry-run", "--checkpoint", str(ckpt), "--device", "cpu", "--camera-topics", "/cam_a",
                   "--joint-names", "a", "b", "c", "d", "e", "f", env=env)
     assert run.returncode == 0, run.stdout + run.stderr
