@@ -45,6 +45,33 @@ def test_act_reads_fresh_state_over_the_cached_prefix(pi0_ckpt):
     assert np.abs(outs[1] - outs[2]).max() > 1e-3  # another state (and noise) at every act tick
 
 
+def test_act_runs_every_period_over_the_last_state_of_a_slower_driver(pi0_ckpt):
+    """A joint driver at a third of the act rate: act still makes a chunk every period (new noise, the state it
+    last got, as long as the observation is young enough), not only when a new state came."""
+    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), device="cpu", num_cameras=2,
+                             seed=4)
+    policy = pi0.load(pi0_ckpt)
+    rng = np.random.default_rng(2)
+    frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
+    rt.set_prompt("stack the cups")
+    images, masks = policy.preprocess_images(frames + [None])
+    tokens, mask = policy.tokenize("stack the cups")
+    prefix = policy.encode_prefix(images, masks, tokens, mask)
+    noise = torch.Generator().manual_seed(4)
+    outs = []
+    for k in range(7):
+        if k % 3 == 0:
+            state = rng.uniform(-1, 1, 8).astype(np.float32)
+            rt.set_observation(images=frames, state=state, stamp_ns=1 + k * PERIOD)
+        r = rt.step(1 + k * PERIOD)
+        assert r.actions is not None and "act" in r.ran, (k, r.reason, r.skipped)
+        draw = torch.randn(50, 32, generator=noise)[None]
+        want = policy.denoise(prefix, torch.from_numpy(state)[None], draw)[0, :, :7].numpy()
+        np.testing.assert_allclose(r.actions, want, atol=TOL, rtol=0)
+        outs.append(r.actions)
+    assert np.abs(outs[1] - outs[2]).max() > 1e-3  # the same state, another noise draw
+
+
 def test_pi0_contract_needs_a_pi0_checkpoint(fixtures_dir, pi0_ckpt):
     with pytest.raises(ContractError, match="needs a checkpoint"):
         Runtime.from_config(REPO / "config" / "pi0.yaml")

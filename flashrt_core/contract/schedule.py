@@ -14,10 +14,12 @@ order instead when its outputs were never produced (so the first tick decides), 
 for fresh inputs (`late_observe: wait`: what the output was held for is used at once), and when deferring
 it would have the output stage refuse for age.
 A due stage is then held back (with a reason) when a buffer it reads was never produced; when it reads
-inputs but none of its reads changed since its last run (a late observation: `late_observe: reuse` skips
-this period and later stages use the last outputs; `wait` keeps it pending and holds every stage that
-reads its outputs); or, for the stage writing the contract's output, when the observation its reads
-came from is older than `limits.max_observation_age_ms`, or stamped more than that far in the future.
+inputs but none of its reads changed since its last run and it is not the output stage (a late observation:
+`late_observe: reuse` skips this period and later stages use the last outputs; `wait` keeps it pending and
+holds every stage that reads its outputs); or, for the stage writing the contract's output, when the
+observation its reads came from is older than `limits.max_observation_age_ms`, or stamped more than that far
+in the future. (The output stage runs every period on the inputs it last got: a new chunk from new noise, and
+pi0's act over a state that a driver slower than the act rate has not changed.)
 Planning only reads the ledger (versions and stamps on the host), so it never waits for the device.
 """
 from __future__ import annotations
@@ -221,7 +223,9 @@ class Scheduler:
             plan.skipped[name] = f"waiting for {held[0]} (late_observe: wait)"
             waiting.add(name)
             return False
-        reads_inputs = any(c.buffers[b].is_input for b in s.reads)
+        # (not the output stage: it runs every period on what it last got, as long as that is young enough;
+        # pi0's act reads the robot state, which a driver slower than the act rate leaves unchanged)
+        reads_inputs = any(c.buffers[b].is_input for b in s.reads) and name != self.output_stage
         if reads_inputs and not changed and all(ver[b] == ledger.seen[name][b] for b in s.reads):
             plan.late.add(name)
             if c.limits.late_observe == "wait":
