@@ -183,8 +183,9 @@ def test_a_report_folder_is_replaced_whole_and_a_file_in_its_way_is_refused(tmp_
 
 
 def test_realtime_refuses_options_it_would_ignore(tmp_path, contract):
-    with pytest.raises(ReplayError, match="--compare and --device apply to the bag-clock replay"):
-        replay(tmp_path / "bag", config=contract, compare=contract, realtime=True, progress=False)
+    for extra in ({"compare": contract}, {"device": "cuda"}, {"tokenizer": "tokenizer.json"}):
+        with pytest.raises(ReplayError, match="--compare, --device and --tokenizer apply to the bag-clock replay"):
+            replay(tmp_path / "bag", config=contract, realtime=True, progress=False, **extra)
 
 
 def test_a_compare_contract_with_other_actions_is_refused_up_front(tmp_path, contract):

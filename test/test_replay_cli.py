@@ -115,3 +115,45 @@ def test_replay_takes_the_contract_a_node_takes_for_a_checkpoint(tmp_path):
     assert default_config(str(ckpt)).name == "pi0.yaml"
     contract = configured_contract(default_config(str(ckpt)), checkpoint=str(ckpt))
     assert contract.model.name == "pi0" and contract.model.checkpoint == str(ckpt)
+
+
+def test_a_pi0_checkpoint_records_a_bag_and_replays_it_with_its_tokenizer(tmp_path):
+    """make-bag and replay take a LeRobot checkpoint and its tokenizer, as the node does: the pi0 contract is
+    picked from the checkpoint, and the replay on the bag clock remakes every recorded chunk exactly."""
+    from lerobot_checkpoint import PI0_FIXTURE, checkpoint_copy
+
+    from flashrt_ros.replay.make_bag import make_bag
+    from flashrt_ros.replay.replay import replay
+
+    ckpt = checkpoint_copy(tmp_path, PI0_FIXTURE)
+    tokenizer = str(PI0_FIXTURE / "hf_tokenizer")
+    summary = make_bag(tmp_path / "bag", duration=0.3, height=48, width=64, checkpoint=str(ckpt), tokenizer=tokenizer)
+    assert summary["config"].endswith("pi0.yaml") and summary["decisions"] > 5, summary
+    report = replay(tmp_path / "bag", checkpoint=str(ckpt), tokenizer=tokenizer, progress=False)
+    err = report.data["action_error"]
+    assert report.data["status"] == "ok" and err["matched"] == summary["decisions"] and err["max_abs"] == 0.0, err
+
+
+def test_replay_takes_the_model_from_a_node_params_file_given_as_topics(tmp_path, capsys):
+    """`--topics robot.yaml` (the node's own params file): its checkpoint and tokenizer apply too, and it says
+    so; a flag given on the command line wins over the file."""
+    from lerobot_checkpoint import PI0_FIXTURE, checkpoint_copy
+
+    from flashrt_ros.cli import main
+    from flashrt_ros.replay.make_bag import make_bag
+
+    ckpt = checkpoint_copy(tmp_path, PI0_FIXTURE)
+    tokenizer = str(PI0_FIXTURE / "hf_tokenizer")
+    summary = make_bag(tmp_path / "bag", duration=0.3, height=48, width=64, checkpoint=str(ckpt), tokenizer=tokenizer)
+    params = tmp_path / "robot.yaml"
+    params.write_text(f"policy_node:\n  ros__parameters:\n    checkpoint: {ckpt}\n    tokenizer: {tokenizer}\n"
+                      "    camera_topics: [/camera0/image_raw, /camera1/image_raw]\n    seed: 0\n")
+    assert main(["replay", str(tmp_path / "bag"), "--topics", str(params), "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert f"from {params}: checkpoint {ckpt}, tokenizer {tokenizer}, seed 0" in err, err
+    n = summary["decisions"]
+    assert f"action error vs recorded: {n}/{n} chunks matched, MSE 0.000e+00" in out, out
+    # --seed on the command line wins: other noise, other actions than the recorded ones
+    assert main(["replay", str(tmp_path / "bag"), "--topics", str(params), "--seed", "1", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "seed 0" not in err and f"{n}/{n} chunks matched, MSE 0.000e+00" not in out, out

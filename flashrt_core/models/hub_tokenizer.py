@@ -2,7 +2,7 @@
 
 A LeRobot checkpoint does not contain its tokenizer: its pre-processor only records the Hugging Face name
 (`tokenizer_name: google/paligemma-3b-pt-224`). `resolve_tokenizer` looks, in this order, at:
-1. an explicit path (node parameter `tokenizer`, contract `model.tokenizer`, `--tokenizer`): a
+1. an explicit path (node parameter `tokenizer`, contract `model.options.tokenizer`, `--tokenizer`): a
    `tokenizer.json`, a SentencePiece `tokenizer.model`, or a folder holding one of them;
 2. the checkpoint folder itself;
 3. the Hugging Face hub cache, offline: `$HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`, in
@@ -153,5 +153,5 @@ def resolve_tokenizer(name: str = PALIGEMMA_TOKENIZER, explicit=None, folder=Non
             f"tokenizer {name!r}: no {' or '.join(FILES)} found; looked in " + ", ".join(looked)
             + f". Fetch it once with `hf download {name} tokenizer.json tokenizer_config.json "
             "special_tokens_map.json` (a gated model: `hf auth login` first), or give its path (node parameter "
-            "`tokenizer`, `flashrt run --tokenizer`, contract `model.tokenizer`)")
+            "`tokenizer`, `flashrt run --tokenizer`, contract `model.options.tokenizer`)")
     return open_tokenizer(file)

@@ -13,16 +13,21 @@ def add_subparsers(sub) -> None:
                                                   "pi05_tiny.yaml, or with --checkpoint that model's)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="LeRobot checkpoint folder for the contract's model (as the node's checkpoint parameter)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="the checkpoint's tokenizer.json / tokenizer.model file or folder (as the node's tokenizer "
+                        "parameter; default: the Hugging Face hub cache)")
     p.add_argument("--compare", default=None, metavar="FILE",
                    help="a second contract fed the same inputs and noise; reports their agreement")
     p.add_argument("--report", default=None, metavar="DIR", help="write report.json, report.md and plots here")
     p.add_argument("--realtime", action="store_true",
                    help="play the bag onto ROS topics at bag rate against a running policy_node")
-    p.add_argument("--seed", type=int, default=0, help="runtime seed: weights of the tiny model and noise (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="runtime seed: weights of the tiny model and noise (default: --topics' seed, else 0)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     p.add_argument("--topics", default=None, metavar="FILE",
                    help="topic mapping YAML (cameras, joint_states, joint_names, prompt, actions) or a "
-                        "policy_node parameters file")
+                        "policy_node parameters file (whose contract, checkpoint, tokenizer, seed and action_dt "
+                        "apply too, unless given here)")
     p.add_argument("--cameras", default=None, help="comma-separated camera topics, in the model's slot order")
     p.add_argument("--joints", default=None, metavar="TOPIC", help="sensor_msgs/JointState topic")
     p.add_argument("--joint-names", default=None, help="comma-separated joints in state order (default: as sent)")
@@ -31,8 +36,9 @@ def add_subparsers(sub) -> None:
     p.add_argument("--prompt", default=None, help="use this prompt instead of the bag's prompt topic")
     p.add_argument("--node", default="/policy_node", help="--realtime: the policy node's name (default /policy_node)")
     p.add_argument("--timeout", type=float, default=60.0, help="--realtime: seconds to wait for the node")
-    p.add_argument("--action-dt", type=float, default=0.02, metavar="S",
-                   help="seconds between two actions of a chunk on the robot, for the splice metrics (default 0.02)")
+    p.add_argument("--action-dt", type=float, default=None, metavar="S",
+                   help="seconds between two actions of a chunk on the robot, for the splice metrics (default: "
+                        "--topics' action_dt, else 0.02)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run_replay)
 
@@ -45,6 +51,9 @@ def add_subparsers(sub) -> None:
                    "contract's state width)")
     m.add_argument("--size", default="240x320", metavar="HxW", help="camera frame size (default 240x320)")
     m.add_argument("--config", default=None, help="contract that computes the recorded actions")
+    m.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="LeRobot checkpoint folder whose model computes them (its packaged contract unless --config)")
+    m.add_argument("--tokenizer", default=None, metavar="PATH", help="the checkpoint's tokenizer file or folder")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--prompt", default="pick up the red cube")
     m.add_argument("--device", default="cpu")
@@ -55,15 +64,26 @@ def add_subparsers(sub) -> None:
 def run_replay(args) -> int:
     from flashrt_ros.replay.errors import ReplayError
     from flashrt_ros.replay.replay import replay
-    from flashrt_ros.replay.topics import load_topic_map
+    from flashrt_ros.replay.topics import load_topic_map, node_run_parameters
 
     try:
         topics = load_topic_map(args.topics, cameras=args.cameras, joint_states=args.joints,
                                 joint_names=args.joint_names, prompt=args.prompt_topic, actions=args.action_topic)
-        report = replay(args.bag, config=args.config, compare=args.compare, report_dir=args.report,
-                        realtime=args.realtime, seed=args.seed, progress=not args.no_progress, topics=topics,
+        node = node_run_parameters(args.topics) if args.topics else {}
+        if args.realtime:  # (the running node has its own tokenizer)
+            node.pop("tokenizer", None)
+        given = {"contract": args.config, "checkpoint": args.checkpoint, "tokenizer": args.tokenizer,
+                 "seed": args.seed, "action_dt": args.action_dt}
+        taken = {k: v for k, v in node.items() if given[k] is None}
+        if taken:
+            print(f"flashrt replay: from {args.topics}: " + ", ".join(f"{k} {v}" for k, v in taken.items()),
+                  file=sys.stderr)
+        run = {**given, **taken}
+        report = replay(args.bag, config=run["contract"], compare=args.compare, report_dir=args.report,
+                        realtime=args.realtime, seed=run["seed"] or 0, progress=not args.no_progress, topics=topics,
                         prompt=args.prompt, device=args.device, node=args.node, timeout_s=args.timeout,
-                        action_dt_s=args.action_dt, checkpoint=args.checkpoint)
+                        action_dt_s=run["action_dt"] or 0.02, checkpoint=run["checkpoint"],
+                        tokenizer=run["tokenizer"])
     except ReplayError as e:
         if e.report is not None and e.report.data.get("ticks"):
             print(e.report.summary_table().rsplit("\nerror: ", 1)[0])
@@ -90,7 +110,8 @@ def run_make_bag(args) -> int:
     try:
         out = make_bag(args.out, storage=args.storage, duration=args.duration, cameras=args.cameras, seed=args.seed,
                        config=args.config, height=height, width=width, joints=args.joints, prompt=args.prompt,
-                       device=args.device, progress=not args.no_progress)
+                       device=args.device, progress=not args.no_progress, checkpoint=args.checkpoint,
+                       tokenizer=args.tokenizer)
     except ReplayError as e:
         print(f"flashrt make-bag: error: {e}", file=sys.stderr)
         return 1

@@ -86,10 +86,13 @@ def chunk_message(store, tick, joint_names, dt: float):
 
 def make_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 2, seed: int = 0, config=None,
              height: int = 240, width: int = 320, joints: int | None = None, prompt: str = "pick up the red cube",
-             device: str = "cpu", progress: bool = False, action_dt: float = 0.02) -> dict:
+             device: str = "cpu", progress: bool = False, action_dt: float = 0.02, checkpoint: str | None = None,
+             tokenizer: str | None = None) -> dict:
     """Write the sample bag to `out` (a new folder) and return a summary (topics, counts, decisions). The bag
     is written in a temporary folder beside `out` and moved there when complete: a failure leaves nothing.
-    joints: how many the synthetic robot has (default: the contract's state width)."""
+    joints: how many the synthetic robot has (default: the contract's state width). checkpoint / tokenizer: a
+    LeRobot checkpoint folder computes the recorded actions (with its model's packaged contract unless `config`
+    is given), as `flashrt replay --checkpoint` replays them."""
     if not (duration > 0 and math.isfinite(duration)):
         raise ReplayError(f"duration: must be a positive number of seconds, got {duration}")
     if height <= 0 or width <= 0 or (joints is not None and joints <= 0):
@@ -101,19 +104,20 @@ def make_bag(out, storage: str = "mcap", duration: float = 10.0, cameras: int = 
         raise ReplayError(f"{out}: exists already; a bag is never overwritten")
     with staged_folder(out, replace=False) as path:
         summary = _write_bag(path, storage, duration, cameras, seed, config, height, width, joints, prompt, device,
-                             progress, action_dt)
+                             progress, action_dt, checkpoint, tokenizer)
     summary["path"] = str(out)
     return summary
 
 
 def _write_bag(out, storage, duration, cameras, seed, config, height, width, joints, prompt, device, progress,
-               action_dt) -> dict:
+               action_dt, checkpoint=None, tokenizer=None) -> dict:
     """make_bag's work, into `out` (a path that does not exist yet), after its checks."""
     store = bagio.typestore()
-    config = Path(config) if config is not None else default_config()
+    config = Path(config) if config is not None else default_config(checkpoint)
     topics = TopicMap(cameras=tuple(f"/camera{i}/image_raw" for i in range(cameras)))
     writer = bagio.open_writer(out, storage)  # refuses an existing path before the model is built
-    runtime = build_runtime(config, seed=seed, cameras=cameras, device=device)
+    runtime = build_runtime(config, seed=seed, cameras=cameras, device=device, checkpoint=checkpoint,
+                            tokenizer=tokenizer)
     joints = joints or runtime.contract.buffers["state"].shape[0]
     names = synthetic.joint_names(joints)
     player = BagClockPlayer([runtime], cameras, names)

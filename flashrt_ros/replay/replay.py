@@ -32,9 +32,10 @@ def _topic_map(topics) -> TopicMap:
 def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = False, seed: int = 0,
            progress: bool = True, topics=None, prompt: str | None = None, device: str = "cpu",
            node: str = "/policy_node", timeout_s: float = 60.0, action_dt_s: float = 0.02,
-           checkpoint: str | None = None) -> Report:
+           checkpoint: str | None = None, tokenizer: str | None = None) -> Report:
     """Replay `bag` through `config` (default: the packaged contract a node takes, pi05_tiny.yaml without a
-    checkpoint) and return the Report. checkpoint: the contract's model.checkpoint (as the node's parameter).
+    checkpoint) and return the Report. checkpoint: the contract's model.checkpoint (as the node's parameter);
+    tokenizer: its tokenizer file or folder (as the node's parameter; default: the hub cache).
 
     topics: a TopicMap, a dict of its fields, or a mapping/params YAML path (default: make-bag's names).
     prompt: use this prompt instead of the bag's prompt topic. action_dt_s: seconds between two actions of a
@@ -46,9 +47,9 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
     if realtime:
         from flashrt_ros.replay.realtime import replay_realtime
 
-        if compare is not None or device != "cpu":  # (the running node has its own contract and device)
-            raise ReplayError("--compare and --device apply to the bag-clock replay; --realtime drives a "
-                              "running policy_node, whose parameters set them")
+        if compare is not None or device != "cpu" or tokenizer is not None:  # (the node has its own)
+            raise ReplayError("--compare, --device and --tokenizer apply to the bag-clock replay; --realtime "
+                              "drives a running policy_node, whose parameters set them")
         return replay_realtime(bag, config, report_dir=report_dir, topics=topic_map, prompt=prompt, node=node,
                                progress=progress, seed=seed, timeout_s=timeout_s, action_dt_s=action_dt_s,
                                checkpoint=checkpoint)
@@ -61,7 +62,7 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
         cams = len(topic_map.cameras)
         joints = topic_map.joint_names  # (named joints set the model's widths, as in the node)
         runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device, checkpoint=checkpoint,
-                                  joint_names=joints)]
+                                  joint_names=joints, tokenizer=tokenizer)]
         if compare is not None:
             runtimes.append(build_runtime(compare, seed=seed, cameras=cams, device=device, joint_names=joints))
         contract = runtimes[0].contract

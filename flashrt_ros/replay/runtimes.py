@@ -15,7 +15,7 @@ def default_config(checkpoint: str | None = None) -> Path:
 
 
 def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", checkpoint: str | None = None,
-                  joint_names=()):
+                  joint_names=(), tokenizer: str | None = None):
     """The runtime a policy node builds from the same contract, checkpoint, cameras and joint_names (the joints
     set the state width, and the action width without a checkpoint: `runtime_loader.model_widths`)."""
     from flashrt_core import Runtime
@@ -24,6 +24,6 @@ def build_runtime(config, *, seed: int, cameras: int, device: str = "cpu", check
     widths = model_widths(joint_names, checkpoint=bool(checkpoint) or names_checkpoint(config))
     try:
         return Runtime.from_config(str(config), device=device, seed=seed, num_cameras=cameras,
-                                   checkpoint=checkpoint, options=widths or None)
+                                   checkpoint=checkpoint, tokenizer=tokenizer, options=widths or None)
     except FlashRTError as e:
         raise ReplayError(f"{config}: cannot build the runtime: {e}") from None

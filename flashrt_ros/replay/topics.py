@@ -58,6 +58,23 @@ def _from_node_params(params: dict, node: str, where: str) -> dict:
     return out
 
 
+# policy_node parameters a replay takes from a node params file given as --topics (its flags win)
+RUN_PARAMETERS = ("contract", "checkpoint", "tokenizer", "seed", "action_dt")
+
+
+def node_run_parameters(path) -> dict:
+    """{name: value} of RUN_PARAMETERS set (non-empty) in `path` when it is a policy_node params file (its first
+    node section, as `load_topic_map` reads it); {} for a topic mapping file. Errors: `load_topic_map`'s."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return {}  # (load_topic_map says what is wrong with the file)
+    nodes = [v for v in data.values() if isinstance(v, dict) and "ros__parameters" in v] \
+        if isinstance(data, dict) else []
+    params = (nodes[0]["ros__parameters"] or {}) if nodes else {}
+    return {k: params[k] for k in RUN_PARAMETERS if params.get(k) not in (None, "")}
+
+
 def load_topic_map(path=None, **overrides) -> TopicMap:
     """A TopicMap from `path` (mapping YAML or policy_node params file) with `overrides` (None = unset)."""
     values: dict = {}
