@@ -168,6 +168,8 @@ class CapsuleServices:
             runtime.restore(request.capsule_id, rewind_time=request.rewind_time, loaded=loaded)
             if request.rewind_time:  # the node's per-topic stamp checks rewind too (re-sent messages are accepted)
                 self.node.rewound(runtime.runtime_meta().get("last_stamp_ns"))
+            task = runtime.prompt
+        self.node.follow_prompt(task)  # (the capsule's task is the running one now)
         response.message = f"restored {request.capsule_id} " + (
             "(rewind: rate clocks and the observation-stamp watermark are the snapshot's)" if request.rewind_time
             else "(live: the rate grid and observation stamps go on from now; the restored buffers keep their "

@@ -384,10 +384,16 @@ class PolicyNode(LifecycleNode):
                 self.health.reject("prompt", str(exc), source=self.resolve_topic_name("~/prompt"))
                 self.get_logger().warning(self.health.last_rejection)
                 return
-        # the parameter follows, so that a cleanup and configure keep the prompt the robot was last given
+        self.follow_prompt(msg.data)
+
+    def follow_prompt(self, prompt: str | None) -> None:
+        """The `prompt` parameter follows the runtime's task (from ~/prompt, or a capsule restore that brought
+        another task back), so that a cleanup and configure keep the task the robot was last running."""
+        if not prompt or prompt == self.get_parameter("prompt").value:
+            return
         self._prompt_echo = True
         try:
-            self.set_parameters([rclpy.parameter.Parameter("prompt", value=msg.data)])
+            self.set_parameters([rclpy.parameter.Parameter("prompt", value=prompt)])
         finally:
             self._prompt_echo = False
 

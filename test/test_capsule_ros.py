@@ -197,3 +197,34 @@ def test_a_capsule_call_stuck_at_its_files_holds_back_neither_ticks_nor_diagnost
         rig.proc.wait(15)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the node did not end within 15 s of Ctrl-C with a capsule call stuck\n{rig.log()}")
+
+
+def test_the_prompt_parameter_follows_the_task_a_restore_brings_back(ros_context):
+    """A restore puts the capsule's task back in the runtime: the `prompt` parameter follows it (as it follows
+    ~/prompt), so a cleanup and configure keep the task the robot was running, not the one before the restore."""
+    import random
+
+    from rclpy.lifecycle import TransitionCallbackReturn
+    from rclpy.parameter import Parameter
+    from std_msgs.msg import String
+
+    from flashrt_ros.policy_node import PolicyNode
+    from flashrt_ros.srv import RestoreCapsule
+
+    overrides = [Parameter("device", value="cpu"), Parameter("cpu_threads", value=1),
+                 Parameter("prompt", value="task A")]
+    node = PolicyNode(f"prompt_node_{random.randint(0, 1 << 30)}", context=ros_context, parameter_overrides=overrides)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        cid = node.runtime.begin_snapshot("with task A")()
+        node._on_prompt(String(data="task B"))
+        assert node.runtime.prompt == "task B" and node.get_parameter("prompt").value == "task B"
+        response = RestoreCapsule.Response()
+        node.capsules._restore(node.runtime, RestoreCapsule.Request(capsule_id=cid), response)
+        assert response.message.startswith(f"restored {cid}"), response.message
+        assert node.runtime.prompt == "task A" and node.get_parameter("prompt").value == "task A"
+        assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS and node.runtime.prompt == "task A"
+        node.trigger_cleanup()
+    finally:
+        node.destroy_node()
