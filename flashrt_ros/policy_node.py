@@ -90,9 +90,7 @@ class PolicyNode(LifecycleNode):
         self._unknown_parameters = setup_checks.unknown_parameters(
             [n for n in params.overrides_of(self) if not self.has_parameter(n)],
             list(params.PARAMETERS) + list(capsule_params.PARAMETERS))
-        for error in self._parameter_errors.values():
-            self.get_logger().error(error)
-        for warning in self._unknown_parameters:
+        for warning in self._unknown_parameters:  # (a wrong type is said once, by the configure it fails)
             self.get_logger().warning(warning)
         self._prompt_echo = False  # set_parameters of a prompt the runtime already took (from ~/prompt)
         self.add_on_set_parameters_callback(self._on_set_parameters)
