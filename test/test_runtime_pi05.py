@@ -257,10 +257,10 @@ def test_deferred_observe_on_cuda_matches_inline_from_the_next_tick():
         if deferred:  # captured at configure time (warmup), not at the first tick; the buffers are put back
             before = {n: t.clone() for n, t in rt.buffers.tensors.items()}
             rt.warmup()
-            assert {("observe", "contract"), ("act", "contract")} <= set(engine._graphs)
+            assert {("observe", "contract"), ("act", "contract")} <= set(engine._graphs.keys())
             assert all(torch.equal(t, before[n]) for n, t in rt.buffers.tensors.items())
         out[deferred] = drive(rt, seed=6, ticks=16)
-        assert engine.hook_capture_errors == {} and {("observe", "contract"), ("act", "contract")} <= set(engine._graphs)
+        assert engine.hook_capture_errors == {} and {("observe", "contract"), ("act", "contract")} <= set(engine._graphs.keys())
     for k, (a, d) in enumerate(zip(out[False], out[True])):
         if k % 5 == 0 and k > 0:
             assert a.ran == ["observe", "act"] and d.ran == ["act", "observe"] and d.deferred == ["observe"]
