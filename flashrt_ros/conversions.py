@@ -10,6 +10,7 @@ import numpy as np
 
 SUPPORTED_ENCODINGS = ("rgb8", "bgr8", "rgba8", "bgra8", "mono8", "16UC1", "mono16")
 CHANNELS = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4}  # (the others: one)
+GREY_ENCODINGS = ("mono8", "16UC1", "mono16")  # taken as grey RGB (the node warns once per camera)
 
 
 class ConversionError(ValueError):

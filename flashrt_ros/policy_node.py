@@ -79,6 +79,7 @@ class PolicyNode(LifecycleNode):
         self._action_names: list[str] = []
         self._dirty = False
         self.finalized = False  # set by the shutdown transition
+        self._grey_topics: set[str] = set()  # camera topics that sent one-channel frames (warned of once)
         self._stage_timers = []
         self._logged_refusal: dict[str, float] = {}  # source -> when its last refusal was logged
         self._subs = []
@@ -143,6 +144,7 @@ class PolicyNode(LifecycleNode):
             runtime_camera_names(runtime), self.p.camera_topics) + setup_checks.joint_warnings(
             self.p.joint_names, self.p.state_topic, self._action_names if action_names(runtime) else []) + \
             setup_checks.rate_warnings(runtime.contract)
+        self._grey_topics = set()  # (said again for this configuration)
         for warning in self.health.setup_warnings[len(self._unknown_parameters):]:
             self.get_logger().warning(warning)
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
@@ -295,6 +297,13 @@ class PolicyNode(LifecycleNode):
     def _on_image(self, index: int, topic: str, msg):
         """The stamp is checked on arrival; decoding and fitting are the FrameFitter's."""
         stamp = conversions.stamp_to_ns(msg.header.stamp)
+        grey = getattr(msg, "encoding", "") in conversions.GREY_ENCODINGS
+        if grey and topic not in self._grey_topics:  # (taken, but likely a depth or IR camera on a colour slot)
+            self._grey_topics.add(topic)
+            warning = (f"camera {topic} sends {msg.encoding} frames (one channel: depth, IR or mono); they are "
+                       "taken as grey RGB, but the model was trained on colour frames")
+            self.health.setup_warnings = self.health.setup_warnings + [warning]
+            self.get_logger().warning(warning)
         with self._sensor_lock:
             if self._check_stamp(topic, stamp):
                 self._frames.submit(index, topic, msg, stamp)

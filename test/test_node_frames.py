@@ -78,3 +78,24 @@ def test_a_frame_being_fitted_when_the_sensor_state_is_dropped_is_dropped_too(no
     monkeypatch.setattr(policy_node, "letterbox", real)
     node._on_image(1, "/cam1", _image(rng, 48, 64, now + 1000))  # (stamps after the watermark are taken again)
     assert _wait(lambda: 1 in node._images) and node._images[1][1] == now + 1000
+
+
+def test_a_one_channel_camera_is_taken_and_warned_of_once(node):
+    """mono8 / 16UC1 frames on a camera slot (a depth or IR camera wired there by mistake, most likely) are
+    taken as grey RGB, and said once per camera in the log and on /diagnostics."""
+    from sensor_msgs.msg import Image
+
+    from flashrt_ros.conversions import rgb_to_image
+
+    rng = np.random.default_rng(7)
+    now = node.get_clock().now().nanoseconds
+    colour = _image(rng, 48, 64, now)
+    node._on_image(0, "/cam0", colour)
+    assert node.health.setup_warnings == []
+    for k, encoding in enumerate(("16UC1", "mono8", "16UC1")):
+        msg = rgb_to_image(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), Image, encoding=encoding)
+        msg.header.stamp.sec, msg.header.stamp.nanosec = divmod(now + (k + 1) * 1_000_000, 1_000_000_000)
+        node._on_image(1, "/cam1", msg)
+    assert node.health.setup_warnings == ["camera /cam1 sends 16UC1 frames (one channel: depth, IR or mono); they "
+                                          "are taken as grey RGB, but the model was trained on colour frames"]
+    assert _wait(lambda: 1 in node._images) and node._images[1][0].shape == (48, 64, 3)
