@@ -190,7 +190,8 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
     print(f"{'state input:':<22}{state}")
     cameras = info["cameras"] if kwargs.get("checkpoint") else []  # (feature names come with a checkpoint)
     warnings = unknown + setup_checks.camera_warnings(cameras, p.camera_topics) + \
-        setup_checks.joint_warnings(p.joint_names, p.state_topic, []) + info.get("warnings", []) + warnings
+        setup_checks.joint_warnings(p.joint_names, p.state_topic, _action_names(kwargs.get("checkpoint"))) + \
+        info.get("warnings", []) + warnings
     for warning in warnings:
         print(f"{'warning:':<22}{warning}")
     if not p.prompt:
@@ -198,6 +199,13 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
               "topic (or give --prompt)")
     print("dry run: ok (nothing was loaded)")
     return 0
+
+
+def _action_names(checkpoint) -> list[str]:
+    """The checkpoint's action names (its processor files), [] without a checkpoint or names."""
+    from flashrt_core.models.pi05.processors import read_processors
+
+    return list(read_processors(checkpoint).action_names or []) if checkpoint else []
 
 
 def run_command(args) -> int:

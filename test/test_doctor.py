@@ -103,6 +103,8 @@ def test_dry_run_reads_the_params_file_with_the_node_types(tmp_path):
     assert "parameter 'act_rate_hx' is not a policy_node parameter; the node ignores it (did you mean " \
            "'act_rate_hz'?)" in run.stdout, run.stdout
     assert "have no topic (camera_topics lists 1 for 2 features): the model sees those views masked" in run.stdout
+    assert "joint_names is empty" in run.stdout and "the checkpoint names its actions shoulder_pan, shoulder_lift, " \
+           "elbow, wrist_flex, wrist_roll, gripper" in run.stdout, run.stdout
     params.write_text("/**:\n  ros__parameters:\n    act_rate_hz: fast\n")  # a string: refused as the node does
     run = flashrt("run", "--dry-run", "--checkpoint", str(ckpt), "--device", "cpu", "--camera-topics", "/a",
                   "--params-file", str(params), env=env)
