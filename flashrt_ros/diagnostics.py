@@ -143,6 +143,17 @@ class NodeHealth:
             values.append(("capsule.last_failure", self.last_capsule_failure))
         return values
 
+    def message(self, name: str, hardware_id: str, stamp):
+        """This health as a diagnostic_msgs/DiagnosticArray of one status named `name`, stamped `stamp`."""
+        from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+
+        level, message = self.level_and_message()
+        status = DiagnosticStatus(level=bytes([level]), name=name, message=message, hardware_id=hardware_id)
+        status.values = [KeyValue(key=k, value=v) for k, v in self.key_values()]
+        array = DiagnosticArray(status=[status])
+        array.header.stamp = stamp
+        return array
+
 
 def refusal_reason(exc: Exception, p, n_state: int) -> str:
     """Why the runtime refused an observation, with the fix where the node's parameters are the cause: a state

@@ -15,8 +15,7 @@ import time
 
 import numpy as np
 import rclpy
-from builtin_interfaces.msg import Time
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
@@ -28,15 +27,16 @@ from rclpy.duration import Duration
 from rclpy.event_handler import PublisherEventCallbacks
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
-from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+from trajectory_msgs.msg import JointTrajectory
 
 from flashrt_core.models.pi05.preprocess import letterbox
-from flashrt_ros import capsule_params, conversions, params, setup_checks
+from flashrt_ros import conversions, params, setup_checks
 from flashrt_ros.capsule_services import CapsuleServices
+from flashrt_ros.chunk_messages import action_chunk_message, trajectory_message
 from flashrt_ros.diagnostics import NodeHealth, refusal_reason
 from flashrt_ros.frame_fitter import FrameFitter
 from flashrt_ros.msg import ActionChunk
-from flashrt_ros.runtime_loader import action_names, load_runtime, runtime_camera_names
+from flashrt_ros.runtime_loader import action_names, load_runtime
 
 
 DEADLINE_PERIODS = 1.5  # the action chunk's QoS deadline, in act periods
@@ -87,10 +87,7 @@ class PolicyNode(LifecycleNode):
         self._diag_timer = None
         self.capsules = CapsuleServices(self)
         self._parameter_errors.update(self.capsules.parameter_errors)
-        # a typo in a params file: ROS keeps the override of an undeclared name and never uses it
-        self._unknown_parameters = setup_checks.unknown_parameters(
-            [n for n in params.overrides_of(self) if not self.has_parameter(n)],
-            list(params.PARAMETERS) + list(capsule_params.PARAMETERS))
+        self._unknown_parameters = setup_checks.undeclared_overrides(self)
         for warning in self._unknown_parameters:  # (a wrong type is said once, by the configure it fails)
             self.get_logger().warning(warning)
         self._prompt_echo = False  # set_parameters of a prompt the runtime already took (from ~/prompt)
@@ -140,12 +137,10 @@ class PolicyNode(LifecycleNode):
             self._future_limit_ns = int((limit if limit is not None else FUTURE_STAMP_MS) * 1e6)
             self._age_limit_ns = int(limit * 1e6) if limit is not None else None
         self.health.last_error = ""
-        self.health.setup_warnings = self._unknown_parameters + setup_checks.camera_warnings(
-            runtime_camera_names(runtime), self.p.camera_topics) + setup_checks.joint_warnings(
-            self.p.joint_names, self.p.state_topic, self._action_names if action_names(runtime) else []) + \
-            setup_checks.rate_warnings(runtime.contract)
+        found = setup_checks.configured_warnings(self.p, runtime)
+        self.health.setup_warnings = self._unknown_parameters + found
         self._grey_topics = set()  # (said again for this configuration)
-        for warning in self.health.setup_warnings[len(self._unknown_parameters):]:
+        for warning in found:
             self.get_logger().warning(warning)
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)
         # Reliable, with a deadline of 1.5 act periods: a period and a half without a chunk (not ordinary
@@ -297,11 +292,9 @@ class PolicyNode(LifecycleNode):
     def _on_image(self, index: int, topic: str, msg):
         """The stamp is checked on arrival; decoding and fitting are the FrameFitter's."""
         stamp = conversions.stamp_to_ns(msg.header.stamp)
-        grey = getattr(msg, "encoding", "") in conversions.GREY_ENCODINGS
-        if grey and topic not in self._grey_topics:  # (taken, but likely a depth or IR camera on a colour slot)
+        warning = setup_checks.grey_camera_warning(topic, getattr(msg, "encoding", ""))
+        if warning and topic not in self._grey_topics:  # (said once per camera and configuration)
             self._grey_topics.add(topic)
-            warning = (f"camera {topic} sends {msg.encoding} frames (one channel: depth, IR or mono); they are "
-                       "taken as grey RGB, but the model was trained on colour frames")
             self.health.setup_warnings = self.health.setup_warnings + [warning]
             self.get_logger().warning(warning)
         with self._sensor_lock:
@@ -555,52 +548,20 @@ class PolicyNode(LifecycleNode):
         # (a NaN or infinite chunk raises here: reported by _tick as a failed publish, nothing is sent)
         actions = conversions.action_chunk(result.actions)  # (the contract's width: checkpoint or parameters)
         self.health.stale_reason = ""
-        msg = ActionChunk()
-        # time-aligned: the first action is due at the tick the chunk was computed for; at publish, the robot
-        # is `now_index` actions into it (0 unless the tick ran longer than an action period)
-        published = self.get_clock().now()
-        dt_ns = int(round(self.p.action_dt * 1e9))
-        msg.header.stamp = conversions.ns_to_stamp(result.now_ns, Time)
-        msg.now_index = now_index = max(0, (published.nanoseconds - result.now_ns) // dt_ns)
-        msg.publish_stamp = published.to_msg()
-        msg.joint_names = list(self._action_names)
-        msg.horizon, msg.action_dim = int(actions.shape[0]), int(actions.shape[1])
-        msg.actions = actions.reshape(-1).tolist()
-        msg.dt = float(self.p.action_dt)
-        msg.decision_id = int(result.decision_id)
-        msg.prefix_id = int(result.prefix_id)
-        msg.observation_stamp = conversions.ns_to_stamp(result.observation_stamp_ns, Time)
-        msg.observation_age_ms = float(result.observation_age_ms)
-        msg.latency_ms = float(result.latency_ms)
-        msg.stages_ran = [s for s in result.ran if s not in result.deferred]  # the stages behind this chunk
+        msg = action_chunk_message(result, actions, self._action_names, self.p.action_dt, self.get_clock().now())
         self._chunk_pub.publish(msg)
         self.health.chunks_published += 1
-        if self._traj_pub is not None and self._action_names and now_index < actions.shape[0]:
-            # (a chunk published after its last action was due has nothing left to execute: no trajectory)
-            # On the chunk's own time axis (header.stamp = its first action, point k at k * dt), from the action
-            # due at publish on: a joint_trajectory_controller replaces the running trajectory from now with it,
-            # so consecutive chunks splice into one continuous trajectory at the right index.
-            traj = JointTrajectory()
-            traj.header = msg.header
-            traj.joint_names = list(self._action_names)
-            for k in range(now_index, actions.shape[0]):
-                point = JointTrajectoryPoint()
-                point.positions = actions[k, : len(self._action_names)].astype(float).tolist()
-                point.time_from_start = Duration(nanoseconds=k * dt_ns).to_msg()
-                traj.points.append(point)
+        traj = trajectory_message(msg, actions) if self._traj_pub is not None else None
+        if traj is not None:
             self._traj_pub.publish(traj)
 
     # ----------------------------------------------------------------- diagnostics
     def _publish_diagnostics(self):
-        level, message = self.health.level_and_message()
         # named by the node's fully qualified name: nodes of one name in two namespaces stay apart
-        status = DiagnosticStatus(level=bytes([level]), name=f"{self.get_fully_qualified_name()}: policy",
-                                  message=message,
-                                  hardware_id=self.runtime.describe() if self.runtime is not None else "unconfigured")
-        status.values = [KeyValue(key=k, value=v) for k, v in self.health.key_values()]
-        array = DiagnosticArray(status=[status])
-        array.header.stamp = self.get_clock().now().to_msg()
-        self._diag_pub.publish(array)
+        runtime = self.runtime
+        self._diag_pub.publish(self.health.message(f"{self.get_fully_qualified_name()}: policy",
+                                                   runtime.describe() if runtime is not None else "unconfigured",
+                                                   self.get_clock().now().to_msg()))
 
 
 def main(args=None):

@@ -169,13 +169,12 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
     from flashrt_ros.params import PARAMETERS, validate
     from flashrt_ros.runtime_loader import runtime_arguments
 
-    from flashrt_ros import capsule_params, setup_checks
+    from flashrt_ros import setup_checks
 
     values = {name: default for name, (default, *_rest) in PARAMETERS.items()}
     values.update(file_values)
     values.update(node_parameters(args))
-    unknown = setup_checks.unknown_parameters(set(values) - ROS_PARAMETERS,
-                                              list(PARAMETERS) + list(capsule_params.PARAMETERS))
+    unknown = setup_checks.unknown_parameters(set(values) - ROS_PARAMETERS)
     try:
         p = validate({k: values[k] for k in PARAMETERS})
         kwargs = runtime_arguments(p, len(p.camera_topics))

@@ -102,11 +102,14 @@ def load_runtime(p, n_cameras: int):
 
 def action_names(runtime) -> list[str]:
     """The checkpoint's action column names (config.json action_feature_names), or [] when it has none."""
-    procs = getattr(runtime.binding, "processors", None)
-    return list(procs.action_names) if procs is not None and procs.action_names else []
+    return _processor_names(runtime, "action_names")
 
 
 def runtime_camera_names(runtime) -> list[str]:
     """The checkpoint's camera features (config.json input_features order), or [] without a checkpoint."""
+    return _processor_names(runtime, "camera_names")
+
+
+def _processor_names(runtime, field: str) -> list[str]:
     procs = getattr(runtime.binding, "processors", None)
-    return list(procs.camera_names) if procs is not None and procs.camera_names else []
+    return list(getattr(procs, field) or []) if procs is not None else []

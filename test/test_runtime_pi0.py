@@ -20,18 +20,24 @@ def pi0_ckpt(model_ckpt):
     return model_ckpt["pi0"]
 
 
-def test_act_reads_fresh_state_over_the_cached_prefix(pi0_ckpt):
-    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), device="cpu", num_cameras=2,
-                             seed=3)
-    assert rt.binding.engine_name == "reference" and rt.contract.buffers["act_state"].shape == (32,)
-    policy = pi0.load(pi0_ckpt)
-    rng = np.random.default_rng(1)
+def _runtime_and_policy(ckpt, seed: int, rng):
+    """config/pi0.yaml's runtime (prompt set) and the policy API on the same checkpoint, two camera frames, the
+    policy's prefix over them, and a generator drawing the runtime's noise (one draw per act tick)."""
+    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(ckpt), device="cpu", num_cameras=2,
+                             seed=seed)
+    policy = pi0.load(ckpt)
     frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
     rt.set_prompt("stack the cups")
     images, masks = policy.preprocess_images(frames + [None])
     tokens, mask = policy.tokenize("stack the cups")
     prefix = policy.encode_prefix(images, masks, tokens, mask)
-    noise = torch.Generator().manual_seed(3)  # the runtime's host generator: one draw per act tick
+    return rt, policy, frames, prefix, torch.Generator().manual_seed(seed)
+
+
+def test_act_reads_fresh_state_over_the_cached_prefix(pi0_ckpt):
+    rng = np.random.default_rng(1)
+    rt, policy, frames, prefix, noise = _runtime_and_policy(pi0_ckpt, 3, rng)
+    assert rt.binding.engine_name == "reference" and rt.contract.buffers["act_state"].shape == (32,)
     outs = []
     for k in range(4):
         state = rng.uniform(-1, 1, 8).astype(np.float32)
@@ -48,16 +54,8 @@ def test_act_reads_fresh_state_over_the_cached_prefix(pi0_ckpt):
 def test_act_runs_every_period_over_the_last_state_of_a_slower_driver(pi0_ckpt):
     """A joint driver at a third of the act rate: act still makes a chunk every period (new noise, the state it
     last got, as long as the observation is young enough), not only when a new state came."""
-    rt = Runtime.from_config(REPO / "config" / "pi0.yaml", checkpoint=str(pi0_ckpt), device="cpu", num_cameras=2,
-                             seed=4)
-    policy = pi0.load(pi0_ckpt)
     rng = np.random.default_rng(2)
-    frames = [rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for _ in range(2)]
-    rt.set_prompt("stack the cups")
-    images, masks = policy.preprocess_images(frames + [None])
-    tokens, mask = policy.tokenize("stack the cups")
-    prefix = policy.encode_prefix(images, masks, tokens, mask)
-    noise = torch.Generator().manual_seed(4)
+    rt, policy, frames, prefix, noise = _runtime_and_policy(pi0_ckpt, 4, rng)
     outs = []
     for k in range(7):
         if k % 3 == 0:
