@@ -31,9 +31,9 @@ from _common import write_result  # noqa: E402
 from flashrt_core.bench import bench_pi05, random_state, workload_config  # noqa: E402
 from flashrt_core.contract.runtime import Runtime  # noqa: E402
 from flashrt_core.models import pi05  # noqa: E402
-from flashrt_core.models.pi05.normalize import FeatureNorm, Normalizer  # noqa: E402
+from flashrt_core.lerobot.normalize import FeatureNorm, Normalizer  # noqa: E402
 from flashrt_core.models.pi05.policy import Pi05Policy, make_engine  # noqa: E402
-from flashrt_core.models.pi05.processors import Processors, relative_mask  # noqa: E402
+from flashrt_core.lerobot.processors import Processors, relative_mask  # noqa: E402
 
 MS = 1_000_000
 TASK = "pick up the red cube and put it in the bowl"

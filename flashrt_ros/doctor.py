@@ -69,10 +69,12 @@ def plan(config=None, checkpoint=None, device="auto", tokenizer=None) -> tuple[b
     """(ok, text): what `config` with `checkpoint` will run on `device`; without a config, the packaged contract
     `flashrt run` takes for that checkpoint (pi0.yaml for a pi0 one, else pi05.yaml)."""
     from flashrt_core.contract.plan import describe_run, format_run
-    from flashrt_ros.runtime_loader import CHECKPOINT_CONTRACT, checkpoint_contract, packaged_config
+    from flashrt_core.models import registry
+    from flashrt_ros.runtime_loader import checkpoint_contract, packaged_config
 
     try:
-        path = config or packaged_config(checkpoint_contract(checkpoint) if checkpoint else CHECKPOINT_CONTRACT)
+        default = registry.entry(registry.DEFAULT_KIND).contract  # (the full-size model, random weights)
+        path = config or packaged_config(checkpoint_contract(checkpoint) if checkpoint else default)
         return True, format_run(describe_run(path, device=device, checkpoint=checkpoint, tokenizer=tokenizer))
     except Exception as exc:  # the reason is the report: a contract or checkpoint that would fail at configure
         return False, f"would fail at configure: {type(exc).__name__}: {exc}"

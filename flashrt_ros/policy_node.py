@@ -29,7 +29,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
-from flashrt_core.models.pi05.preprocess import letterbox
+from flashrt_core.lerobot.preprocess import letterbox
 from flashrt_ros import conversions, params, setup_checks
 from flashrt_ros.capsule_services import CapsuleServices
 from flashrt_ros.chunk_messages import action_chunk_message, trajectory_message

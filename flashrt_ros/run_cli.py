@@ -202,7 +202,7 @@ def dry_run(args, file_values: dict, warnings: list[str]) -> int:
 
 def _action_names(checkpoint) -> list[str]:
     """The checkpoint's action names (its processor files), [] without a checkpoint or names."""
-    from flashrt_core.models.pi05.processors import read_processors
+    from flashrt_core.lerobot.processors import read_processors
 
     return list(read_processors(checkpoint).action_names or []) if checkpoint else []
 

@@ -5,9 +5,11 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_CONTRACT = "pi05_tiny.yaml"  # without a checkpoint: the built-in tiny model (demo, tests)
-CHECKPOINT_CONTRACT = "pi05.yaml"  # with one: the full-size GPU contract (fused engine, bf16 on CUDA)
-PI0_CONTRACT = "pi0.yaml"  # with a pi0 checkpoint: act reads the state
+def _tiny_contract() -> str:
+    """Without a checkpoint: the built-in tiny model's contract (demo, tests)."""
+    from flashrt_core.models import registry
+
+    return registry.TINY_CONTRACT
 
 
 def packaged_config(name: str) -> Path:
@@ -22,22 +24,22 @@ def packaged_config(name: str) -> Path:
 
 
 def checkpoint_contract(checkpoint: str) -> str:
-    """The packaged contract for a checkpoint: config/pi0.yaml for a pi0 one (config.json "type": "pi0"),
-    config/pi05.yaml otherwise (a folder that cannot be read is reported by the runtime, with its reason)."""
+    """The packaged contract for a checkpoint: its model's (`registry`, by config.json's "type"); a folder that
+    cannot be read gets the default model's, and the runtime reports what is wrong with it."""
     from flashrt_core.errors import CheckpointError
-    from flashrt_core.models.pi05.checkpoint import checkpoint_config
+    from flashrt_core.models import registry
 
     try:
-        kind = checkpoint_config(checkpoint).kind
+        kind = registry.checkpoint_kind(checkpoint)
     except (CheckpointError, OSError):
-        kind = "pi05"
-    return PI0_CONTRACT if kind == "pi0" else CHECKPOINT_CONTRACT
+        kind = registry.DEFAULT_KIND
+    return registry.entry(kind).contract
 
 
 def default_contract(checkpoint: str | None = None) -> Path:
     """The packaged contract a node takes without a `contract` parameter: the checkpoint model's (pi05.yaml /
     pi0.yaml), else the built-in tiny model's."""
-    return packaged_config(checkpoint_contract(checkpoint) if checkpoint else DEFAULT_CONTRACT)
+    return packaged_config(checkpoint_contract(checkpoint) if checkpoint else _tiny_contract())
 
 
 def names_checkpoint(contract) -> bool:

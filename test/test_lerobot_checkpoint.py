@@ -11,8 +11,8 @@ import torch
 from flashrt_core import Runtime
 from flashrt_core.errors import CheckpointError, ContractError, InputError
 from flashrt_core.models import pi05
-from flashrt_core.models.hub_tokenizer import HubTokenizer
-from flashrt_core.models.pi05.processors import read_processors
+from flashrt_core.lerobot.hub_tokenizer import HubTokenizer
+from flashrt_core.lerobot.processors import read_processors
 from lerobot_checkpoint import FIXTURE, TOKENIZER, cases, checkpoint_copy, hub_cache
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

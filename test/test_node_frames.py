@@ -41,7 +41,7 @@ def node(ros_context):
 
 
 def test_frames_are_letterboxed_by_the_nodes_thread_and_the_callback_returns_at_once(node):
-    from flashrt_core.models.pi05.preprocess import letterbox
+    from flashrt_core.lerobot.preprocess import letterbox
 
     rng = np.random.default_rng(5)
     now = node.get_clock().now().nanoseconds

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from flashrt_core.errors import CheckpointError
 from flashrt_core.models import pi05
-from flashrt_core.models.pi05.checkpoint import EMBED_KEY, IGNORED_KEYS
+from flashrt_core.models.paligemma.checkpoint import EMBED_KEY, IGNORED_KEYS
 from flashrt_core.models.pi05.config import Pi05Config
 
 # Tolerances: every comparison in this file is exact (bit-for-bit); there is no numeric tolerance.
@@ -184,7 +184,7 @@ def test_config_json_round_trip():
     ("config.json", [1, 2], "config.json: expected a JSON object, got list"),
     ("dims.json", [1], "dims.json: expected a JSON object, got list"),
     ("config.json", {"type": "pi05", "input_features": ["cam"]}, "input_features: expected an object"),
-    ("config.json", {"type": "act"}, "'act' is not a pi0.5 checkpoint"),
+    ("config.json", {"type": "act"}, "'act' is not a model FlashRT runs"),
     ("config.json", {"type": "pi05", "num_inference_steps": 0}, "num_steps must be a positive integer"),
     ("config.json", {"type": "pi05", "chunk_size": 1.7}, "chunk_size: expected a whole number, got 1.7"),
     ("config.json", {"type": "pi05", "chunk_size": -5}, "chunk_size must be a positive integer, got -5"),

@@ -1,4 +1,4 @@
-"""Bad input to pi0.5's model API (`models.pi05.inputs`, the fused engine's staged calls, the policy): a clear
+"""Bad input to pi0.5's model API (`models.paligemma.inputs`, the fused engine's staged calls, the policy): a clear
 InputError that names the problem, and nothing lost: a refused call leaves the engine's buffers (and batch
 size) as they were, and a missing camera's slot never reaches the actions whatever it holds."""
 import dataclasses
@@ -13,9 +13,9 @@ from flashrt_core.models import pi05
 from flashrt_core.models.pi05 import reference as R
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig
 from flashrt_core.models.pi05.engine import Pi05Engine
-from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise
+from flashrt_core.models.paligemma.inputs import check_model_inputs, check_noise
 from flashrt_core.models.pi05.policy import Pi05Policy
-from flashrt_core.models.pi05.prompt import TinyTokenizer
+from flashrt_core.lerobot.tokenize import TinyTokenizer
 
 TOL = {"masked_slot": 0.0}  # a masked slot's content must not change a single bit of the actions
 

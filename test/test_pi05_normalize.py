@@ -1,5 +1,6 @@
 """LeRobot 0.6.1 state/action normalization (pi05.Normalizer): formulas, stats files, and the Runtime binding."""
 import json
+import re
 import pathlib
 
 import numpy as np
@@ -10,7 +11,7 @@ from safetensors.torch import save_file
 from flashrt_core.contract.runtime import Runtime
 from flashrt_core.errors import CheckpointError
 from flashrt_core.models import pi05
-from flashrt_core.models.pi05.normalize import FeatureNorm, Normalizer
+from flashrt_core.lerobot.normalize import FeatureNorm, Normalizer
 
 # tolerance table (absolute)
 TOL = {
@@ -164,18 +165,25 @@ def test_from_checkpoint_without_stats_is_identity(tmp_path):
 
 
 @pytest.mark.parametrize("missing,feature", [("policy_*", "STATE"), ("policy_postprocessor*", "ACTION")])
-def test_a_folder_copied_without_the_statistics_its_config_asks_for_is_refused(tmp_path, missing, feature):
+def test_a_folder_copied_without_the_statistics_its_config_asks_for_refuses_robot_units(tmp_path, missing, feature):
     """config.json (as save_pretrained writes it) normalizes the state and actions: a folder without the
-    processor files would run un-normalized, its actions off by the dataset's scale; LeRobot refuses it too."""
+    processor files would run un-normalized, its actions off by the dataset's scale (LeRobot refuses it too).
+    It loads (normalized-space use needs no statistics), and the feature refuses robot units by name."""
     write_stats(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(
         {"type": "pi05", "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "MEAN_STD"}}))
     assert Normalizer.from_checkpoint(tmp_path).state.mode == "QUANTILES"
     for f in tmp_path.glob(missing):
         f.unlink()
-    with pytest.raises(CheckpointError, match=f"normalization_mapping.{feature} is .* but .* holds no .*statistics: "
-                                              "copy the checkpoint folder whole"):
-        Normalizer.from_checkpoint(tmp_path)
+    norm = Normalizer.from_checkpoint(tmp_path)
+    message = f"normalization_mapping.{feature} is .* but .* holds no .*statistics, so robot units cannot be had"
+    assert norm.missing is not None and re.search(message, norm.missing)
+    x = torch.randn(8) + 0.5
+    with pytest.raises(CheckpointError, match=message):
+        if feature == "STATE":
+            norm.normalize_state(x)
+        else:
+            norm.unnormalize_actions(x[None])
 
 
 @pytest.mark.parametrize("case,message", [

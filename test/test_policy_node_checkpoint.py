@@ -21,7 +21,7 @@ SEED = 4
 def expected_chunk(checkpoint, decision_id: int) -> np.ndarray:
     """What the runtime gives at decision `decision_id` for the same (letterboxed) frames, state and seed."""
     from flashrt_core import Runtime
-    from flashrt_core.models.pi05.preprocess import letterbox
+    from flashrt_core.lerobot.preprocess import letterbox
 
     rt = Runtime.from_config(os.path.join(os.path.dirname(__file__), "..", "config", "pi05.yaml"),
                              checkpoint=str(checkpoint), dtype="float32", seed=SEED)

@@ -167,7 +167,7 @@ def test_skinny_gemm_on_mxfp4_weights_matches_the_dequantized_product(dev, dtype
 def _micro(kind):
     """The interpreter-sized model with every expert GEMM's inputs a multiple of 64 (4-bit groups of 64, MXFP4's
     K tiles)."""
-    from flashrt_core.models.pi05.config import GemmaConfig
+    from flashrt_core.models.paligemma.config import GemmaConfig
 
     micro = kernel_testing.micro_config(kind)
     micro = dataclasses.replace(micro, vlm=dataclasses.replace(micro.vlm, head_dim=16),
@@ -353,7 +353,7 @@ def test_contract_precision_runs_the_act_stage_on_4bit_weights(engine):
     fingerprint names the precision, so a capsule of one precision is refused by the other."""
     import numpy as np
 
-    from flashrt_core.contract.bindings.pi05 import prefix_cache
+    from flashrt_core.models.paligemma.binding import prefix_cache
 
     rts = {p: _runtime({"engine": engine, "precision": p}) for p in ("bf16", "w4a16")}
     assert rts["w4a16"].binding.policy.engine.precision_report["precision"] == "w4a16"

@@ -178,7 +178,7 @@ def test_shared_letterbox_is_pi05_resize_with_pad():
     """The node's and the replay's frame fitting is LeRobot's resize-with-pad, rounded to uint8."""
     import torch
 
-    from flashrt_core.models.pi05.preprocess import letterbox as shared, resize_with_pad
+    from flashrt_core.lerobot.preprocess import letterbox as shared, resize_with_pad
 
     img = np.random.default_rng(2).integers(1, 256, (48, 64, 3), dtype=np.uint8)
     assert letterbox is shared

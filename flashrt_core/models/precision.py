@@ -201,7 +201,7 @@ def quantize(weights, precision: Precision, packed: bool):
 
 def fixed_inputs(config, device, seed: int = 1234) -> tuple:
     """A fixed observation and noise (images in [-1, 1], every camera present, a prompt of random tokens with
-    a few padded, a state for pi0) for the gate."""
+    a few padded, a state where the act stage reads one: `ACT_READS_STATE`) for the gate."""
     g = torch.Generator().manual_seed(seed)
     size, slots, length = config.vision.image_size, config.num_image_slots, config.tokenizer_max_length
     images = torch.rand(1, slots, 3, size, size, generator=g) * 2 - 1
@@ -211,7 +211,7 @@ def fixed_inputs(config, device, seed: int = 1234) -> tuple:
     mask[:, max(1, length - 3):] = False
     noise = torch.randn(1, config.chunk_size, config.action_dim, generator=g)
     obs = [t.to(device) for t in (images, masks, tokens, mask)]
-    extra = [torch.randn(1, config.state_dim, generator=g).to(device)] if config.kind == "pi0" else []
+    extra = [torch.randn(1, config.state_dim, generator=g).to(device)] if config.ACT_READS_STATE else []
     return obs, extra, noise.to(device)
 
 

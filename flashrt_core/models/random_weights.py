@@ -1,7 +1,7 @@
 """Random weights in the LeRobot layout, for runs without a checkpoint (benchmarks, a contract with no
 checkpoint, the GPU tests): every tensor `expected_keys(config)` names (pi0.5 or pi0 by `config.kind`), fp32,
 drawn on `device` in sorted key order from one seeded generator (seconds on a GPU, minutes at full size on a
-CPU). The built-in tiny model has its own draw (`models.pi05.tiny`), fixed by the golden tests."""
+CPU). The built-in tiny model has its own draw (`models.paligemma.tiny`), fixed by the golden tests."""
 from __future__ import annotations
 
 import math
@@ -14,7 +14,7 @@ def random_state(config, seed: int, device, std: float | None = None) -> dict[st
     state it). std None: matrices ~ N(0, 1/fan_in), norm weights near neutral (SigLIP's LayerNorms near 1,
     Gemma's RMSNorm offsets near 0), biases small, so every path changes the output (a contract run without
     a checkpoint)."""
-    from flashrt_core.models.pi05.checkpoint import expected_keys
+    from flashrt_core.models.paligemma.checkpoint import expected_keys
 
     gen = torch.Generator(device=device).manual_seed(seed)
     out = {}

@@ -1,7 +1,7 @@
 """Fit camera frames and joint vectors to the contract's fixed input buffers.
 
 A contract's `images` buffer has one frame size, while robots (and bags) have their own: frames are
-letterboxed with `flashrt_core.models.pi05.preprocess.letterbox`, the function the node uses too. The state
+letterboxed with `flashrt_core.lerobot.preprocess.letterbox`, the function the node uses too. The state
 must have the contract's width: LeRobot does not pad the state (pi0.5 prints every value into the prompt, so a
 padded zero would be one more number there), so a shorter vector is refused, never padded.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flashrt_core.models.pi05.preprocess import letterbox
+from flashrt_core.lerobot.preprocess import letterbox
 from flashrt_ros.replay.errors import ReplayError
 
 

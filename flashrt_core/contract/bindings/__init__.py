@@ -16,9 +16,6 @@ from typing import Any, Iterable, Mapping
 
 from flashrt_core.errors import ContractError
 
-# Built-in bindings by name; a contract may also name any binding as "package.module:Class".
-BUILTIN = {"pi05": "flashrt_core.contract.bindings.pi05:Pi05Binding",
-           "pi0": "flashrt_core.contract.bindings.pi0:Pi0Binding"}
 
 
 class ModelBinding:
@@ -76,10 +73,13 @@ class ModelBinding:
 
 
 def resolve_binding(name: str):
-    """The binding class for `model.name`: a built-in name or "package.module:Class"."""
-    target = BUILTIN.get(name, name)
+    """The binding class for `model.name`: a registry kind (`flashrt_core.models.registry`) or
+    "package.module:Class"."""
+    from flashrt_core.models import registry
+
+    target = registry.MODELS[name].binding if name in registry.MODELS else name
     if ":" not in target:
-        raise ContractError(f"model.name: unknown model {name!r} (built-in: {', '.join(BUILTIN)}; "
+        raise ContractError(f"model.name: unknown model {name!r} (built-in: {', '.join(registry.MODELS)}; "
                             "or give package.module:Class)")
     module, _, attr = target.partition(":")
     try:

@@ -10,8 +10,6 @@ action expert (`_act_body`, `denoise`, `sample_actions`): pi0.5's in `models/pi0
 """
 from __future__ import annotations
 
-import dataclasses
-import time
 from dataclasses import dataclass
 
 import torch
@@ -19,18 +17,16 @@ import torch.nn.functional as F
 
 from flashrt_core import kernels as K
 from flashrt_core.engine.blas import linear_bias_gelu_tanh, patch_embed, patch_matrix
-from flashrt_core.engine.staged import StagedEngine, _same
-from flashrt_core.errors import InputError
+from flashrt_core.engine.flow import FlowBuffers, FlowEngine
 from flashrt_core.kernels.fp8 import FP8Weight
+from flashrt_core.models.paligemma.inputs import check_model_inputs, check_prefix
 from flashrt_core.models.paligemma.reference import PrefixCache
-from flashrt_core.models.precision import parse_precision, quantize
-from flashrt_core.models.pi05.inputs import check_model_inputs, check_prefix
-from flashrt_core.models.rtc import RTCInputs, step_coefficients
 
 
 @dataclass
-class EngineBuffers:
-    """Everything a decision reads or writes, allocated once per batch size (fixed CUDA-graph addresses)."""
+class EngineBuffers(FlowBuffers):
+    """Everything a decision reads or writes, allocated once per batch size (fixed CUDA-graph addresses): the
+    flow state (`FlowBuffers`) and the observation and prefix of a PaliGemma prefix."""
 
     images: torch.Tensor  # [B, slots, 3, S, S] SigLIP input in [-1, 1]
     image_masks: torch.Tensor  # [B, slots] bool
@@ -40,21 +36,14 @@ class EngineBuffers:
     prefix_v: torch.Tensor
     pad_mask: torch.Tensor  # [B, prefix_len] bool
     n_valid: torch.Tensor  # [B] int64
-    noise: torch.Tensor  # [B, chunk, action_dim] fp32
-    actions: torch.Tensor  # [B, chunk, action_dim] fp32
-    # real-time chunking (the "act+rtc" graph): the previous chunk's unexecuted actions, zero padded, and the
-    # guided Euler step's coefficients x <- x + a[step, row] v + b[step, row] (prev - x) (models.rtc)
-    rtc_prev: torch.Tensor  # [B, chunk, action_dim] fp32
-    rtc_a: torch.Tensor  # [num_steps, chunk] fp32
-    rtc_b: torch.Tensor  # [num_steps, chunk] fp32
 
     @classmethod
     def allocate(cls, w, batch: int, device, dtype, vision_dtype) -> "EngineBuffers":
         c = w.config
         size, g = c.vision.image_size, c.vlm
         kv = (g.depth, batch, g.kv_heads, c.prefix_len, g.head_dim)
-        chunk = (batch, c.chunk_size, c.action_dim)
         return cls(
+            **cls.flow_fields(batch, c.chunk_size, c.action_dim, c.num_steps, device),
             images=torch.full((batch, c.num_image_slots, 3, size, size), -1.0, device=device, dtype=vision_dtype),
             image_masks=torch.zeros(batch, c.num_image_slots, dtype=torch.bool, device=device),
             lang_tokens=torch.zeros(batch, c.tokenizer_max_length, dtype=torch.int64, device=device),
@@ -62,40 +51,21 @@ class EngineBuffers:
             prefix_k=torch.zeros(kv, dtype=dtype, device=device), prefix_v=torch.zeros(kv, dtype=dtype, device=device),
             pad_mask=torch.zeros(batch, c.prefix_len, dtype=torch.bool, device=device),
             n_valid=torch.zeros(batch, dtype=torch.int64, device=device),
-            noise=torch.zeros(chunk, dtype=torch.float32, device=device),
-            actions=torch.zeros(chunk, dtype=torch.float32, device=device),
-            rtc_prev=torch.zeros(chunk, dtype=torch.float32, device=device),
-            rtc_a=torch.zeros(c.num_steps, c.chunk_size, dtype=torch.float32, device=device),
-            rtc_b=torch.zeros(c.num_steps, c.chunk_size, dtype=torch.float32, device=device),
         )
 
 
-class PaliGemmaEngine(StagedEngine):
+class PaliGemmaEngine(FlowEngine):
     """The prefix stage over static buffers (see the module docstring); `encode_prefix` copies an observation
     in and runs it, `share_prefix` makes a caller's buffers the engine's own."""
 
     Buffers = EngineBuffers  # the static buffers' class (a model with more inputs extends it)
+    OBSERVATION = ("images", "image_masks", "lang_tokens", "lang_mask")
+    PREFIX = {"k": "prefix_k", "v": "prefix_v", "pad_mask": "pad_mask", "n_valid": "n_valid"}
 
-    def __init__(self, weights, device=None, dtype: torch.dtype | None = None, *,
-                 vision_dtype: torch.dtype | None = None, batch: int = 1, precision=None, **launch):
-        """weights: engine layout (`pi05.convert` / `pi0.convert`), moved to `device` / `dtype` when given
-        (default: where they are). vision_dtype: SigLIP + projector dtype (default: `dtype`; LeRobot keeps
-        fp32 there). batch: the batch size the buffers are allocated for (a call with another batch
-        reallocates them). precision: a `models.precision` preset or Precision (default bf16: every weight in
-        `dtype`); quantized weights are made here, once. `launch`: backend, graphs, gemm, pdl, tune_attention,
-        tuning_cache (`StagedEngine`)."""
-        device = torch.device(device) if device is not None else weights.action_in_w.device
-        dtype = dtype or weights.action_in_w.dtype
-        self.vision_dtype = vision_dtype or dtype
-        w = weights.to(device=device, dtype=dtype, vision_dtype=self.vision_dtype)
-        self.precision = parse_precision(precision)
-        t0 = time.perf_counter()
-        w = quantize(w, self.precision, packed=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        self.quantize_s = time.perf_counter() - t0  # (made at every build: bench_precision reports it)
-        super().__init__(device, **launch)
-        self.weights, self.config, self.dtype = w, w.config, dtype
+    def __init__(self, weights, *args, **kwargs):
+        """As `FlowEngine`'s: weights in the engine layout (`pi05.convert` / `pi0.convert`)."""
+        super().__init__(weights, *args, **kwargs)
+        w, device = self.weights, self.device
         c = self.config
         self.prefix_layers = c.vlm.depth
         self.cos, self.sin = K.rope_cos_sin(c.prefix_len + c.chunk_size, c.vlm.head_dim, c.rope_theta, device=device)
@@ -103,14 +73,12 @@ class PaliGemmaEngine(StagedEngine):
         # no host->device copy during capture).
         self.embed_scale = float(torch.tensor(c.vlm.width ** 0.5, dtype=torch.float32).to(w.embed.dtype))
         self._patch_mat = patch_matrix(w.patch_w)  # [hidden, K padded to 16 bytes]
-        # the Euler step's gate: dt per action dim (a static buffer the act graphs read)
-        self._dt = torch.full((w.action_out_w.shape[0],), float(w.dt), dtype=torch.float32, device=device)
-        self.buffers = self.Buffers.allocate(w, batch, device, dtype, self.vision_dtype)
-        self._staging: dict[tuple, tuple] = {}  # set_observation's views of `buffers` (_staging_views; _resize clears)
 
-    @property
-    def batch(self) -> int:
-        return self.buffers.noise.shape[0]
+    def check_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
+        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
+
+    def check_prefix(self, prefix) -> int:
+        return check_prefix(self.config, prefix, self.config.prefix_len)
 
     # ---- the observe stage ------------------------------------------------------------------------------
     def _siglip(self, pixels: torch.Tensor) -> torch.Tensor:
@@ -181,102 +149,10 @@ class PaliGemmaEngine(StagedEngine):
             x, h = K.add_rms_norm(d, x, layers[i + 1].attn_norm, eps, weight_offset=0.0, residual_out=x, fp8=fp8,
                                   backend=be)
 
-    # ---- real-time chunking (what every flow-matching expert over this prefix shares) --------------------
-    def set_rtc(self, rtc: RTCInputs) -> None:
-        """The guidance of the next `act(rtc=True)`: the padded previous chunk and the per-step coefficients of
-        `rtc.weights` (`models.rtc.step_coefficients`) into the RTC buffers."""
-        buf, c = self.buffers, self.config
-        if tuple(rtc.prev.shape) != tuple(buf.rtc_prev.shape):
-            raise InputError(f"rtc.prev: expected {tuple(buf.rtc_prev.shape)}, got {tuple(rtc.prev.shape)}")
-        a, b = step_coefficients(rtc.weights, c.num_steps, rtc.max_guidance_weight)
-        torch._foreach_copy_([buf.rtc_prev, buf.rtc_a, buf.rtc_b], [rtc.prev, a, b])
-
-    def _guided_update(self, x_t: torch.Tensor, v: torch.Tensor, step: int) -> None:
-        """x_t <- x_t + a[step] v + b[step] (prev - x_t), in place (fp32): LeRobot's RTC-guided Euler step."""
-        buf = self.buffers
-        d = buf.rtc_prev - x_t
-        x_t.addcmul_(v.float(), buf.rtc_a[step][None, :, None]).addcmul_(d, buf.rtc_b[step][None, :, None])
-
-    # ---- staged API (copies into the static buffers) --------------------------------------------------
-    def _resize(self, batch: int) -> None:
-        if batch != self.batch:  # a new batch size needs new buffers and therefore new graphs
-            self.buffers = self.Buffers.allocate(self.weights, batch, self.device, self.dtype, self.vision_dtype)
-            self._graphs.clear()
-            self._staging.clear()
-
-    def set_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
-        """Copy one observation into the buffers: images [B, S<=slots, 3, size, size] in [-1, 1], masks [B, S],
-        lang_tokens / lang_mask [B, L<=tokenizer_max_length]. Unused slots and prompt positions are masked; a
-        masked (missing) camera's image reads as -1s as LeRobot builds it (the observe stage does that), so
-        whatever it holds (stale or NaN pixels) never reaches the actions. Everything is checked before anything
-        is written (`inputs.check_model_inputs`): a refused call leaves the buffers as they were."""
-        check_model_inputs(self.config, images, image_masks, lang_tokens, lang_mask)
-        self._write_observation(images, image_masks, lang_tokens, lang_mask)
-
-    def _write_observation(self, images, image_masks, lang_tokens, lang_mask) -> None:
-        """set_observation's copies, after its checks: two multi-tensor calls (the four copies, then the
-        unused slots' masks and prompt tails cleared) over views made once per (buffers, slots, tokens). The
-        host time of these calls is part of every decision (the graph launch waits for it): 55 us p50 on the
-        H200 machine against 82 for seven separate slicings and copies
-        (benchmarks/results/set_observation_host_h200.json)."""
-        b, s = images.shape[:2]
-        n = lang_tokens.shape[1]
-        self._resize(b)
-        dst, tails = self._staging_views(s, n)
-        torch._foreach_copy_(dst, [images, image_masks, lang_tokens, lang_mask])
-        if tails:  # (slots past s are masked: the observe stage reads their images as -1s)
-            torch._foreach_zero_(tails)
-
-    def _staging_views(self, slots: int, tokens: int) -> tuple[list, list]:
-        """([images, image_masks, lang_tokens, lang_mask] views of the first `slots` / `tokens`, [the views
-        past them that a write clears]) of the current buffers, kept until `_resize` replaces the buffers."""
-        key = (slots, tokens)
-        if key not in self._staging:
-            buf = self.buffers
-            dst = [buf.images[:, :slots], buf.image_masks[:, :slots], buf.lang_tokens[:, :tokens],
-                   buf.lang_mask[:, :tokens]]
-            tails = [t for t in (buf.image_masks[:, slots:], buf.lang_tokens[:, tokens:], buf.lang_mask[:, tokens:])
-                     if t.numel()]
-            self._staging[key] = (dst, tails)
-        return self._staging[key]
-
+    # ---- staged API (copies into the static buffers; the rest is `FlowEngine`'s) ---------------------
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask) -> PrefixCache:
         """-> PrefixCache viewing the engine's static buffers: valid until the next encode_prefix (clone to keep)."""
         self.set_observation(images, image_masks, lang_tokens, lang_mask)
         self.observe()
         buf = self.buffers
         return PrefixCache(k=buf.prefix_k, v=buf.prefix_v, pad_mask=buf.pad_mask, n_valid=buf.n_valid)
-
-    def share_prefix(self, prefix: PrefixCache) -> None:
-        """Make the tensors of `prefix` (a caller's persistent buffers, e.g. a contract's: same shapes, dtypes
-        and device as the engine's) the engine's own prefix buffers: observe writes into them and act reads
-        them, with no copy either way. Graphs captured before are dropped (they hold the old addresses)."""
-        b = check_prefix(self.config, prefix, self.config.prefix_len)
-        if b != self.batch:
-            raise InputError(f"prefix.k: batch {b} but the engine holds batch {self.batch}")
-        buf = self.buffers
-        for name, src, dst in (("k", prefix.k, buf.prefix_k), ("v", prefix.v, buf.prefix_v),
-                               ("pad_mask", prefix.pad_mask, buf.pad_mask), ("n_valid", prefix.n_valid, buf.n_valid)):
-            if src.dtype != dst.dtype or src.device != dst.device or src.shape != dst.shape:
-                raise InputError(f"prefix.{name}: {tuple(src.shape)} {src.dtype} on {src.device}, the engine's is "
-                                 f"{tuple(dst.shape)} {dst.dtype} on {dst.device}")
-        self.buffers = dataclasses.replace(buf, prefix_k=prefix.k, prefix_v=prefix.v, pad_mask=prefix.pad_mask,
-                                           n_valid=prefix.n_valid)
-        self._graphs.clear()
-        self._staging.clear()
-
-    def set_prefix(self, prefix: PrefixCache) -> None:
-        """Make `prefix` the cached prefix (a no-op when it already views the engine's buffers). Every field is
-        checked (shape, dtype) before anything is copied."""
-        b = check_prefix(self.config, prefix, self.config.prefix_len)
-        if b != self.batch:
-            raise InputError(f"prefix.k: batch {b} but the engine holds batch {self.batch}")
-        self._copy_prefix(prefix)
-
-    def _copy_prefix(self, prefix: PrefixCache) -> None:
-        buf = self.buffers
-        for src, dst in ((prefix.k, buf.prefix_k), (prefix.v, buf.prefix_v), (prefix.pad_mask, buf.pad_mask),
-                         (prefix.n_valid, buf.n_valid)):
-            if not _same(src, dst):
-                dst.copy_(src)
-

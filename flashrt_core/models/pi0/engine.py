@@ -46,7 +46,7 @@ from flashrt_core.kernels.skinny_gemm import GatedResidual
 from flashrt_core.models.pi0.weights import Pi0Weights
 from flashrt_core.models.rtc import RTCInputs
 from flashrt_core.models.paligemma.engine import EngineBuffers, PaliGemmaEngine
-from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
+from flashrt_core.models.paligemma.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import PrefixCache
 
 

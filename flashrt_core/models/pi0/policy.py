@@ -1,4 +1,5 @@
-"""`load()` -> `Pi0Policy`: a pi0 checkpoint behind pi0's engine, with pi0.5's pipeline around it.
+"""`load()` -> `Pi0Policy`: a pi0 checkpoint behind pi0's engine, with the LeRobot pipeline around it
+(`flashrt_core.lerobot.policy.FlowPolicy`).
 
 What differs from pi0.5 (LeRobot 0.6.1's pi0 processors): the prompt is the task with a newline appended
 (no cleaning, no state in it); the normalized state goes to the model as a tensor (zero padded to
@@ -7,38 +8,32 @@ max_state_dim) and is read by every act step, not by the prefix.
 from __future__ import annotations
 
 import os
-import pathlib
 
 import torch
 
 from flashrt_core.errors import CheckpointError, InputError
-from flashrt_core.models.pi0 import reference
+from flashrt_core.lerobot import policy as lerobot_policy
+from flashrt_core.lerobot.policy import (FlowPolicy, checkpoint_folder, choose_tokenizer, parse_dtype,
+                                         rtc_options, with_processor_settings)
+from flashrt_core.lerobot.processors import read_processors
+from flashrt_core.lerobot.tokenize import tokenize_prompt
+from flashrt_core.models.paligemma.checkpoint import load_checkpoint
+from flashrt_core.models.paligemma.inputs import check_model_inputs
 from flashrt_core.models.pi0.weights import convert
-from flashrt_core.models.pi05.checkpoint import load_checkpoint
-from flashrt_core.models.pi05.inputs import check_model_inputs
-from flashrt_core.models.pi05 import policy as pi05_policy
-from flashrt_core.models.pi05.policy import Pi05Policy, choose_tokenizer, parse_dtype, rtc_options
-from flashrt_core.models.pi05.processors import read_processors
-from flashrt_core.models.pi05.prompt import tokenize_prompt
-from flashrt_core.models.precision import build_engine
 from flashrt_core.models.rtc import RTCInputs
 
-ENGINES = ("auto", "fused", "reference")  # auto: fused on CUDA, the reference elsewhere (`resolve_engine`)
+ENGINES = {"reference": "flashrt_core.models.pi0.reference", "fused": "flashrt_core.models.pi0.engine"}
+ENGINE_CHOICES = ("auto", *ENGINES)
 
 
 def resolve_engine(name: str | None, device) -> str:
-    """pi0.5's rule (`pi05.policy.resolve_engine`): "auto" -> fused on CUDA, the reference elsewhere."""
-    return pi05_policy.resolve_engine(name, device, model="pi0")
+    """"auto" (or None) -> "fused" on CUDA, "reference" elsewhere; other names are checked and kept."""
+    return lerobot_policy.resolve_engine(name, device, model="pi0")
 
 
 def make_engine(name: str, weights, precision=None, gate: dict | None = None):
-    """The engine `name` ("auto", "fused", "reference") over `weights`, on their device and dtype, in
-    `precision` (checked as `pi05.policy.make_engine` checks it). The fused engine's module is imported only
-    when asked for."""
-    module = reference
-    if resolve_engine(name, weights.action_in_w.device) == "fused":
-        from flashrt_core.models.pi0 import engine as module
-    return build_engine(module, reference, weights, precision, gate)
+    """The engine `name` over `weights` (`lerobot.policy.make_engine`: a quantized precision is gated)."""
+    return lerobot_policy.make_engine(ENGINES, name, weights, precision, gate)
 
 
 def pi0_prompt(task: str) -> str:
@@ -48,9 +43,9 @@ def pi0_prompt(task: str) -> str:
     return task if task.endswith("\n") else task + "\n"
 
 
-class Pi0Policy(Pi05Policy):
+class Pi0Policy(FlowPolicy):
     """pi0 with LeRobot's `model.sample_actions(images, img_masks, lang_tokens, lang_mask, state, noise=)`,
-    its two stages (`encode_prefix`; `denoise(prefix, state, noise)`) and `predict_chunk` (pi0.5's)."""
+    its two stages (`encode_prefix`; `denoise(prefix, state, noise)`) and `predict_chunk` (`FlowPolicy`'s)."""
 
     def tokenize(self, task: str, state_normalized=None, truncate: bool = True):
         """Task -> (lang_tokens [1, L], lang_mask [1, L]) on device (pi0's prompt holds no state)."""
@@ -107,9 +102,9 @@ def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = 
     config, state = load_checkpoint(ckpt_dir)
     if config.kind != "pi0":
         raise CheckpointError(f"{ckpt_dir}: a {config.kind} checkpoint (flashrt_core.models.{config.kind}.load)")
-    folder = pathlib.Path(ckpt_dir)
-    folder = folder if folder.is_dir() else folder.parent
+    folder = checkpoint_folder(ckpt_dir)
     processors = read_processors(folder)
+    config = with_processor_settings(config, processors)
     weights = convert(config, state).to(device=device, dtype=torch_dtype)
     return Pi0Policy(config, weights, make_engine(name, weights, precision), device, torch_dtype, seed=seed,
                      tokenizer=choose_tokenizer(config, folder, tokenizer, processors), processors=processors,

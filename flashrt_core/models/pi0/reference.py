@@ -15,7 +15,7 @@ from flashrt_core.errors import InputError
 from flashrt_core.models.pi0.weights import Pi0Weights
 from flashrt_core.models.precision import parse_precision, quantize
 from flashrt_core.models.rtc import RTCInputs, guided_step
-from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
+from flashrt_core.models.paligemma.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import (PrefixCache, apply_rope, attention, encode_prefix, gelu_tanh,
                                                      linear, rms_normalize, rope_cos_sin, split_heads)
 

@@ -11,21 +11,24 @@ from dataclasses import dataclass
 
 import torch
 
-from flashrt_core.models.pi05.config import EXPERT, Pi05Config
-from flashrt_core.models.pi05.weights import (GemmaLayerWeights, VisionLayerWeights, gemma_layer, moved,
-                                              prefix_fields, rope_inv_freq, sincos_time_embedding, step_times)
+from flashrt_core.models.paligemma.config import EXPERT
+from flashrt_core.models.pi0.config import Pi0Config
+from flashrt_core.models.paligemma.weights import (GemmaLayerWeights, PrefixWeights, VisionLayerWeights, gemma_layer,
+                                                  moved, prefix_fields, rope_inv_freq, sincos_time_embedding,
+                                                  step_times)
 
 _FP32_FIELDS = {"attn_norm", "mlp_norm", "final_norm", "step_times", "time_emb", "rope_inv_freq"}
 
 
 # derived from the config alone (step times, their sincos embedding, RoPE frequencies): not part of the weights'
-# identity (`contract.bindings.pi05.named_tensors`)
+# identity (`paligemma.binding.named_tensors`)
 TABLE_FIELDS = frozenset({"step_times", "time_emb", "rope_inv_freq"})
 
 
 @dataclass
-class Pi0Weights:
-    config: Pi05Config  # (kind "pi0")
+class Pi0Weights(PrefixWeights):
+    TABLE_FIELDS = TABLE_FIELDS  # (a class attribute: not a field)
+    config: Pi0Config  # (kind "pi0")
     # the prefix: the same fields as Pi05Weights, so pi0.5's prefix code runs on them unchanged
     patch_w: torch.Tensor
     patch_b: torch.Tensor
@@ -64,7 +67,7 @@ class Pi0Weights:
         return moved(self, device, dtype, vision_dtype, fp32_fields=_FP32_FIELDS)
 
 
-def convert(config: Pi05Config, sd: dict[str, torch.Tensor]) -> Pi0Weights:
+def convert(config: Pi0Config, sd: dict[str, torch.Tensor]) -> Pi0Weights:
     """The engine layout of a LeRobot-layout pi0 state dict (as `pi05.load_checkpoint` returns it)."""
     if config.kind != "pi0":
         raise ValueError(f"convert: a {config.kind} checkpoint is not pi0")

@@ -6,15 +6,15 @@
     tokens, mask = policy.tokenize("pick up the cube", state_normalized)
     actions = policy.sample_actions(images, masks, tokens, mask, noise=noise)  # [B, chunk, 32]
 """
-from flashrt_core.models.pi05.checkpoint import checkpoint_config, expected_keys, load_checkpoint, save_checkpoint
+from flashrt_core.models.paligemma.checkpoint import checkpoint_config, expected_keys, load_checkpoint, save_checkpoint
 from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfig
-from flashrt_core.models.pi05.normalize import FeatureNorm, Normalizer
+from flashrt_core.lerobot.normalize import FeatureNorm, Normalizer
 from flashrt_core.models.pi05.policy import Pi05Policy, load
-from flashrt_core.models.pi05.preprocess import preprocess_images, resize_with_pad
-from flashrt_core.models.pi05.prompt import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, WordTokenizer,
-                                             discretize_state, format_prompt, tokenize_prompt)
+from flashrt_core.lerobot.preprocess import preprocess_images, resize_with_pad
+from flashrt_core.lerobot.tokenize import SentencePieceTokenizer, TinyTokenizer, Tokenizer, WordTokenizer, tokenize_prompt
+from flashrt_core.models.pi05.prompt import discretize_state, format_prompt
 from flashrt_core.models.paligemma.reference import PrefixCache
-from flashrt_core.models.pi05.tiny import build_tiny, tiny_checkpoint
+from flashrt_core.models.paligemma.tiny import build_tiny, tiny_checkpoint
 from flashrt_core.models.pi05.weights import Pi05Weights, convert
 
 __all__ = [

@@ -35,7 +35,7 @@ from flashrt_core import kernels as K
 from flashrt_core.kernels.skinny_gemm import GatedResidual
 from flashrt_core.engine.staged import _same
 from flashrt_core.models.paligemma.engine import PaliGemmaEngine
-from flashrt_core.models.pi05.inputs import check_model_inputs, check_noise, check_prefix
+from flashrt_core.models.paligemma.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.pi05.weights import Pi05Weights
 from flashrt_core.models.rtc import RTCInputs

@@ -39,6 +39,7 @@ class FeatureNorm:
     lo: torch.Tensor | None = None
     hi: torch.Tensor | None = None
     eps: float = DEFAULT_EPS
+    missing: str | None = None  # why the statistics this feature needs are not there (robot units refused)
 
     @property
     def dim(self) -> int | None:
@@ -50,7 +51,12 @@ class FeatureNorm:
         d = self.hi - self.lo
         return d.masked_fill(d == 0, self.eps)
 
+    def _check(self) -> None:
+        if self.missing is not None:
+            raise CheckpointError(self.missing)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check()
         if self.mode == "IDENTITY":
             return x
         if self.mode == "MEAN_STD":
@@ -58,6 +64,7 @@ class FeatureNorm:
         return 2.0 * (x - self.lo) / self._denom() - 1.0
 
     def inverse(self, x: torch.Tensor) -> torch.Tensor:
+        self._check()
         if self.mode == "IDENTITY":
             return x
         if self.mode == "MEAN_STD":
@@ -83,6 +90,12 @@ class Normalizer:
         return cls()
 
     @property
+    def missing(self) -> str | None:
+        """Why robot units cannot be had from this checkpoint (statistics its config.json needs are not in the
+        folder), or None. Normalized-space use (`sample_actions`) needs no statistics and still works."""
+        return self.state.missing or self.action.missing
+
+    @property
     def is_identity(self) -> bool:
         return self.state.mode == "IDENTITY" and self.action.mode == "IDENTITY"
 
@@ -93,6 +106,7 @@ class Normalizer:
     def unnormalize_actions(self, a: torch.Tensor) -> torch.Tensor:
         """Model-space actions [..., D] -> robot units for the first len(stats) columns; the rest (the model's
         padding columns) pass through unchanged. Elementwise only: safe inside a CUDA graph."""
+        self.action._check()
         n = self.action.dim
         if self.action.mode == "IDENTITY" or n is None:
             return a
@@ -109,7 +123,9 @@ class Normalizer:
         """Statistics beside `model.safetensors` (path: the folder or the weights file). No stats files: identity
         (source "identity"), unless the folder's config.json normalizes that feature (`normalization_mapping`:
         then the checkpoint is incomplete, CheckpointError). state_dim / action_dim, when given, must match the
-        stats' lengths."""
+        stats' lengths. A folder whose config.json normalizes a feature but holds no statistics for it (config.json
+        + model.safetensors, as `save_pretrained` writes the policy alone) loads: that feature refuses robot
+        units, by the missing file's name, where they are used (`missing`)."""
         folder = pathlib.Path(path)
         folder = folder if folder.is_dir() else folder.parent
         state, s_src = _load_feature(folder, "policy_preprocessor", "normalizer_processor", STATE_KEY, state_dim)
@@ -142,8 +158,8 @@ def _load_feature(folder: pathlib.Path, pipeline: str, step: str, key: str, dim:
     files = [folder / declared] if declared is not None else \
         sorted(folder.glob(f"{pipeline}_step_*_{step}.safetensors"))
     if not files:
-        _check_no_stats_needed(folder, pipeline, step, "STATE" if key == STATE_KEY else "ACTION")
-        return FeatureNorm(), None
+        missing = _stats_needed(folder, pipeline, step, "STATE" if key == STATE_KEY else "ACTION")
+        return (FeatureNorm() if missing is None else FeatureNorm("MISSING", missing=missing)), None
     if len(files) > 1:
         raise CheckpointError(f"{folder}: several {step} stats files ({', '.join(f.name for f in files)})")
     file = files[0]
@@ -180,22 +196,24 @@ def _load_feature(folder: pathlib.Path, pipeline: str, step: str, key: str, dim:
     return FeatureNorm(mode, stats[0], stats[1], eps), str(file)
 
 
-def _check_no_stats_needed(folder: pathlib.Path, pipeline: str, step: str, feature_type: str) -> None:
-    """CheckpointError where the policy's config.json maps `feature_type` to a mode that needs statistics: a
-    folder copied without its processor files would otherwise run un-normalized (LeRobot refuses it too)."""
+def _stats_needed(folder: pathlib.Path, pipeline: str, step: str, feature_type: str) -> str | None:
+    """Why robot units are refused where the policy's config.json maps `feature_type` to a mode that needs
+    statistics the folder lacks (a folder copied without its processor files would otherwise run
+    un-normalized; LeRobot refuses it too), or None."""
     config_file = folder / "config.json"
     if not config_file.is_file():
-        return
+        return None
     try:
         mapping = json.loads(config_file.read_text()).get("normalization_mapping")
     except (ValueError, AttributeError):
-        return  # (config.json itself is checked, with its own message, where the model is read)
+        return None  # (config.json itself is checked, with its own message, where the model is read)
     mode = mapping.get(feature_type, "IDENTITY") if isinstance(mapping, dict) else "IDENTITY"
     if mode != "IDENTITY":
-        raise CheckpointError(f"{config_file}: normalization_mapping.{feature_type} is {mode}, but {folder} holds "
-                              f"no {pipeline}_step_*_{step}.safetensors with its statistics: copy the checkpoint "
-                              f"folder whole (save_pretrained writes {pipeline}.json and its step files beside "
-                              f"model.safetensors)")
+        return (f"{config_file}: normalization_mapping.{feature_type} is {mode}, but {folder} holds no "
+                f"{pipeline}_step_*_{step}.safetensors with its statistics, so robot units cannot be had (actions "
+                f"in normalized space, sample_actions, still work): copy the checkpoint folder whole "
+                f"(save_pretrained writes {pipeline}.json and its step files beside model.safetensors)")
+    return None
 
 
 def _mode(config_file: pathlib.Path, step: str, feature_type: str) -> tuple[str, float]:

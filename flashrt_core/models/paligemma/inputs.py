@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from flashrt_core.errors import InputError
-from flashrt_core.models.pi05.config import Pi05Config
+from flashrt_core.models.paligemma.config import PaliGemmaConfig
 
 IMAGE_SLACK = 1e-3  # SigLIP inputs are in [-1, 1]; resampling may overshoot by rounding, never by more
 
@@ -21,7 +21,7 @@ def _tensor(name: str, t) -> torch.Tensor:
     return t
 
 
-def check_model_inputs(config: Pi05Config, images, image_masks, lang_tokens, lang_mask) -> None:
+def check_model_inputs(config: PaliGemmaConfig, images, image_masks, lang_tokens, lang_mask) -> None:
     """images [B, S <= num_image_slots, 3, size, size] floats in [-1, 1], image_masks [B, S], lang_tokens
     [B, L <= tokenizer_max_length] integer ids, lang_mask [B, L], all on one device; InputError otherwise."""
     for name, t in (("images", images), ("image_masks", image_masks), ("lang_tokens", lang_tokens),
@@ -65,7 +65,7 @@ def check_model_inputs(config: Pi05Config, images, image_masks, lang_tokens, lan
                                  "(frames in [0, 255] or [0, 1] go through preprocess_images first)")
 
 
-def check_prefix(config: Pi05Config, prefix, length: int | None = None) -> int:
+def check_prefix(config: PaliGemmaConfig, prefix, length: int | None = None) -> int:
     """A PrefixCache of this model (k / v [depth, B, kv_heads, P, head_dim] floats, pad_mask [B, P], n_valid [B]
     integers, with P = `length` when given: the fused engine's buffers hold config.prefix_len tokens, the
     reference's caches as many as the observation had); returns its batch size B. InputError otherwise."""
@@ -91,7 +91,7 @@ def check_prefix(config: Pi05Config, prefix, length: int | None = None) -> int:
     return b
 
 
-def check_noise(config: Pi05Config, noise, batch: int) -> None:
+def check_noise(config: PaliGemmaConfig, noise, batch: int) -> None:
     """noise [batch, chunk_size, action_dim] floats; InputError otherwise."""
     expected = (batch, config.chunk_size, config.action_dim)
     if tuple(_tensor("noise", noise).shape) != expected:

@@ -1,4 +1,5 @@
-"""pi0.5 behind a contract: stages `prompt`, `observe` and `act` over static buffers.
+"""A PaliGemma-prefix flow policy behind a contract (what pi0.5's and pi0's bindings share; each model's
+`binding.py` adds its prompt and its policy). pi0.5's stages, the family's template: `prompt`, `observe`, `act`.
 
 - prompt (host, on a new prompt): cleans the task text into the persistent host buffer `task`.
 - observe: host part normalizes the robot state with the checkpoint's statistics and tokenizes
@@ -11,7 +12,7 @@ Spaces: `state` is in robot units (normalized on the host before discretization)
 are in the model's normalized action space (all max_action_dim columns); `actions` is in robot units (the
 first action_dim columns, un-normalized by the LeRobot post-processor statistics beside the checkpoint).
 The built-in tiny/full models and checkpoints without stats files use identity normalization.
-A LeRobot checkpoint folder brings its own processors (`flashrt_core.models.pi05.processors`): the camera
+A LeRobot checkpoint folder brings its own processors (`flashrt_core.lerobot.processors`): the camera
 features (slot order), state and action widths, normalization, relative actions and tokenizer name. With
 relative actions, observe stages the raw state on the relative columns (`state_offset`) and keeps it beside
 the prefix it belongs to (`action_offset`); act adds it to the un-normalized actions.
@@ -49,22 +50,23 @@ from flashrt_core.contract.bindings.model_options import precision_options, rtc_
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
-from flashrt_core.models import pi05, rtc
-from flashrt_core.models.pi0.weights import TABLE_FIELDS as PI0_TABLES
-from flashrt_core.models.pi05.weights import TABLE_FIELDS as PI05_TABLES
-from flashrt_core.models.pi05.normalize import Normalizer
-from flashrt_core.models.pi05.policy import choose_tokenizer, make_engine, resolve_engine
-from flashrt_core.models.pi05.preprocess import resize_with_pad
-from flashrt_core.models.pi05.processors import Processors, read_processors
+from flashrt_core.lerobot.normalize import Normalizer
+from flashrt_core.lerobot.policy import choose_tokenizer, resolve_engine
+from flashrt_core.lerobot.preprocess import resize_with_pad
+from flashrt_core.lerobot.processors import Processors, read_processors
+from flashrt_core.models import registry, rtc
+from flashrt_core.models.paligemma.checkpoint import checkpoint_config, load_checkpoint
+from flashrt_core.models.paligemma.config import PaliGemmaConfig
+from flashrt_core.models.paligemma.reference import PrefixCache
+from flashrt_core.models.paligemma.tiny import build_tiny
 from flashrt_core.models.random_weights import random_state
-from flashrt_core.models.pi05.prompt import clean_task
 
 _OPTIONS = {"rtc", "variant", "views", "image_height", "image_width", "action_dim", "state_dim", "prompt_len",
             "prompt_bytes", "image_slots", "engine", "vision_dtype", "tokenizer", "precision", "precision_gate"}
 DEFAULT_VIEWS, DEFAULT_STATE_DIM, DEFAULT_ACTION_DIM = 2, 8, 7  # without a checkpoint that says
 
 
-def model_config(model, kind: str = "pi05") -> pi05.Pi05Config:
+def model_config(model, kind: str) -> PaliGemmaConfig:
     """Sizes of the model a contract names (no weights read): checkpoint shapes, or the tiny/full variant,
     with the run-time fields (camera slots, prompt length) taken from the options. `kind`: the binding's model
     (a checkpoint of another kind is refused)."""
@@ -79,20 +81,28 @@ def model_config(model, kind: str = "pi05") -> pi05.Pi05Config:
         if config.kind != kind:
             raise ContractError(f"model.name: {kind}, but {model.checkpoint} is a {config.kind} checkpoint "
                                 f"(use a {config.kind} contract, e.g. the packaged config/{config.kind}.yaml)")
-    elif kind != "pi05":
+    elif kind != registry.DEFAULT_KIND:
         raise ContractError(f"model.checkpoint: model {kind} needs a checkpoint (there is no built-in {kind} model)")
     else:
         variant = opts.get("variant", "tiny")
         if variant not in ("tiny", "full"):
             raise ContractError(f"model.options.variant: tiny or full, got {variant!r}")
-        config = pi05.Pi05Config.tiny() if variant == "tiny" else pi05.Pi05Config.full()
+        own = registry.config_class(kind)
+        config = own.tiny() if variant == "tiny" else own.full()
     cameras = len(procs.camera_names) if procs is not None else 0
     views = _views(opts, procs)
     slots = _positive(opts, "image_slots", max(views, cameras))
     if slots < views:
         raise ContractError(f"model.options.image_slots: {slots} is fewer than views ({views})")
-    return dataclasses.replace(config, num_image_slots=slots,
-                               tokenizer_max_length=_positive(opts, "prompt_len", config.tokenizer_max_length))
+    return dataclasses.replace(config, num_image_slots=slots, tokenizer_max_length=prompt_length(opts, config, procs))
+
+
+def prompt_length(opts, config, procs: Processors | None) -> int:
+    """The padded prompt's length in tokens: the contract's prompt_len, never past what the checkpoint's
+    tokenizer step pads to (its max_length: a longer prompt LeRobot would cut, so FlashRT refuses it). A shorter
+    contract value only pads less (padding is masked: the same actions, a shorter prefix)."""
+    limit = procs.tokenizer_max_length if procs is not None and procs.tokenizer_max_length else None
+    return min(_positive(opts, "prompt_len", limit or config.tokenizer_max_length), limit or 1 << 30)
 
 
 def checkpoint_processors(model) -> Processors | None:
@@ -101,7 +111,10 @@ def checkpoint_processors(model) -> Processors | None:
         return None
     if not pathlib.Path(model.checkpoint).exists():
         raise ContractError(f"model.checkpoint: {model.checkpoint} not found")
-    return read_processors(model.checkpoint)
+    procs = read_processors(model.checkpoint)
+    if procs.normalizer.missing:  # (a contract runs in robot units: state in, actions out)
+        raise ContractError(f"model.checkpoint: {procs.normalizer.missing}")
+    return procs
 
 
 def _views(opts, procs: Processors | None) -> int:
@@ -127,10 +140,10 @@ def _robot_dim(opts, key: str, from_checkpoint: int | None, default: int) -> int
     return v
 
 
-def _checkpoint_config(path: str) -> pi05.Pi05Config:
+def _checkpoint_config(path: str) -> PaliGemmaConfig:
     if not pathlib.Path(path).exists():
         raise ContractError(f"model.checkpoint: {path} not found")
-    return pi05.checkpoint_config(path, validate=True)
+    return checkpoint_config(path, validate=True)
 
 
 def _positive(opts, key, default) -> int:
@@ -140,8 +153,9 @@ def _positive(opts, key, default) -> int:
     return v
 
 
-class Pi05Binding(ModelBinding):
-    name = "pi05"
+class PaliGemmaBinding(ModelBinding):
+    """The family's binding; a model's subclass sets `name` (its registry kind) and gives `make_policy`,
+    `prompt_fits` and the host parts of `prompt` / `observe` (its prompt)."""
 
     @classmethod
     def dims(cls, model) -> dict[str, int]:
@@ -181,7 +195,7 @@ class Pi05Binding(ModelBinding):
     def engine_for(cls, model, device) -> str:
         """The engine `model.options.engine` names for `device` (auto: fused on CUDA, reference on CPU)."""
         try:
-            return resolve_engine(model.options.get("engine", "auto"), device)
+            return resolve_engine(model.options.get("engine", "auto"), device, model=registry.entry(cls.name).title)
         except ValueError as e:
             raise ContractError(f"model.options.{e}") from None
 
@@ -234,9 +248,9 @@ class Pi05Binding(ModelBinding):
         self.config = model_config(model, self.name)
         config = self.config
         if model.checkpoint:
-            _, state = pi05.load_checkpoint(model.checkpoint)
+            _, state = load_checkpoint(model.checkpoint)
         elif model.options.get("variant", "tiny") == "tiny":
-            _, state = pi05.build_tiny(seed)
+            _, state = build_tiny(seed, registry.config_class(self.name).tiny())
         else:
             state = random_state(config, seed, device)  # (fan-in scaled: every path moves the output)
         engine_name = self.engine_for(model, device)
@@ -266,45 +280,20 @@ class Pi05Binding(ModelBinding):
             self._rtc_ca, self._rtc_cb = ca.to(self.device), cb.to(self.device)
 
     def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
-        """The model behind the stages (pi0's binding makes its own)."""
-        weights = pi05.convert(config, state).to(device=self.device, dtype=self.dtype,
-                                                 vision_dtype=torch.float32 if vision == "float32" else None)
-        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
-        return pi05.Pi05Policy(config, weights, engine, self.device, self.dtype,
-                               seed=self.seed, tokenizer=tokenizer, processors=processors)
+        """The model behind the stages (each model's binding makes its own)."""
+        raise NotImplementedError
 
     def check_prompt(self, text: str) -> None:
         self.prompt_fits(self.policy.tokenizer, self.dims, text)
 
     @classmethod
     def prompt_fits(cls, tokenizer, dims, text: str) -> None:
-        """InputError when the task with a state of three-digit bins (the longest text a state gives) does not
-        fit in prompt_len tokens, so that set_prompt refuses it rather than every observe after it. (Token
-        counts of digits depend on the tokenizer: the observe stage still refuses any prompt that does not
-        fit, never truncating it.)"""
-        task = clean_task(text)
-        widest = np.full(dims["state_dim"], 1.0, dtype=np.float32)  # bin 255
-        try:
-            pi05.tokenize_prompt(tokenizer, pi05.format_prompt(task, widest), dims["prompt_len"], truncate=False)
-        except InputError as exc:
-            raise InputError(f"{exc} (task of {len(task)} characters with {dims['state_dim']} state values; "
-                             "shorten the task, or raise model.options.prompt_len: the checkpoint's "
-                             "tokenizer_max_length)") from None
+        """InputError when `text` cannot make a prompt of prompt_len tokens (each model's binding)."""
+        raise NotImplementedError
 
-    # ---- stages ----------------------------------------------------------------------------------------
     def host(self, stage, io):
-        if stage == "prompt":
-            text = clean_task(decode_prompt(io.host("prompt")))
-            io.host("task").copy_(torch.from_numpy(encode_prompt(text or " ", io.host("task").shape[0])))
-        elif stage == "observe":
-            state = self.normalizer.normalize_state(io.host("state"))
-            text = pi05.format_prompt(decode_prompt(io.host("task")), state.numpy())
-            # not truncated: the state comes last, and cutting it off would leave a policy blind to the robot
-            tokens, mask = pi05.tokenize_prompt(self.policy.tokenizer, text, self.dims["prompt_len"], truncate=False)
-            io.to_device("lang_tokens", tokens[0])
-            io.to_device("lang_mask", mask[0])
-            io.to_device("state_offset", self._state_offset(io.host("state")))
-        elif stage == "act":
+        """The act stage's host part (the noise, RTC's inputs); a model's binding adds its prompt's stages."""
+        if stage == "act":
             d = self.dims
             io.to_device("noise", torch.randn(d["chunk"], d["max_action_dim"], generator=io.generator))
             self._rtc_host(io)
@@ -523,9 +512,9 @@ def token_writes(d) -> dict:
     return {"lang_tokens": ((d["prompt_len"],), "int64"), "lang_mask": ((d["prompt_len"],), "bool")}
 
 
-def prefix_cache(b) -> pi05.PrefixCache:
+def prefix_cache(b) -> PrefixCache:
     """The persistent prefix buffers viewed as the model's PrefixCache (batch 1, no copies)."""
-    return pi05.PrefixCache(k=b["prefix_k"][:, None], v=b["prefix_v"][:, None], pad_mask=b["prefix_mask"][None],
+    return PrefixCache(k=b["prefix_k"][:, None], v=b["prefix_v"][:, None], pad_mask=b["prefix_mask"][None],
                             n_valid=b["prefix_valid"])
 
 
@@ -555,10 +544,8 @@ def named_tensors(value, name: str):
     elif isinstance(value, list):
         for i, v in enumerate(value):
             yield from named_tensors(v, f"{name}.{i}")
-    elif dataclasses.is_dataclass(value) and not isinstance(value, pi05.Pi05Config):
+    elif dataclasses.is_dataclass(value) and not isinstance(value, PaliGemmaConfig):
         for f in dataclasses.fields(value):
-            if f.name not in _DERIVED:
+            if f.name not in getattr(value, "TABLE_FIELDS", ()):
                 yield from named_tensors(getattr(value, f.name), f"{name}.{f.name}")
 
-
-_DERIVED = PI05_TABLES | PI0_TABLES

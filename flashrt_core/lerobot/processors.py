@@ -19,8 +19,8 @@ import json
 import pathlib
 
 from flashrt_core.errors import CheckpointError
-from flashrt_core.models.hub_tokenizer import PALIGEMMA_TOKENIZER
-from flashrt_core.models.pi05.normalize import Normalizer
+from flashrt_core.lerobot.hub_tokenizer import PALIGEMMA_TOKENIZER
+from flashrt_core.lerobot.normalize import Normalizer
 
 PRE_FILE, POST_FILE, CONFIG_FILE = "policy_preprocessor.json", "policy_postprocessor.json", "config.json"
 STATE_FEATURE, ACTION_FEATURE = "observation.state", "action"

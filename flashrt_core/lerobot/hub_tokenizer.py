@@ -76,7 +76,7 @@ def open_tokenizer(file: str | os.PathLike):
     file = pathlib.Path(file)
     if file.suffix == ".json":
         return HubTokenizer(file)
-    from flashrt_core.models.pi05.prompt import SentencePieceTokenizer
+    from flashrt_core.lerobot.tokenize import SentencePieceTokenizer
 
     return SentencePieceTokenizer(file)
 

@@ -1,4 +1,4 @@
-"""The built-in tiny pi0.5: random weights in the LeRobot layout, deterministic from a seed, no downloads.
+"""Tiny random models of the PaliGemma family (the built-in tiny pi0.5, test models): random weights in the LeRobot layout, deterministic from a seed, no downloads.
 
 Weights are drawn like the golden fixture's: matrices ~ N(0, 1/fan_in), norm weights and biases non-zero,
 so every path (AdaRMS, time MLP, masks) changes the output. Hugging Face's own init would leave AdaRMS
@@ -11,8 +11,9 @@ import os
 
 import torch
 
-from flashrt_core.models.pi05.checkpoint import expected_keys, save_checkpoint
-from flashrt_core.models.pi05.config import Pi05Config
+from flashrt_core.models.paligemma.checkpoint import expected_keys, save_checkpoint
+from flashrt_core.models import registry
+from flashrt_core.models.paligemma.config import PaliGemmaConfig
 
 _NORM_STD = 0.1  # spread of norm weights around their neutral value, and of biases
 
@@ -28,9 +29,10 @@ def _draw(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tens
     return noise / math.sqrt(fan_in)
 
 
-def build_tiny(seed: int = 0, config: Pi05Config | None = None):
-    """-> (config, state_dict) of a random pi0.5 (default `Pi05Config.tiny()`), identical for equal seeds."""
-    config = config or Pi05Config.tiny()
+def build_tiny(seed: int = 0, config: PaliGemmaConfig | None = None):
+    """-> (config, state_dict) of a random model of `config` (default: the built-in tiny model, the default
+    kind's `tiny()`), identical for equal seeds."""
+    config = config or registry.config_class(registry.DEFAULT_KIND).tiny()
     gen = torch.Generator().manual_seed(seed)
     # Draw in sorted key order so the tensors do not depend on how expected_keys orders its dict.
     state = {name: _draw(name, shape, gen) for name, shape in sorted(expected_keys(config).items())}

@@ -1,7 +1,7 @@
 """Read and write pi0.5 checkpoints in LeRobot's `model.safetensors` layout (keys prefixed `model.`).
 
 A checkpoint folder holds `model.safetensors`, LeRobot's `config.json` (optional here) and optionally a
-`dims.json` (`Pi05Config.to_json()` format; the head counts that tensor shapes cannot tell).
+`dims.json` (`PaliGemmaConfig.to_json()` format; the head counts that tensor shapes cannot tell).
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from flashrt_core.errors import CheckpointError
-from flashrt_core.models.pi05.config import EXPERT, PG, VISION, VLM, Pi05Config
+from flashrt_core.models import registry
+from flashrt_core.models.paligemma.config import EXPERT, PG, VISION, VLM, PaliGemmaConfig
 
 WEIGHTS_FILE = "model.safetensors"
 DIMS_FILE = "dims.json"
@@ -26,7 +27,7 @@ IGNORED_KEYS = ("model.paligemma_with_expert.paligemma.lm_head.weight",
 _LIST = 10  # how many offending keys an error message spells out
 
 
-def expected_keys(config: Pi05Config) -> dict[str, tuple[int, ...]]:
+def expected_keys(config: PaliGemmaConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model needs, with its shape (lm_head keys excluded: they are optional)."""
     v, g, e = config.vision, config.vlm, config.expert
     keys: dict[str, tuple[int, ...]] = {
@@ -52,7 +53,7 @@ def expected_keys(config: Pi05Config) -> dict[str, tuple[int, ...]]:
     keys[PG + "multi_modal_projector.linear.bias"] = (g.width,)
     keys[EMBED_KEY] = (config.vocab_size, g.width)
 
-    def gemma_layer(prefix: str, t, adaptive: bool) -> None:
+    def gemma_layer(prefix: str, t) -> None:  # (its norms: the prefix's below, the expert's by the model)
         keys[prefix + "self_attn.q_proj.weight"] = (t.heads * t.head_dim, t.width)
         keys[prefix + "self_attn.k_proj.weight"] = (t.kv_heads * t.head_dim, t.width)
         keys[prefix + "self_attn.v_proj.weight"] = (t.kv_heads * t.head_dim, t.width)
@@ -60,38 +61,19 @@ def expected_keys(config: Pi05Config) -> dict[str, tuple[int, ...]]:
         keys[prefix + "mlp.gate_proj.weight"] = (t.mlp, t.width)
         keys[prefix + "mlp.up_proj.weight"] = (t.mlp, t.width)
         keys[prefix + "mlp.down_proj.weight"] = (t.width, t.mlp)
-        for n in ("input_layernorm", "post_attention_layernorm"):
-            norm_keys(prefix + n, t, adaptive)
-
-    def norm_keys(prefix: str, t, adaptive: bool) -> None:
-        if adaptive:  # AdaRMS: dense(cond) -> (scale, shift, gate)
-            keys[prefix + ".dense.weight"] = (3 * t.width, t.width)
-            keys[prefix + ".dense.bias"] = (3 * t.width,)
-        else:
-            keys[prefix + ".weight"] = (t.width,)
 
     for i in range(g.depth):
-        gemma_layer(f"{VLM}layers.{i}.", g, adaptive=False)
-    norm_keys(VLM + "norm", g, adaptive=False)
-    adaptive = config.kind == "pi05"  # pi0's expert has plain RMSNorms
+        gemma_layer(f"{VLM}layers.{i}.", g)
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            keys[f"{VLM}layers.{i}.{n}.weight"] = (g.width,)
+    keys[VLM + "norm.weight"] = (g.width,)
     for i in range(e.depth):
-        gemma_layer(f"{EXPERT}layers.{i}.", e, adaptive=adaptive)
-    norm_keys(EXPERT + "norm", e, adaptive=adaptive)
+        gemma_layer(f"{EXPERT}layers.{i}.", e)
     keys["model.action_in_proj.weight"] = (e.width, config.action_dim)
     keys["model.action_in_proj.bias"] = (e.width,)
     keys["model.action_out_proj.weight"] = (config.action_dim, e.width)
     keys["model.action_out_proj.bias"] = (config.action_dim,)
-    if config.kind == "pi05":  # the time condition of AdaRMS
-        for n in ("time_mlp_in", "time_mlp_out"):
-            keys[f"model.{n}.weight"] = (e.width, e.width)
-            keys[f"model.{n}.bias"] = (e.width,)
-    else:  # pi0: the state token and the action-time MLP over [action embedding, time embedding]
-        keys["model.state_proj.weight"] = (e.width, config.state_dim)
-        keys["model.state_proj.bias"] = (e.width,)
-        keys["model.action_time_mlp_in.weight"] = (e.width, 2 * e.width)
-        keys["model.action_time_mlp_in.bias"] = (e.width,)
-        keys["model.action_time_mlp_out.weight"] = (e.width, e.width)
-        keys["model.action_time_mlp_out.bias"] = (e.width,)
+    keys.update(registry.config_class(config.kind).expert_keys(config))  # the model's own expert keys
     return keys
 
 
@@ -118,7 +100,7 @@ def _key_layout_hint(shapes: dict) -> str:
     return text
 
 
-def validate_shapes(config: Pi05Config, shapes: dict[str, tuple[int, ...]], source: str) -> None:
+def validate_shapes(config: PaliGemmaConfig, shapes: dict[str, tuple[int, ...]], source: str) -> None:
     """Raise CheckpointError listing missing, unexpected and mis-shaped keys (in that order)."""
     want = expected_keys(config)
     have = dict(shapes)
@@ -154,7 +136,7 @@ def weights_file(path: str | os.PathLike) -> pathlib.Path:
     return file
 
 
-def _infer_config(file: pathlib.Path, shapes: dict) -> Pi05Config:
+def _infer_config(file: pathlib.Path, shapes: dict) -> PaliGemmaConfig:
     """The config from the shapes and the JSON files beside `file`; a malformed JSON file is named as such
     (never blamed on the weights)."""
     dims, lerobot = _read_json(file.parent / DIMS_FILE), _read_json(file.parent / LEROBOT_CONFIG_FILE)
@@ -162,7 +144,7 @@ def _infer_config(file: pathlib.Path, shapes: dict) -> Pi05Config:
         if doc is not None and not isinstance(doc, dict):
             raise CheckpointError(f"{file.parent / name}: expected a JSON object, got {type(doc).__name__}")
     try:
-        return Pi05Config.from_state_dict_shapes(shapes, dims=dims, lerobot_config=lerobot)
+        return PaliGemmaConfig.from_state_dict_shapes(shapes, dims=dims, lerobot_config=lerobot)
     except CheckpointError as e:
         if not str(e).startswith("cannot infer"):
             raise
@@ -180,7 +162,7 @@ def _read_shapes(file: pathlib.Path) -> dict:
         raise CheckpointError(f"{file}: unreadable safetensors file ({type(e).__name__}: {e})") from None
 
 
-def checkpoint_config(path: str | os.PathLike, validate: bool = False) -> Pi05Config:
+def checkpoint_config(path: str | os.PathLike, validate: bool = False) -> PaliGemmaConfig:
     """The model sizes of a checkpoint, from its tensor shapes and JSON files, without reading weights;
     validate: also every tensor name and shape against those sizes (`validate_shapes`, as `load_checkpoint`
     checks them), so that a dry run refuses what loading would."""
@@ -192,11 +174,11 @@ def checkpoint_config(path: str | os.PathLike, validate: bool = False) -> Pi05Co
     return config
 
 
-def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
+def load_checkpoint(path: str | os.PathLike, config: PaliGemmaConfig | None = None):
     """Load `(config, state_dict)` from a checkpoint folder or a `model.safetensors` file.
 
     Without `config`, the sizes are inferred from the tensor shapes plus `dims.json` / `config.json`
-    beside the weights (see `Pi05Config.from_state_dict_shapes`). lm_head tensors are dropped.
+    beside the weights (see `PaliGemmaConfig.from_state_dict_shapes`). lm_head tensors are dropped.
     """
     file = weights_file(path)
     shapes = _read_shapes(file)
@@ -221,7 +203,7 @@ def load_checkpoint(path: str | os.PathLike, config: Pi05Config | None = None):
     return config, state
 
 
-def save_checkpoint(path: str | os.PathLike, config: Pi05Config, state_dict: dict[str, torch.Tensor]) -> pathlib.Path:
+def save_checkpoint(path: str | os.PathLike, config: PaliGemmaConfig, state_dict: dict[str, torch.Tensor]) -> pathlib.Path:
     """Write `model.safetensors`, `dims.json` and a LeRobot-style `config.json` into folder `path`."""
     validate_shapes(config, {k: tuple(t.shape) for k, t in state_dict.items()}, "state_dict")
     path = pathlib.Path(path)
@@ -233,7 +215,7 @@ def save_checkpoint(path: str | os.PathLike, config: Pi05Config, state_dict: dic
                                                                       config.vision.image_size]}
             for i in range(config.num_image_slots)}
     lerobot = {
-        "type": "pi05", "input_features": cams, "chunk_size": config.chunk_size,
+        "type": config.kind, "input_features": cams, "chunk_size": config.chunk_size,
         "max_state_dim": config.state_dim, "max_action_dim": config.action_dim,
         "num_inference_steps": config.num_steps, "tokenizer_max_length": config.tokenizer_max_length,
         "min_period": config.min_period, "max_period": config.max_period,

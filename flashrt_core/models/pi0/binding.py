@@ -8,29 +8,28 @@ act at 50 Hz uses fresh proprioception over a 10 Hz prefix: the point of the fas
   stages the absolute-actions offset of that state (`action_offset`) and draws the noise; device part: the
   flow steps over the cached prefix with that state, un-normalized actions plus the offset.
 Everything else (options, processors, tokenizer, relative actions, the fused engine's stage graphs with their
-hooks, the whole decision as one graph) is pi0.5's binding; pi0 states only what differs.
+hooks, the whole decision as one graph) is the family's binding (`paligemma.binding`); pi0 states what differs.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from flashrt_core.contract.bindings.pi05 import (Pi05Binding, observe_reads, prefix_cache, prefix_signature,
-                                                prompt_signature, rtc_writes, token_writes)
+from flashrt_core.models.paligemma.binding import (PaliGemmaBinding, model_config, observe_reads, prefix_cache,
+                                                  prefix_signature, prompt_signature, rtc_writes, token_writes)
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
-from flashrt_core.models import pi0
-from flashrt_core.models.pi05.prompt import tokenize_prompt
+from flashrt_core.models.pi0.policy import Pi0Policy, make_engine, pi0_prompt
+from flashrt_core.models.pi0.weights import convert
+from flashrt_core.lerobot.tokenize import tokenize_prompt
 
 
-class Pi0Binding(Pi05Binding):
+class Pi0Binding(PaliGemmaBinding):
     name = "pi0"
 
     @classmethod
     def dims(cls, model) -> dict[str, int]:
-        from flashrt_core.contract.bindings.pi05 import model_config
-
         return {**super().dims(model), "max_state_dim": model_config(model, cls.name).state_dim}
 
     @classmethod
@@ -48,26 +47,17 @@ class Pi0Binding(Pi05Binding):
                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
 
-    @classmethod
-    def engine_for(cls, model, device) -> str:
-        """The engine `model.options.engine` names for `device` (auto: fused on CUDA, reference elsewhere)."""
-        try:
-            return pi0.policy.resolve_engine(model.options.get("engine", "auto"), device)
-        except ValueError as e:
-            raise ContractError(f"model.options.{e}") from None
-
     def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
-        weights = pi0.convert(config, state).to(device=self.device, dtype=self.dtype,
+        weights = convert(config, state).to(device=self.device, dtype=self.dtype,
                                                 vision_dtype=torch.float32 if vision == "float32" else None)
-        engine = pi0.policy.make_engine(engine_name, weights, self.precision, self.precision_gate)
-        return pi0.Pi0Policy(config, weights, engine, self.device,
-                             self.dtype, seed=self.seed, tokenizer=tokenizer, processors=processors)
+        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
+        return Pi0Policy(config, weights, engine, self.device, self.dtype, seed=self.seed, tokenizer=tokenizer, processors=processors)
 
     @classmethod
     def prompt_fits(cls, tokenizer, dims, text: str) -> None:
         """InputError when the task does not fit prompt_len tokens (refused at set_prompt, never cut)."""
         try:
-            tokenize_prompt(tokenizer, pi0.pi0_prompt(text), dims["prompt_len"], truncate=False)
+            tokenize_prompt(tokenizer, pi0_prompt(text), dims["prompt_len"], truncate=False)
         except InputError as exc:
             raise InputError(f"{exc} (shorten the task, or raise model.options.prompt_len: the checkpoint's "
                              "tokenizer_max_length)") from None
@@ -79,7 +69,7 @@ class Pi0Binding(Pi05Binding):
             text = decode_prompt(io.host("prompt"))
             io.host("task").copy_(torch.from_numpy(encode_prompt(text or " ", io.host("task").shape[0])))
         elif stage == "observe":
-            tokens, mask = tokenize_prompt(self.policy.tokenizer, pi0.pi0_prompt(decode_prompt(io.host("task"))),
+            tokens, mask = tokenize_prompt(self.policy.tokenizer, pi0_prompt(decode_prompt(io.host("task"))),
                                            d["prompt_len"], truncate=False)
             io.to_device("lang_tokens", tokens[0])
             io.to_device("lang_mask", mask[0])
@@ -92,7 +82,7 @@ class Pi0Binding(Pi05Binding):
             self._rtc_host(io)
 
     def device_part(self, stage):
-        if hasattr(self.policy.engine, "run_stage"):  # the fused engine: pi0.5's hooks, with pi0's act inputs
+        if hasattr(self.policy.engine, "run_stage"):  # the fused engine: the family's hooks, with pi0's act inputs
             return super().device_part(stage)
         return {"observe": self._prefix_into, "act": self._act}.get(stage)
 
