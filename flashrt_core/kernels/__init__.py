@@ -180,3 +180,4 @@ def preprocess_images(images, size=224, *, dtype=torch.float32, out=None, backen
     if _use_triton("preprocess_images", backend, images.device):
         return _kernel("image", "preprocess_images")(images, size, dtype=dtype, out=out)
     return _into(out, reference.preprocess_images_ref(images, size, dtype=dtype))
+from flashrt_core.kernels.swiglu_op import swiglu, swiglu_ref  # noqa: E402,F401  (Llama / SmolVLA MLP)
