@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-$(shell sha256sum requirements.txt | cut -c1-16)
 PROJECT_STAMP := $(VENV)/.project-installed
-PROJECT_SOURCES := $(shell find flashrt_core flashrt_ros msg srv launch config scripts cmake -type f \
+PROJECT_SOURCES := $(shell find flashrt_core flashrt_bench flashrt_ros msg srv launch config scripts cmake -type f \
 	-not -name '*.pyc' 2>/dev/null) setup.py CMakeLists.txt package.xml
 
 # Keep every ROS participant on this machine unless the caller chose otherwise.

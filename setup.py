@@ -129,7 +129,7 @@ setup(
     name="flashrt_ros",
     version="0.1.0",
     description="Low-latency robot policy inference (pi0.5) as a ROS 2 package",
-    packages=find_packages(include=["flashrt_core", "flashrt_core.*", "flashrt_ros", "flashrt_ros.*"]),
+    packages=find_packages(include=["flashrt_core", "flashrt_core.*", "flashrt_bench", "flashrt_ros", "flashrt_ros.*"]),
     package_data={"flashrt_core": ["data/*"]},
     data_files=data_files(),
     cmdclass={"build_py": BuildPyWithInterfaces},

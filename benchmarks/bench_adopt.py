@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO))  # this checkout's flashrt_core first (an installed copy may be older)
 from _common import write_result  # noqa: E402  (commit() honours FLASHRT_COMMIT where there is no .git)
-from flashrt_core.bench import cuda_samples  # noqa: E402
+from flashrt_bench.harness import cuda_samples  # noqa: E402
 
 
 def build_policy(torch, views: int, prompt_len: int, dtype: str):

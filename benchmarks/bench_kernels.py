@@ -122,8 +122,8 @@ def time_eager(fn, iters, reps):
 
 
 def time_graph(fn, iters, reps):
-    """Median us per call over `iters` replays of a CUDA graph of `reps` calls (flashrt_core.bench.graph_ms)."""
-    from flashrt_core.bench import graph_ms
+    """Median us per call over `iters` replays of a CUDA graph of `reps` calls (flashrt_bench.harness.graph_ms)."""
+    from flashrt_bench.harness import graph_ms
 
     return graph_ms(lambda _: fn(), [None] * reps, rounds=iters) * 1e3
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's flashrt_core first
 from _common import write_result  # noqa: E402
 
-from flashrt_core.bench import (PARITY_TARGETS, bench_compiled, bench_model, document, print_table,  # noqa: E402
+from flashrt_bench.harness import (PARITY_TARGETS, bench_compiled, bench_model, document, print_table,  # noqa: E402
                                 random_inputs, workload_config)
-from flashrt_core.bench_lerobot import COMPILE_NOTE  # noqa: E402
+from flashrt_bench.lerobot import COMPILE_NOTE  # noqa: E402
 
 WORKLOADS = ("w2", "views1", "views3", "siglip32")
 

@@ -26,7 +26,7 @@ from _common import write_result  # noqa: E402
 
 import torch  # noqa: E402
 
-from flashrt_core import bench as B  # noqa: E402
+from flashrt_bench import harness as B  # noqa: E402
 from flashrt_core.errors import PrecisionError  # noqa: E402
 from flashrt_core.kernels.w4 import weight_bytes  # noqa: E402
 from flashrt_core.models.precision import GATES, build_engine, parse_precision  # noqa: E402

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_product_path.py [--json benchmarks/results/product_path_w2.json] [--seconds 4]
 
-1. The engine alone (`flashrt_core.bench.bench_pi05`, W2, no baselines): whole decision and act-only p50.
+1. The engine alone (`flashrt_bench.harness.bench_pi05`, W2, no baselines): whole decision and act-only p50.
 2. `Runtime.from_config("config/pi05.yaml", device="cuda")` with no engine, dtype or other option (what the
    node builds from the shipped GPU contract): the engine it picked, then a 50 Hz wall-clock run (observe
    10 Hz deferred, a fresh observation every tick): host wall time per tick, act-only ticks and observe ticks.
@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _common import write_result  # noqa: E402
-from flashrt_core.bench import bench_pi05, random_state, workload_config  # noqa: E402
+from flashrt_bench.harness import bench_pi05, random_state, workload_config  # noqa: E402
 from flashrt_core.contract.runtime import Runtime  # noqa: E402
 from flashrt_core.models import pi05  # noqa: E402
 from flashrt_core.lerobot.normalize import FeatureNorm, Normalizer  # noqa: E402

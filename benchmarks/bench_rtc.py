@@ -20,7 +20,7 @@ from _common import write_result  # noqa: E402
 
 import torch  # noqa: E402
 
-from flashrt_core import bench as B  # noqa: E402
+from flashrt_bench import harness as B  # noqa: E402
 from flashrt_core.models import rtc  # noqa: E402
 
 TARGETS = {"cosine_vs_lerobot": 0.999, "rtc_act_over_plain_act": 2.5}
@@ -35,7 +35,7 @@ def lerobot_rtc(config, state, inputs, left, log) -> dict:
     from lerobot.configs import RTCAttentionSchedule
     from lerobot.policies.rtc.configuration_rtc import RTCConfig
 
-    from flashrt_core.bench_lerobot import build_lerobot
+    from flashrt_bench.lerobot import build_lerobot
 
     policy = build_lerobot(config, state, "bfloat16", "cuda")
     views = inputs["images"].shape[1]

@@ -15,7 +15,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[0]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's flashrt_core first
 from _common import write_result  # noqa: E402
 
-from flashrt_core.bench import PARITY_TARGETS, bench_pi05  # noqa: E402
+from flashrt_bench.harness import PARITY_TARGETS, bench_pi05  # noqa: E402
 
 
 def main(argv=None) -> int:

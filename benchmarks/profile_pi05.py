@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from _common import write_result  # noqa: E402
 
-from flashrt_core.bench import CEILINGS, random_inputs, random_state, workload_config  # noqa: E402
+from flashrt_bench.harness import CEILINGS, random_inputs, random_state, workload_config  # noqa: E402
 
 
 def profile_graph(replay, reps: int = 5) -> dict:

@@ -2,7 +2,7 @@
 bandwidth and tensor throughput, so a user sees which precision can meet which rate there (a Jetson AGX Thor
 by default). For each stage (observe: SigLIP + the Gemma prefix; act: 10 flow steps of the action expert) and
 preset: the bytes a decision must read (every GEMM weight once per pass in its stored format, the prefix K/V,
-token embeddings: `flashrt_core.bench.stage_parts`), the matmul FLOPs at the tensor rate each GEMM runs at
+token embeddings: `flashrt_bench.harness.stage_parts`), the matmul FLOPs at the tensor rate each GEMM runs at
 (bf16 for weights widened in registers: 4-bit W4A16; fp8 for W8A8 and MXFP4's W4A8; fp4 for
 NVFP4), and the floor max(bytes / bandwidth, FLOPs / rate). No kernel reaches a floor: measured stages on an
 H200 run at 22-45% of theirs (benchmarks/README.md).
@@ -19,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[0]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from _common import write_result  # noqa: E402
 
-from flashrt_core import bench as B  # noqa: E402
+from flashrt_bench import harness as B  # noqa: E402
 
 # Published figures. Thor: NVIDIA's Jetson AGX Thor developer kit / T5000 module specifications: 128 GB LPDDR5X,
 # 256-bit, 273 GB/s; "2070 TFLOPS (FP4, sparse)". Dense rates derived from it with Blackwell's tensor-core

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--checkpoint", help="LeRobot checkpoint folder")
     d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     d.add_argument("--tokenizer", help="tokenizer.json / tokenizer.model file or folder (default: the hub cache)")
-    for module in ("flashrt_core.contract.cli", "flashrt_core.capsule.cli", "flashrt_core.bench",
+    for module in ("flashrt_core.contract.cli", "flashrt_core.capsule.cli", "flashrt_bench.harness",
                    "flashrt_ros.replay.cli", "flashrt_ros.run_cli"):
         try:
             mod = __import__(module, fromlist=["add_subparsers"])

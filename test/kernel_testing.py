@@ -45,7 +45,7 @@ def micro_config(kind: str = "pi05"):
         vlm=GemmaConfig(width=40, depth=2, mlp=56, heads=4, kv_heads=1, head_dim=10),
         expert=GemmaConfig(width=24, depth=2, mlp=40, heads=4, kv_heads=1, head_dim=10),
         vocab_size=300, chunk_size=6, action_dim=7, num_steps=3, tokenizer_max_length=9, num_image_slots=2,
-        **({"state_dim": 7, "kind": "pi0"} if kind == "pi0" else {}))
+        **({"state_dim": 7} if kind == "pi0" else {})).as_kind(kind)
 
 
 def micro_inputs(config, seed: int = 0):

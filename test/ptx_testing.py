@@ -262,7 +262,7 @@ def engine_scan() -> dict:
     distinct compiled form once, with the PTX target it was compiled for: {kernel: [summaries]}."""
     import dataclasses
 
-    from flashrt_core import bench
+    from flashrt_bench import harness as bench
     from flashrt_core.models import pi0, pi05
     from flashrt_core.models.pi0.engine import Pi0Engine
     from flashrt_core.models.pi05.engine import Pi05Engine
@@ -274,7 +274,7 @@ def engine_scan() -> dict:
     if TARGET.arch >= 100:  # (MXFP4 is dispatched to sm_100+ only: models.precision.DISPATCH)
         runs.insert(2, ("pi05", pi05.convert, Pi05Engine, "fp8+mxfp4"))
     for kind, convert, engine_class, precision in runs:
-        config = dataclasses.replace(full, num_image_slots=2, tokenizer_max_length=48, vocab_size=512, kind=kind,
+        config = dataclasses.replace(full.as_kind(kind), num_image_slots=2, tokenizer_max_length=48, vocab_size=512,
                                      vision=dataclasses.replace(full.vision, layers=1),
                                      vlm=dataclasses.replace(full.vlm, depth=1),
                                      expert=dataclasses.replace(full.expert, depth=1))

@@ -1,8 +1,8 @@
-"""flashrt_core.bench.phase_samples: the per-phase split of a call made of several host calls, checked with a
+"""flashrt_bench.harness.phase_samples: the per-phase split of a call made of several host calls, checked with a
 stand-in for CUDA events whose clock each phase advances by a known amount (no GPU, nothing timed)."""
 import torch
 
-from flashrt_core import bench
+from flashrt_bench import harness as bench
 
 
 class FakeEvent:

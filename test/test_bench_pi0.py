@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from benchmark_loading import load_benchmark
-from flashrt_core import bench, bench_lerobot
+from flashrt_bench import harness as bench, lerobot as bench_lerobot
 from flashrt_core.models import pi0 as pi0_model
 from flashrt_core.models.pi0 import reference as R0
 from flashrt_core.models.pi05 import Pi05Config, expected_keys
@@ -284,7 +284,7 @@ def test_build_lerobot_picks_pi0policy_with_the_workload_config_under_the_device
     assert kw["max_state_dim"] == 32 and kw["max_action_dim"] == 32
     assert sorted(kw["input_features"]) == ["observation.images.cam0", "observation.images.cam1"]
     assert torch.equal(policy.model.weight, torch.ones(2, 2))
-    pi05 = bench_lerobot.build_lerobot(dataclasses.replace(config, kind="pi05"), state, device="cpu")
+    pi05 = bench_lerobot.build_lerobot(config.as_kind("pi05"), state, device="cpu")
     assert pi05.name == "PI05Policy" and pi05.cfg.kw["dtype"] == "bfloat16"
     with pytest.raises(RuntimeError, match="missing"):
         bench_lerobot.build_lerobot(config, {"model.weight": torch.ones(2, 2)}, device="cpu")

@@ -92,7 +92,7 @@ def test_sources_hash_changes_with_the_kernel_sources(tmp_path, monkeypatch):
 
 
 def test_the_key_hashes_no_benchmark_code():
-    """Editing a benchmark (the LeRobot comparison in flashrt_core/bench.py, benchmarks/) must not make every
+    """Editing a benchmark (the LeRobot comparison in flashrt_bench/harness.py, benchmarks/) must not make every
     robot tune again: the context hashes kernel and picker sources only, and each of them exists."""
     root = Path(T.__file__).resolve().parents[2]
     assert T._SOURCES and not [s for s in T._SOURCES if "bench" in s]

@@ -247,7 +247,7 @@ def test_w4a16_on_the_tiny_model_passes_its_gate_and_matches_the_fake_quantized_
     from flashrt_core.models.pi05.policy import make_engine as make5
     from flashrt_core.models.pi0.policy import make_engine as make0
 
-    config, state = pi05.build_tiny(4, dataclasses.replace(pi05.Pi05Config.tiny(), kind=kind))
+    config, state = pi05.build_tiny(4, pi05.Pi05Config.tiny().as_kind(kind))
     w = (pi05 if kind == "pi05" else pi0).convert(config, state)
     make = make5 if kind == "pi05" else make0
     # the tiny pi0 in 4 bits is at cosine 0.993 / rel L2 0.12 from its fp32 self (groups as wide as its 32-input
@@ -269,7 +269,7 @@ def test_w4a16_on_the_tiny_model_passes_its_gate_and_matches_the_fake_quantized_
 def test_the_default_gate_refuses_the_tiny_pi0_in_4_bits():
     from flashrt_core.models.pi0.policy import make_engine
 
-    config, state = pi05.build_tiny(4, dataclasses.replace(pi05.Pi05Config.tiny(), kind="pi0"))
+    config, state = pi05.build_tiny(4, pi05.Pi05Config.tiny().as_kind("pi0"))
     with pytest.raises(PrecisionError, match=r"precision w4a16 refused: .*cosine 0\.99\d+ \(at least 0\.995\)"):
         make_engine("reference", pi0.convert(config, state), "w4a16")
 
@@ -519,7 +519,7 @@ def test_fp8_prefix_engines_match_the_reference_and_pass_their_gate(kind, preset
     from flashrt_core.models.pi05.policy import make_engine as make5
     from flashrt_core.models.pi0.policy import make_engine as make0
 
-    config, state = pi05.build_tiny(4, dataclasses.replace(pi05.Pi05Config.tiny(), kind=kind))
+    config, state = pi05.build_tiny(4, pi05.Pi05Config.tiny().as_kind(kind))
     w = (pi05 if kind == "pi05" else pi0).convert(config, state)
     make = make5 if kind == "pi05" else make0
     limits = None if kind == "pi05" else {"cosine": 0.99, "rel_l2": 0.15}  # (the tiny pi0 in 4 bits: above)

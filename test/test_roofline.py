@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmark_loading import load_benchmark
-from flashrt_core import bench
+from flashrt_bench import harness as bench
 
 roofline = load_benchmark("roofline")
 

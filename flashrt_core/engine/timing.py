@@ -3,7 +3,7 @@
 
 Both time on the GPU with CUDA events and never inside a capture: `graph_ms` captures its calls on a side
 stream of its own, so a caller may be in the middle of an engine's warm-up. The benchmarks time with the
-same functions (`flashrt_core.bench` re-exports them).
+same functions (`flashrt_bench.harness` re-exports them).
 """
 from __future__ import annotations
 

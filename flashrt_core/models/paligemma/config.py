@@ -109,6 +109,11 @@ class PaliGemmaConfig:
         if self.vision.heads < 1 or self.vision.hidden % self.vision.heads:
             raise ValueError(f"vision.hidden ({self.vision.hidden}) not divisible by vision.heads")
 
+    def as_kind(self, kind: str) -> "PaliGemmaConfig":
+        """The same sizes as another member of the family (`kind`: its config class)."""
+        own = registry.config_class(kind)
+        return own(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "kind"})
+
     @property
     def prefix_len(self) -> int:
         """Fixed prefix length: every image slot's patches plus the padded prompt."""

@@ -12,12 +12,11 @@ import time
 
 import torch
 
+from flashrt_bench.measure import PeakMemory, compare, time_cuda
+from flashrt_core.models import registry
+
 # Where each model's policy lives in LeRobot 0.6.1: (configuration module, config class, modeling module, policy)
-POLICIES = {
-    "pi05": ("lerobot.policies.pi05.configuration_pi05", "PI05Config", "lerobot.policies.pi05.modeling_pi05",
-             "PI05Policy"),
-    "pi0": ("lerobot.policies.pi0.configuration_pi0", "PI0Config", "lerobot.policies.pi0.modeling_pi0", "PI0Policy"),
-}
+POLICIES = {kind: entry.lerobot for kind, entry in registry.MODELS.items()}
 COMPILE_NOTE = ("lerobot-compile uses torch.compile mode '%s'; LeRobot's default max-autotune is not measured: "
                 "it did not finish compiling within 8 minutes on the H200 (docs/gpu-machine.md)")
 
@@ -78,7 +77,6 @@ def lerobot_call(policy, inputs, fn=None):
 
 
 def bench_compiled(policy, inputs, mode, warmup, iters, log) -> dict:
-    from flashrt_core.bench import PeakMemory, time_cuda
 
     # LeRobot sets this itself when compile_model=True; restore it so nothing after sees TF32 matmuls.
     old = torch.get_float32_matmul_precision()
@@ -109,7 +107,6 @@ def run_baselines(config, state, inputs, torch_dtype, wanted, parity: dict | Non
     "reference_fp32": the project's fp32 reference) with the policy that is timed (the engine's dtype); with
     `fp32_parity` also *_vs_lerobot_fp32 against a float32 policy built for that one call and dropped. The
     timed policy stays in `shared` for the next workload of the process."""
-    from flashrt_core.bench import PeakMemory, compare, time_cuda
 
     results, extra, notes = {}, {}, []
     try:

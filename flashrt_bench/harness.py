@@ -16,7 +16,7 @@ Each: p50/p90/p99 ms over CUDA events (3 warm-ups, 20+ timed calls, one decision
 GPU memory the system allocated on top of the shared random state. Per stage (observe, act) the achieved
 TFLOP/s and GB/s next to the measured H200 ceilings. With --parity: actions of the bf16 engine against the
 project's fp32 reference and against LeRobot (cosine, relative L2; pi0 also against LeRobot in float32).
-The LeRobot side is `flashrt_core.bench_lerobot`.
+The LeRobot side is `flashrt_bench.lerobot`.
 """
 from __future__ import annotations
 
@@ -37,28 +37,28 @@ import torch.nn.functional as F
 
 # the engine's own timing, re-exported: the benchmarks time with the same functions
 from flashrt_core.engine.timing import cuda_samples, graph_ms  # noqa: F401
-from flashrt_core.models import random_weights
+from flashrt_core.models import random_weights, registry
 # the LeRobot side, re-exported (benchmarks/ import these names from here)
-from flashrt_core.bench_lerobot import bench_compiled, build_lerobot, lerobot_call, run_baselines  # noqa: F401
+from flashrt_bench.lerobot import bench_compiled, build_lerobot, lerobot_call, run_baselines  # noqa: F401
+from flashrt_bench.measure import PARITY_TARGETS, PeakMemory, compare, host_samples, time_cuda  # noqa: F401
 
 # Measured on the H200 (docs/gpu-machine.md): the ceilings the per-stage numbers are compared with.
 CEILINGS = {"bf16_gemm_tflops": 694.0, "prefix_gemm_tflops": 625.0, "copy_tbps": 4.22}
-PARITY_TARGETS = {"cosine_min": 0.999, "rel_l2_max": 2e-2}
 WEIGHT_STD = 0.02
 SYSTEMS = ("flashrt", "flashrt-act-only", "lerobot-eager", "lerobot-compile")
-MODELS = {"pi05": "pi0.5", "pi0": "pi0"}  # --model -> the name tables print
+MODELS = {k: registry.entry(k).title for k in registry.kinds("paligemma")}  # --model -> the name tables print
 # the inputs of a whole decision and of an act tick after the prefix, in the engines' argument order
 OBSERVATION = ("images", "image_masks", "lang_tokens", "lang_mask")
 
 
 # ---- workload ---------------------------------------------------------------------------------------------
-def workload_config(views: int, prompt_len: int, steps: int, chunk: int, kind: str = "pi05", base=None):
-    """Full-size pi0.5 or pi0 (kind "pi0": the same SigLIP, Gemma 2B and 300M expert, pi0's action expert);
+def workload_config(views: int, prompt_len: int, steps: int, chunk: int, kind: str = registry.DEFAULT_KIND,
+                    base=None):
+    """Full-size `kind` (pi0.5, pi0: the same SigLIP, Gemma 2B and 300M expert, each its action expert);
     `base`: other model sizes (the CPU tests' tiny model)."""
-    from flashrt_core.models.pi05 import Pi05Config
-
-    return dataclasses.replace(base or Pi05Config.full(), num_image_slots=views, tokenizer_max_length=prompt_len,
-                               num_steps=steps, chunk_size=chunk, kind=kind)
+    config = (base or registry.config_class(kind).full()).as_kind(kind)
+    return dataclasses.replace(config, num_image_slots=views, tokenizer_max_length=prompt_len, num_steps=steps,
+                               chunk_size=chunk)
 
 
 def random_state(config, seed: int, device, std: float = WEIGHT_STD) -> dict[str, torch.Tensor]:
@@ -80,7 +80,7 @@ def random_inputs(config, seed: int, device, valid_tokens: int | None = None) ->
         "lang_mask": torch.arange(n, device=device)[None] < valid,
         "noise": torch.randn(1, config.chunk_size, config.action_dim, generator=gen, device=device),
     }
-    if config.kind == "pi0":
+    if config.ACT_READS_STATE:
         inputs["state"] = torch.randn(1, config.state_dim, generator=gen, device=device)
     return inputs
 
@@ -145,64 +145,6 @@ def phase_samples(phases: dict, warmup: int = 3, iters: int = 20, device="cuda")
     return {name: statistics.median(ms) for name, ms in samples.items()}
 
 
-def host_samples(fn, warmup: int = 3, iters: int = 20) -> list[float]:
-    """Host wall-clock ms of each call (where there is no GPU: the CPU tests of the benchmark's plumbing)."""
-    for _ in range(warmup):
-        fn()
-    ms = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return ms
-
-
-def time_cuda(fn, warmup: int = 3, iters: int = 20, device="cuda") -> dict:
-    """p50/p90/p99/mean ms of `cuda_samples` (of `host_samples` for a device other than CUDA)."""
-    samples = cuda_samples if torch.device(device).type == "cuda" else host_samples
-    ms = sorted(samples(fn, warmup, iters))
-
-    def pct(p):
-        return ms[min(len(ms) - 1, max(0, math.ceil(p / 100 * len(ms)) - 1))]
-
-    return {"p50_ms": statistics.median(ms), "p90_ms": pct(90), "p99_ms": pct(99), "mean_ms": statistics.mean(ms),
-            "min_ms": ms[0], "iters": iters, "warmup": warmup}
-
-
-class PeakMemory:
-    """Peak GPU memory allocated inside the `with` block beyond what was allocated when it began (0 off CUDA)."""
-
-    def __init__(self, device="cuda"):
-        self.cuda = torch.device(device).type == "cuda"
-        self.gib = 0.0
-
-    def __enter__(self):
-        if not self.cuda:
-            return self
-        torch.cuda.synchronize()
-        self.base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        return self
-
-    def __exit__(self, *exc):
-        if not self.cuda:
-            return False
-        torch.cuda.synchronize()
-        self.gib = (torch.cuda.max_memory_allocated() - self.base) / 2 ** 30
-        return False
-
-
-def compare(actions: torch.Tensor, truth: torch.Tensor, cosine_min: float = PARITY_TARGETS["cosine_min"],
-            rel_l2_max: float = PARITY_TARGETS["rel_l2_max"]) -> dict:
-    """Cosine, relative L2 and max error of actions against truth; pass at the given targets (default: bf16's)."""
-    a, b = actions.float().flatten(), truth.float().flatten()
-    cos = F.cosine_similarity(a, b, dim=0).item()
-    rel = ((a - b).norm() / b.norm()).item()
-    return {"cosine": cos, "rel_l2": rel, "max_abs": (a - b).abs().max().item(),
-            "pass": cos >= cosine_min and rel <= rel_l2_max}
-
-
-# ---- FLOPs and bytes per stage (for achieved TFLOP/s and GB/s) -------------------------------------------------
 def stage_parts(config) -> dict:
     """Per model part, what a W2-style decision multiplies: {part: {"weights": GEMM weight elements read per
     pass, "passes": passes per decision, "gemm_flops", "attn_flops", "other_bytes_per_pass" (in elements: K/V
@@ -224,7 +166,7 @@ def stage_parts(config) -> dict:
     io_params = 2 * config.action_dim * e.width
     attend = e.depth * 4 * e.heads * e.head_dim  # per query and key
     once_gemm = once_attn = 0  # what an act computes once, not per step
-    if config.kind == "pi0":
+    if config.ACT_READS_STATE:  # (pi0)
         # pi0's action tokens pass the action-time MLP: its input half over the action embedding (the time
         # half is a per-step constant) and its output, w x w each; they attend to the prefix, the state token
         # and each other. The state token depends on the state and the prefix only: once per act.
@@ -273,10 +215,11 @@ def model_parts(kind: str):
 
     if kind not in MODELS:
         raise ValueError(f"model: one of {', '.join(MODELS)}, got {kind!r}")
-    model = importlib.import_module(f"flashrt_core.models.{kind}")
-    reference = importlib.import_module(f"flashrt_core.models.{kind}.reference")
-    fused = {"pi05": ("flashrt_core.models.pi05.engine", "Pi05Engine"),
-             "pi0": ("flashrt_core.models.pi0.engine", "Pi0Engine")}[kind]
+    model = registry.package(kind)
+    reference = importlib.import_module(model.policy.ENGINES["reference"])
+    fused = model.policy.ENGINES["fused"]
+    fused = (fused, next(n for n in dir(importlib.import_module(fused)) if n.endswith("Engine")
+                         and n not in ("PaliGemmaEngine", "FlowEngine", "StagedEngine")))
     return model.convert, reference.sample_actions, reference.ReferenceEngine, fused
 
 
@@ -335,7 +278,7 @@ def bench_model(kind="pi05", views=2, prompt_len=48, steps=10, chunk=50, dtype="
     latency numbers). engine: "fused" or "reference" (the eager model, e.g. for a baseline of the baseline).
     lerobot_fp32_parity (default: for pi0) also compares with LeRobot in float32. device other than CUDA and
     base_config (model sizes other than full size): the CPU tests' tiny runs."""
-    from flashrt_core.models.pi05.policy import parse_dtype
+    from flashrt_core.lerobot.policy import parse_dtype
 
     cuda = torch.device(device).type == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -345,14 +288,14 @@ def bench_model(kind="pi05", views=2, prompt_len=48, steps=10, chunk=50, dtype="
     vis_dtype = parse_dtype(vision_dtype) if vision_dtype else torch_dtype
     shared = {} if shared is None else shared
     config = workload_config(views, prompt_len, steps, chunk, kind, base_config)
-    lerobot_fp32_parity = (kind == "pi0") if lerobot_fp32_parity is None else lerobot_fp32_parity
+    lerobot_fp32_parity = config.ACT_READS_STATE if lerobot_fp32_parity is None else lerobot_fp32_parity
     workload = {"model": kind, "views": views, "prompt_len": prompt_len, "valid_prompt_tokens": None,
                 "steps": steps, "chunk": chunk, "dtype": str(torch_dtype).replace("torch.", ""),
                 "vision_dtype": str(vis_dtype).replace("torch.", ""), "batch": 1, "weights": f"normal(0, {WEIGHT_STD})",
                 "seed": seed, "image_size": config.vision.image_size, "prefix_len": config.prefix_len,
                 "timing": f"{'CUDA events' if cuda else 'host clock'}, {warmup} warm-ups, {iters} timed calls, "
                           "sync after each call"}
-    if kind == "pi0":
+    if config.ACT_READS_STATE:
         workload.update(state_dim=config.state_dim, act_only_states="4 states in turn, one per call")
     results, notes, extra = {}, [], {}
     # `shared` carries the random weights (and a built LeRobot policy) between workloads of one process:
