@@ -155,3 +155,23 @@ def resolve_tokenizer(name: str = PALIGEMMA_TOKENIZER, explicit=None, folder=Non
             "special_tokens_map.json` (a gated model: `hf auth login` first), or give its path (node parameter "
             "`tokenizer`, `flashrt run --tokenizer`, contract `model.options.tokenizer`)")
     return open_tokenizer(file)
+
+
+def find_hub_folder(name: str, file: str, explicit=None) -> pathlib.Path:
+    """The folder holding `file` of the hub repo `name` (a model's own config, say): `explicit` (a folder or the
+    file) first, then the hub cache's snapshots; CheckpointError naming every place looked and how to fetch it."""
+    if explicit:
+        p = pathlib.Path(explicit).expanduser()
+        p = p.parent if p.is_file() else p
+        if (p / file).is_file():
+            return p
+        raise CheckpointError(f"{name}: {p} holds no {file}")
+    looked = []
+    for cache in hub_cache_dirs():
+        repo = cache / ("models--" + name.replace("/", "--"))
+        looked.append(str(repo))
+        for snap in _snapshots(repo):
+            if (snap / file).is_file():
+                return snap
+    raise CheckpointError(f"{name}: no {file} found; looked in {', '.join(looked)}. Fetch it once with "
+                          f"`hf download {name} {file} tokenizer.json tokenizer_config.json`, or give its folder")

@@ -18,8 +18,10 @@ from flashrt_core.errors import InputError
 FLOAT_SLACK = 1e-3  # float frames are in [0, 1]; a rounding overshoot is fine, 0..255 values are not
 
 
-def resize_with_pad(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """img [B, C, H, W] float in [0, 1] -> [B, C, height, width], aspect kept, centred, padded with 0."""
+def resize_with_pad(img: torch.Tensor, height: int, width: int, pad: str = "centre") -> torch.Tensor:
+    """img [B, C, H, W] float in [0, 1] -> [B, C, height, width], aspect kept, padded with 0: centred and clamped
+    to [0, 1] (openpi's convention: pi0, pi0.5), or "top_left" (the padding on the left and top, not clamped:
+    LeRobot's SmolVLA)."""
     if img.ndim != 4:
         raise InputError(f"image: expected [B, C, H, W], got shape {tuple(img.shape)}")
     h, w = img.shape[-2:]
@@ -28,7 +30,10 @@ def resize_with_pad(img: torch.Tensor, height: int, width: int) -> torch.Tensor:
     if new_h < 1 or new_w < 1:
         raise InputError(f"image: a {w}x{h} frame is too thin to fit {width}x{height} with its aspect kept "
                          f"(it would be {new_w}x{new_h} pixels)")
-    out = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    out = F.interpolate(img, size=(new_h, new_w), mode="bilinear", align_corners=False)
+    if pad == "top_left":
+        return F.pad(out, (width - new_w, 0, height - new_h, 0), value=0.0)
+    out = out.clamp(0.0, 1.0)
     top, left = (height - new_h) // 2, (width - new_w) // 2
     return F.pad(out, (left, width - new_w - left, top, height - new_h - top), value=0.0)
 
@@ -82,7 +87,7 @@ def _to_batched_chw_float01(frame, index: int, device) -> torch.Tensor:
     raise InputError(f"frames[{index}]: no 3-channel axis in shape {tuple(t.shape)}")
 
 
-def preprocess_images(frames: Sequence, num_slots: int = 3, size: int = 224, device=None):
+def preprocess_images(frames: Sequence, num_slots: int = 3, size: int = 224, device=None, pad: str = "centre"):
     """frames: one entry per camera (None = missing) -> images [B, num_slots, 3, size, size] in [-1, 1],
     masks [B, num_slots] bool. Present cameras fill the first slots in order (LeRobot's order)."""
     if len(frames) > num_slots:
@@ -93,7 +98,7 @@ def preprocess_images(frames: Sequence, num_slots: int = 3, size: int = 224, dev
             continue
         img = _to_batched_chw_float01(f, i, device)
         if tuple(img.shape[-2:]) != (size, size):
-            img = resize_with_pad(img, size, size)
+            img = resize_with_pad(img, size, size, pad)
         present.append(img * 2.0 - 1.0)
     if not present:
         raise InputError("frames: every camera is missing; pi0.5 needs at least one image")

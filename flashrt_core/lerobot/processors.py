@@ -27,7 +27,7 @@ STATE_FEATURE, ACTION_FEATURE = "observation.state", "action"
 # Steps implemented here (registry name -> what it does, for messages).
 PRE_STEPS = {"rename_observations_processor", "to_batch_processor", "relative_actions_processor",
              "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step", "tokenizer_processor",
-             "device_processor", "pi0_new_line_processor"}
+             "device_processor", "pi0_new_line_processor", "smolvla_new_line_processor"}
 POST_STEPS = {"unnormalizer_processor", "absolute_actions_processor", "device_processor"}
 
 
@@ -178,7 +178,8 @@ def read_processors(folder) -> Processors:
         mask = relative_mask(action_dim, exclude, names)
 
     tok = pre.get("tokenizer_processor", {})
-    if tok.get("padding_side", "right") != "right" or tok.get("padding", "max_length") != "max_length":
+    # ("longest" and "max_length" give the same actions: pads are masked and positions count valid tokens only)
+    if tok.get("padding_side", "right") != "right" or tok.get("padding", "max_length") not in ("max_length", "longest"):
         raise CheckpointError(f"{folder / PRE_FILE}: tokenizer_processor pads {tok.get('padding')!r} on the "
                               f"{tok.get('padding_side')!r}; FlashRT implements max_length padding on the right")
     max_len = tok.get("max_length", cfg.get("tokenizer_max_length"))

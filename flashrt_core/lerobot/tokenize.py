@@ -81,12 +81,13 @@ class WordTokenizer:
         return [self.offset + zlib.crc32(w.encode("utf-8")) % (self.vocab_size - self.offset) for w in text.split()]
 
 
-def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int, truncate: bool = True):
-    """-> tokens [1, max_len] long and mask [1, max_len] bool: BOS + ids, truncated (as LeRobot's tokenizer
-    call does) or, with truncate=False, refused (InputError) when longer, right-padded."""
+def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int, truncate: bool = True, bos: bool = True):
+    """-> tokens [1, max_len] long and mask [1, max_len] bool: BOS (where the model's tokenizer adds one) + ids,
+    truncated (as LeRobot's tokenizer call does) or, with truncate=False, refused (InputError) when longer,
+    right-padded (LeRobot's "longest" padding is the same under the mask: pads are never attended to)."""
     if max_len < 1:
         raise InputError(f"max_len: must be positive, got {max_len}")
-    ids = [tokenizer.bos_id] + list(tokenizer.encode(text))
+    ids = ([tokenizer.bos_id] if bos else []) + list(tokenizer.encode(text))
     if len(ids) > max_len and not truncate:
         raise InputError(f"prompt: {len(ids)} tokens with BOS, more than prompt_len = {max_len}; the end of "
                          f"{text[-40:]!r} would be cut off")

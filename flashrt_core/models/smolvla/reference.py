@@ -251,3 +251,9 @@ class ReferenceEngine:
 
     def sample_actions(self, images, image_masks, lang_tokens, lang_mask, state, noise) -> torch.Tensor:
         return self.denoise(self.encode_prefix(images, image_masks, lang_tokens, lang_mask, state), noise)
+
+
+def make_engine(weights: SmolVLAWeights, precision=None) -> ReferenceEngine:
+    """The `SmolVLAPolicy` engine hook (`lerobot.policy.make_engine`): the eager reference (bf16 only: it
+    quantizes nothing)."""
+    return ReferenceEngine(weights)
