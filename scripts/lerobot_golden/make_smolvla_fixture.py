@@ -287,7 +287,7 @@ def write_cases(tensors: dict, path: Path) -> None:
             same = False
         if same:
             tmp.unlink()
-            print(f"{path}: unchanged (same decoded tensors)")
+            print(f"{path}: unchanged (same SHA-256 for every tensor)")
             return
     tmp.replace(path)
 
