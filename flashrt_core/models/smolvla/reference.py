@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from flashrt_core.models.precision import parse_precision
 from flashrt_core.models.smolvla.config import SmolVLAConfig
 from flashrt_core.models.smolvla.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.smolvla.weights import SmolVLAWeights
@@ -256,4 +257,11 @@ class ReferenceEngine:
 def make_engine(weights: SmolVLAWeights, precision=None) -> ReferenceEngine:
     """The `SmolVLAPolicy` engine hook (`lerobot.policy.make_engine`): the eager reference (bf16 only: it
     quantizes nothing)."""
+    return ReferenceEngine(weights)
+
+
+def make_engine(weights: SmolVLAWeights, precision=None) -> ReferenceEngine:
+    """The policy's engine hook (`models.precision.build_engine`): the eager reference (unquantized only)."""
+    if precision is not None and parse_precision(precision).quantized:
+        raise ValueError("SmolVLA reference: quantized precisions are not supported yet")
     return ReferenceEngine(weights)

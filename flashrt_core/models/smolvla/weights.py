@@ -103,6 +103,15 @@ class SmolVLAWeights:
     time_bias: torch.Tensor  # [num_steps, expert.width] fp32: time half of time_in applied to it, + time_in_b
 
     @property
+    def dt(self) -> float:
+        """Euler step size: the flow goes from t=1 (noise) to t=0 (actions)."""
+        return self.config.dt
+
+    @property
+    def vision_dtype(self) -> torch.dtype:
+        return self.patch_w.dtype
+
+    @property
     def time_in_action_w(self) -> torch.Tensor:
         """The action half of action_time_mlp_in ([expert.width, expert.width] view)."""
         return self.time_in_w[:, : self.config.expert.width]
