@@ -111,6 +111,37 @@ _JPEG_NO_LENGTH = {0x01, *range(0xD0, 0xD9)}  # TEM, RST0-7 and SOI stand alone
 MAX_PIXELS = 4096 * 4096
 
 
+def _jpeg_frame(data, fmt: str):
+    """(width, height, SOF marker, [(h, v) sampling of each component], offset where the first scan's entropy-coded
+    data starts, or None without a scan) of a JPEG stream, from its marker segments."""
+    pos, frame = 2, None
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            break  # not a marker where one must be: the stream is corrupt
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in _JPEG_NO_LENGTH:
+            pos += 2
+            continue
+        if marker == 0xD9:  # end of image
+            break
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        if marker == 0xDA:  # start of scan: the frame header must have come before it
+            return (*frame, pos + 2 + length) if frame is not None else None
+        if marker in _JPEG_SOF and frame is None and length >= 8 and pos + 10 <= len(data):
+            height = int.from_bytes(data[pos + 5:pos + 7], "big")
+            width = int.from_bytes(data[pos + 7:pos + 9], "big")
+            if height == 0:  # the height comes later, in a DNL marker: not supported
+                raise ConversionError(f"compressed image (format '{fmt}') states no height in its frame header")
+            sampling = [(data[p + 1] >> 4, data[p + 1] & 15) for p in range(pos + 10, min(pos + 10 + 3 * data[pos + 9],
+                                                                                         len(data) - 1), 3)]
+            frame = (width, height, marker, sampling)
+        pos += 2 + length
+    return (*frame, None) if frame is not None else None
+
+
 def compressed_size(data, fmt: str = "") -> tuple[int, int]:
     """(width, height) of a PNG (IHDR) or JPEG (SOF) stream, read from its header bytes without decoding."""
     if data[:8] == PNG_SIGNATURE:
@@ -118,30 +149,43 @@ def compressed_size(data, fmt: str = "") -> tuple[int, int]:
             raise ConversionError(f"compressed image (format '{fmt}') could not be decoded: PNG without an IHDR header")
         return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     if data[:2] == b"\xff\xd8":
-        pos = 2
-        while pos + 4 <= len(data):
-            if data[pos] != 0xFF:
-                break  # not a marker where one must be: the stream is corrupt
-            marker = data[pos + 1]
-            if marker == 0xFF:  # fill byte
-                pos += 1
-                continue
-            if marker in _JPEG_NO_LENGTH:
-                pos += 2
-                continue
-            if marker in (0xD9, 0xDA):  # end of image, or scan data before any frame header
-                break
-            length = int.from_bytes(data[pos + 2:pos + 4], "big")
-            if marker in _JPEG_SOF and length >= 7 and pos + 9 <= len(data):
-                height = int.from_bytes(data[pos + 5:pos + 7], "big")
-                width = int.from_bytes(data[pos + 7:pos + 9], "big")
-                if height == 0:  # the height comes later, in a DNL marker: not supported
-                    raise ConversionError(f"compressed image (format '{fmt}') states no height in its frame header")
-                return width, height
-            pos += 2 + length
-        raise ConversionError(f"compressed image (format '{fmt}') could not be decoded: no JPEG frame header (SOF)")
+        frame = _jpeg_frame(data, fmt)
+        if frame is None:
+            raise ConversionError(f"compressed image (format '{fmt}') could not be decoded: no JPEG frame header (SOF)")
+        return frame[0], frame[1]
     raise ConversionError(f"compressed image (format '{fmt}') is neither PNG nor JPEG: its size cannot be checked "
                           "before decoding")
+
+
+def _check_jpeg_scan(data, fmt: str) -> None:
+    """A JPEG whose entropy-coded data is too short to fill the frame its SOF states is refused before decoding
+    (libjpeg would fill the rest with grey: an edited header turns a 2 KB file into a 4000x4000 image). The
+    bound is exact for Huffman coding: sequential (SOF0/1) codes every 8x8 block with at least a 1-bit DC code
+    and a 1-bit end-of-block, lossless (SOF3) every sample with at least one bit. Progressive and arithmetic
+    streams can code a run of empty blocks in a few bits: they have no such bound."""
+    frame = _jpeg_frame(data, fmt)
+    if frame is None or frame[4] is None:
+        raise ConversionError(f"compressed image (format '{fmt}') could not be decoded: no JPEG scan")
+    width, height, marker, sampling, scan = frame
+    if marker not in (0xC0, 0xC1, 0xC3) or not sampling:
+        return
+    h_max, v_max = max(h for h, _ in sampling) or 1, max(v for _, v in sampling) or 1
+    samples = [(-(-width * h // h_max), -(-height * v // v_max)) for h, v in sampling]
+    if marker == 0xC3:
+        least = sum(w * h for w, h in samples) / 8
+    else:
+        least = sum(-(-w // 8) * -(-h // 8) for w, h in samples) * 2 / 8
+    if len(data) - scan < least:
+        raise ConversionError(f"compressed image (format '{fmt}') is corrupt: its frame header says {width}x{height} "
+                              f"but its {len(data) - scan} bytes of scan data cannot fill it (at least "
+                              f"{int(least)} needed); not decoded")
+
+
+def frame_size(msg) -> tuple[int, int]:
+    """(width, height) of a sensor_msgs/Image or CompressedImage, from its fields or compressed header; no decoding."""
+    if hasattr(msg, "encoding"):
+        return int(msg.width), int(msg.height)
+    return compressed_size(memoryview(msg.data), msg.format)
 
 
 def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.ndarray:
@@ -160,6 +204,8 @@ def compressed_to_rgb(msg, expected_size: tuple[int, int] | None = None) -> np.n
     if width * height == 0 or width * height > MAX_PIXELS:
         raise ImageSizeError(f"size {width}x{height} (from its header, not decoded) is outside "
                              f"1..{MAX_PIXELS} pixels")
+    if data[:2] == b"\xff\xd8":
+        _check_jpeg_scan(data, msg.format)
     try:
         decoded = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     except Exception as exc:  # cv2.error: a stream OpenCV refuses part-way

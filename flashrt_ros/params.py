@@ -53,6 +53,11 @@ PARAMETERS = {
     "image_width": (0, ParameterType.PARAMETER_INTEGER,
                     "width frames are fitted to (letterboxed, aspect kept); 0 = the contract's",
                     IntegerRange(from_value=0, to_value=8192)),
+    "camera_pixel_budget_mpx_s": (16.0, ParameterType.PARAMETER_DOUBLE,
+                                  "megapixels each camera may have decoded and fitted per second: a frame over what "
+                                  "is left is refused before decoding, naming the camera (16 = a 4K frame twice a "
+                                  "second, 720p at 17 Hz; a larger frame is never taken); 0 = no budget",
+                                  FloatingPointRange(from_value=0.0, to_value=1000.0)),
     "action_dt": (0.02, ParameterType.PARAMETER_DOUBLE, "seconds between two actions of a chunk",
                   FloatingPointRange(from_value=1e-4, to_value=10.0)),
     "action_dim": (0, ParameterType.PARAMETER_INTEGER,
@@ -106,6 +111,7 @@ class NodeParams:
     max_observation_age_ms: float
     image_height: int
     image_width: int
+    camera_pixel_budget_mpx_s: float
     action_dt: float
     action_dim: int
     rtc: bool

@@ -140,6 +140,7 @@ class PolicyNode(LifecycleNode):
         found = setup_checks.configured_warnings(self.p, runtime)
         self.health.setup_warnings = self._unknown_parameters + found
         self._grey_topics = set()  # (said again for this configuration)
+        self._frames.budget(self.p.camera_pixel_budget_mpx_s * 1e6)
         for warning in found:
             self.get_logger().warning(warning)
         self._diag_timer.timer_period_ns = int(self.p.diagnostics_period_s * 1e9)

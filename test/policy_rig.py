@@ -30,7 +30,7 @@ def camera_topics(name: str, compressed: bool = False) -> list[str]:
 
 
 def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, contract=None, max_age_ms=400.0,
-                 sim_time=False, namespace="", compressed=False):
+                 sim_time=False, namespace="", compressed=False, params=()):
     topics = ",".join(f'"{t}"' for t in camera_topics(name, compressed))
     joints = ",".join(f'"{n}"' for n in joint_names(JOINTS))
     cmd = [sys.executable, "-m", "flashrt_ros.policy_node", "--ros-args", "-r", f"__node:={name}",
@@ -46,6 +46,8 @@ def node_command(name: str, act_rate=20.0, observe_rate=5.0, autostart=False, co
         cmd += ["-p", "use_sim_time:=true"]
     if namespace:
         cmd += ["-r", f"__ns:={namespace}"]
+    for param in params:  # more node parameters, "name:=value"
+        cmd += ["-p", param]
     return cmd
 
 
@@ -56,6 +58,7 @@ class Rig:
         # compressed: the cameras send CompressedImage (PNG); huge_png: what mode "huge_png" sends on camera 1
         self.compressed = bool(node_kwargs.get("compressed"))
         self.huge_png = b""
+        self.extra_png = b""  # sent on camera 1 at 10 Hz, between its ordinary frames, while set
         # sim_time: the rig publishes /clock (from 1000 s on, at wall speed) and stamps its sensors with it;
         # jump_clock() sends it back, as a simulation reset does
         self.sim_time = bool(node_kwargs.get("sim_time"))
@@ -91,6 +94,7 @@ class Rig:
         self.t0 = time.time()
         self.node.create_timer(1 / 15, self._publish_cameras)
         self.node.create_timer(1 / 50, self._publish_joints)
+        self.node.create_timer(1 / 10, self._publish_extra_png)
         if self.sim_time:
             from rosgraph_msgs.msg import Clock
 
@@ -143,6 +147,12 @@ class Rig:
         msg = CompressedImage(format="png", data=data)
         msg.header.stamp, msg.header.frame_id = self._stamp(), f"cam{i}"
         return msg
+
+    def _publish_extra_png(self):
+        if self.extra_png:
+            msg = CompressedImage(format="png", data=self.extra_png)
+            msg.header.stamp, msg.header.frame_id = self._stamp(), "cam1"
+            self.cams[1].publish(msg)
 
     def _publish_joints(self):
         if self.mode == "silent":

@@ -158,6 +158,32 @@ def test_jpeg_sizes_are_read_from_the_frame_header(rgb, progressive, decoder_cal
     assert decoder_calls == [len(data)]
 
 
+def test_a_jpeg_whose_scan_data_cannot_fill_its_frame_header_is_refused_undecoded(decoder_calls):
+    """The fuzzer's frame: a small JPEG with its SOF edited to 4000x4000 decoded (libjpeg fills the missing blocks
+    with grey) to a garbage image used as camera input. A Huffman-coded block takes at least two bits."""
+    import struct
+
+    import cv2
+    from sensor_msgs.msg import CompressedImage
+
+    rgb = np.random.default_rng(8).integers(0, 256, size=(64, 64, 3), dtype=np.uint8)
+    data = cv2.imencode(".jpg", rgb)[1].tobytes()
+    assert len(data) < 8000
+    sof = data.index(b"\xff\xc0")
+    edited = data[:sof + 5] + struct.pack(">HH", 4000, 4000) + data[sof + 9:]
+    with pytest.raises(cv.ConversionError, match=r"corrupt: its frame header says 4000x4000 but its \d+ bytes of "
+                                                 r"scan data cannot fill it \(at least 93750 needed\); not decoded"):
+        cv.compressed_to_rgb(CompressedImage(format="jpeg", data=edited))
+    assert decoder_calls == []
+    # the bound is what the smallest honest streams reach: black frames with optimized Huffman tables (1-bit
+    # codes), grey and colour, and a progressive one (no bound) are taken whole
+    optimized, progressive = [cv2.IMWRITE_JPEG_OPTIMIZE, 1], [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]
+    for image, options in (((4000, 4000), optimized), ((4000, 4000, 3), optimized), ((4000, 4000, 3), progressive)):
+        black = cv2.imencode(".jpg", np.zeros(image, np.uint8), options)[1].tobytes()
+        out = cv.compressed_to_rgb(CompressedImage(format="jpeg", data=black))
+        assert out.shape == (4000, 4000, 3) and not out.any()
+
+
 @pytest.mark.parametrize("data, message", [
     (b"\x89PNG\r\n\x1a\n\x00\x00", "PNG without an IHDR header"),
     (b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(7) + b"\xff\xda\x00\x08", r"no JPEG frame header \(SOF\)"),
