@@ -66,7 +66,6 @@ def test_the_full_size_stand_in_tokenizer_fits_w2_prompts_in_48_tokens():
     state (one token per byte needed 100); ids stay inside the vocabulary and are the same in every process."""
     from flashrt_core.models.pi05.binding import Pi05Binding
     from flashrt_core.contract.spec import load_contract
-    from flashrt_core.models.paligemma.binding import model_config
     from flashrt_core.models.pi05.policy import choose_tokenizer
     from flashrt_core.models.pi05 import WordTokenizer
 
@@ -82,8 +81,8 @@ def test_the_full_size_stand_in_tokenizer_fits_w2_prompts_in_48_tokens():
     assert Pi05Binding.plan(full.model, full.dims, "cpu")["tokenizer"] == "WordTokenizer"
     assert full.dims["prompt_len"] == 48
     assert Pi05Binding.plan(tiny.model, tiny.dims, "cpu")["tokenizer"] == "TinyTokenizer"
-    assert isinstance(choose_tokenizer(model_config(full.model, "pi05"), None), WordTokenizer)
-    assert isinstance(choose_tokenizer(model_config(tiny.model, "pi05"), None), TinyTokenizer)
+    assert isinstance(choose_tokenizer(Pi05Binding.model_config(full.model), None), WordTokenizer)
+    assert isinstance(choose_tokenizer(Pi05Binding.model_config(tiny.model), None), TinyTokenizer)
 
 
 def test_a_task_too_long_for_the_state_is_refused_at_set_prompt():

@@ -353,7 +353,7 @@ def test_contract_precision_runs_the_act_stage_on_4bit_weights(engine):
     fingerprint names the precision, so a capsule of one precision is refused by the other."""
     import numpy as np
 
-    from flashrt_core.models.paligemma.binding import prefix_cache
+    from flashrt_core.contract.bindings.flow import prefix_cache
 
     rts = {p: _runtime({"engine": engine, "precision": p}) for p in ("bf16", "w4a16")}
     assert rts["w4a16"].binding.policy.engine.precision_report["precision"] == "w4a16"

@@ -234,7 +234,7 @@ def test_contract_rtc_guides_each_act_tick_towards_the_rest_of_the_previous_chun
     API computes it). Off, the same ticks give plain chunks."""
     import numpy as np
 
-    from flashrt_core.models.paligemma.binding import prefix_cache
+    from flashrt_core.contract.bindings.flow import prefix_cache
 
     opts = {"execution_horizon": 12, "max_guidance_weight": 6.0, "schedule": "exp", "inference_delay": 2}
     rt = rtc_runtime(engine, opts)
@@ -363,7 +363,7 @@ def test_contract_rtc_with_pi0_guides_its_act_ticks_too(model_ckpt):
     each act tick is the pi0 policy's guided flow over the same prefix, state and noise."""
     import numpy as np
 
-    from flashrt_core.models.paligemma.binding import prefix_cache
+    from flashrt_core.contract.bindings.flow import prefix_cache
     from flashrt_core.contract.runtime import Runtime
 
     repo = pathlib.Path(__file__).resolve().parents[1]

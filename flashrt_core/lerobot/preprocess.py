@@ -38,9 +38,10 @@ def resize_with_pad(img: torch.Tensor, height: int, width: int, pad: str = "cent
     return F.pad(out, (left, width - new_w - left, top, height - new_h - top), value=0.0)
 
 
-def letterbox(frame: np.ndarray, height: int, width: int) -> np.ndarray:
+def letterbox(frame: np.ndarray, height: int, width: int, pad: str = "centre") -> np.ndarray:
     """One uint8 HxWx3 RGB frame of any size -> uint8 height x width x 3 by `resize_with_pad` (LeRobot's
-    bilinear resize with centred black padding), rounded back to uint8. The node and the replay fit every
+    bilinear resize with black padding where the model's pre-processing puts it: `pad`, the binding's
+    IMAGE_PAD), rounded back to uint8. The node and the replay fit every
     camera frame to the contract's `images` buffer with this one function; where the buffer is the model's
     224x224 the device step then has nothing left to resize, and the only difference from LeRobot, which
     resizes the float frame, is that rounding (at most 0.5/255)."""
@@ -51,7 +52,7 @@ def letterbox(frame: np.ndarray, height: int, width: int) -> np.ndarray:
         return arr
     arr = np.ascontiguousarray(arr) if arr.flags.writeable else arr.copy()  # (torch wants writable memory)
     x = torch.from_numpy(arr).permute(2, 0, 1)[None].float().div_(255.0)
-    out = resize_with_pad(x, height, width)[0].permute(1, 2, 0)
+    out = resize_with_pad(x, height, width, pad)[0].clamp_(0.0, 1.0).permute(1, 2, 0)
     return out.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8).numpy()
 
 

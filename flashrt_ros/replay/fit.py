@@ -15,7 +15,10 @@ from flashrt_ros.replay.errors import ReplayError
 
 class InputFitter:
     def __init__(self, contract):
+        from flashrt_core.contract.bindings import image_pad
+
         images, state = contract.buffers.get("images"), contract.buffers.get("state")
+        self.pad = image_pad(contract.model)
         self.frame_hw = tuple(images.shape[1:3]) if images is not None else None
         self.state_dim = state.shape[0] if state is not None else None
         self.notes: list[str] = []
@@ -26,7 +29,7 @@ class InputFitter:
         note = f"{topic}: {rgb.shape[1]}x{rgb.shape[0]} frames letterboxed to {self.frame_hw[1]}x{self.frame_hw[0]}"
         if note not in self.notes:
             self.notes.append(note)
-        return letterbox(rgb, *self.frame_hw)
+        return letterbox(rgb, *self.frame_hw, self.pad)
 
     def state(self, values: np.ndarray, topic: str) -> np.ndarray:
         if self.state_dim is None or values.shape[0] == self.state_dim:

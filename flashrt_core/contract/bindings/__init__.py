@@ -87,3 +87,9 @@ def resolve_binding(name: str):
     except (ImportError, AttributeError) as e:
         raise ContractError(f"model.name: cannot load binding {target!r}: {e}") from None
     return cls
+
+
+def image_pad(model) -> str:
+    """Where the padding goes when a camera frame is fitted to the contract's image size: the model's own
+    convention (its binding's IMAGE_PAD), so that the node, the replay and the device step fit frames alike."""
+    return getattr(resolve_binding(model.name), "IMAGE_PAD", "centre")

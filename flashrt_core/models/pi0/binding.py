@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashrt_core.models.paligemma.binding import (PaliGemmaBinding, model_config, observe_reads, prefix_cache,
-                                                  prefix_signature, prompt_signature, rtc_writes, token_writes)
+from flashrt_core.contract.bindings.flow import (observe_reads, prefix_cache, prefix_signature, prompt_signature,
+                                                rtc_writes, token_writes)
+from flashrt_core.models.paligemma.binding import PaliGemmaBinding
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
 from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError, InputError
@@ -30,7 +31,7 @@ class Pi0Binding(PaliGemmaBinding):
 
     @classmethod
     def dims(cls, model) -> dict[str, int]:
-        return {**super().dims(model), "max_state_dim": model_config(model, cls.name).state_dim}
+        return {**super().dims(model), "max_state_dim": cls.model_config(model).state_dim}
 
     @classmethod
     def signatures(cls, d, model) -> dict[str, StageSignature]:
