@@ -40,6 +40,28 @@ class StageStats:
 
 
 RECOVERY_S = 2.0  # the level is back to OK once no input was refused for this long
+CLOCK_STALL_S = 1.0  # the node's ROS clock unchanged for this long (wall time) is said on /diagnostics
+
+
+class ClockWatch:
+    """Whether the node's ROS clock advances, read at every /diagnostics message (which runs on the steady clock:
+    under use_sim_time with nothing on /clock, ROS time stands still and so would a timer on it)."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._ros_ns, self._since = None, None
+
+    def update(self, ros_ns: int, sim_time: bool) -> str:
+        """'' while ROS time moves, else what is wrong (for NodeHealth.clock_stalled)."""
+        now = self.clock()
+        if ros_ns != self._ros_ns:
+            self._ros_ns, self._since = ros_ns, now
+            return ""
+        if now - self._since < CLOCK_STALL_S:
+            return ""
+        why = ("use_sim_time is true and no /clock message arrived (is the simulation publishing /clock, or paused?)"
+               if sim_time else "the system clock stands still")
+        return f"the node's clock has not advanced for {now - self._since:.1f} s: {why}; the stage timers wait for it"
 
 
 @dataclasses.dataclass
@@ -69,6 +91,7 @@ class NodeHealth:
         self.overruns = 0  # stage timers that fired while a tick was still computing
         self.deadline_misses = 0  # act periods without a chunk (the action_chunk publisher's deadline QoS)
         self.clock_resets = 0  # times the node's clock jumped back (simulation resets)
+        self.clock_stalled = ""  # ClockWatch's word while the node's ROS clock does not advance
         self.capsule_calls: collections.Counter = collections.Counter()  # "<verb>.ok" / "<verb>.failed"
         self.last_capsule = ""  # the last capsule call that changed something (a restore changes the actions)
         self.last_capsule_failure = ""
@@ -101,12 +124,16 @@ class NodeHealth:
         return f"{refusal.kind}: {refusal.why} ({self.clock() - refusal.at:.1f} s ago)"
 
     def level_and_message(self):
-        """(level, message): ERROR while stale or failing; WARN while not active (lifecycle) or while an input was
-        refused within RECOVERY_S seconds; else OK. The message names each recently refused source, its reason and how long ago."""
+        """(level, message): ERROR while the node's clock stands still, stale or failing; WARN while not active
+        (lifecycle) or while an input was refused within RECOVERY_S seconds; else OK. The message names each recently
+        refused source, its reason and how long ago."""
         refusing = "; ".join(f"{source}: {self._describe(r)}" for source, r in self.recent_refusals())
         if self.lifecycle != "active" and not self.last_error:  # (on purpose, or a manager's step still to come)
             return 1, (f"{self.lifecycle}: not publishing actions (lifecycle state; activate the node to run the "
                        "policy)" + (f"; refusing {refusing}" if refusing else ""))
+        if self.clock_stalled:  # (nothing runs on a clock that stands still: it is the first thing to say)
+            message = f"not publishing actions: {self.clock_stalled}"
+            return 2, message + (f"; refusing {refusing}" if refusing else "")
         if self.stale_reason or self.last_error:
             message = f"not publishing actions: {self.stale_reason}" if self.stale_reason else self.last_error
             return 2, message + (f"; refusing {refusing}" if refusing else "")
@@ -119,7 +146,8 @@ class NodeHealth:
     def key_values(self) -> list[tuple[str, str]]:
         values = [("chunks_published", str(self.chunks_published)), ("tick_overruns", str(self.overruns)),
                   ("action_chunk_deadline_misses", str(self.deadline_misses)),
-                  ("clock_resets", str(self.clock_resets))]
+                  ("clock_resets", str(self.clock_resets)),
+                  ("ros_clock", self.clock_stalled or "advancing")]
         for name, stats in sorted(self.stages.items()):
             values += [
                 (f"{name}.rate_hz", f"{stats.rate_hz():.2f}"),

@@ -17,6 +17,7 @@ import numpy as np
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import SetParametersResult
+from rclpy.clock import Clock, ClockType
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.impl.implementation_singleton import rclpy_implementation as _rclpy
 from rclpy.lifecycle import Node as LifecycleNode
@@ -33,7 +34,7 @@ from flashrt_core.lerobot.preprocess import letterbox
 from flashrt_ros import conversions, params, setup_checks
 from flashrt_ros.capsule_services import CapsuleServices
 from flashrt_ros.chunk_messages import action_chunk_message, trajectory_message
-from flashrt_ros.diagnostics import NodeHealth, refusal_reason
+from flashrt_ros.diagnostics import ClockWatch, NodeHealth, refusal_reason
 from flashrt_ros.frame_fitter import FrameFitter
 from flashrt_ros.msg import ActionChunk
 from flashrt_ros.runtime_loader import action_names, load_runtime
@@ -94,7 +95,10 @@ class PolicyNode(LifecycleNode):
         self.add_on_set_parameters_callback(self._on_set_parameters)
         self.create_subscription(String, "~/prompt", self._on_prompt, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
-        self._diag_timer = self.create_timer(1.0, self._publish_diagnostics)
+        # on the steady clock: /diagnostics goes on (and says so) when ROS time stands still (use_sim_time, no /clock)
+        self._clock_watch = ClockWatch()
+        self._diag_timer = self.create_timer(1.0, self._publish_diagnostics,
+                                             clock=Clock(clock_type=ClockType.STEADY_TIME))
         if self.get_parameter("autostart").value:
             # Deferred to the first spin so that the node is fully constructed and discoverable.
             self._autostart_timer = self.create_timer(0.0, self._autostart)
@@ -560,9 +564,11 @@ class PolicyNode(LifecycleNode):
     def _publish_diagnostics(self):
         # named by the node's fully qualified name: nodes of one name in two namespaces stay apart
         runtime = self.runtime
+        now = self.get_clock().now()
+        self.health.clock_stalled = self._clock_watch.update(now.nanoseconds, self.get_parameter("use_sim_time").value)
         self._diag_pub.publish(self.health.message(f"{self.get_fully_qualified_name()}: policy",
                                                    runtime.describe() if runtime is not None else "unconfigured",
-                                                   self.get_clock().now().to_msg()))
+                                                   now.to_msg()))
 
 
 def main(args=None):

@@ -59,3 +59,26 @@ def test_a_huge_png_on_one_camera_neither_slows_the_chunks_nor_starves_the_other
     assert f"last_refusal.{cam1}" in refusals, refusals
     assert refusals[f"last_refusal.{cam1}"].startswith("image_budget: 4096x4096 frame"), refusals
     assert f"last_refusal.{cam0}" not in refusals, refusals
+
+
+def test_diagnostics_go_on_and_say_so_when_use_sim_time_is_set_and_nothing_publishes_the_clock(rig_factory):
+    from rcl_interfaces.msg import Parameter, ParameterType, ParameterValue
+    from rcl_interfaces.srv import SetParameters
+
+    rig = rig_factory("simclock_node", autostart=True)
+    assert rig.wait(lambda: len(rig.chunks) >= 3, 60), rig.log()
+    assert _values(rig.last_status())["ros_clock"] == "advancing"
+    sim = Parameter(name="use_sim_time", value=ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=True))
+    assert rig.call(SetParameters, "set_parameters", SetParameters.Request(parameters=[sim])).results[0].successful
+    said = "the node's clock has not advanced for"
+    assert rig.wait(lambda: said in rig.last_status().message, 10), (rig.last_status(), rig.log())
+    status = rig.last_status()
+    assert status.level == b"\x02" and "use_sim_time is true and no /clock message arrived" in status.message
+    assert _values(status)["ros_clock"].startswith(said)
+    # /diagnostics keeps its period (0.2 s) on the wall clock while ROS time stands still
+    since = time.monotonic()
+    rig.wait(lambda: False, 2.0)
+    assert len([t for t in rig.status_times if t >= since]) >= 5
+    chunks = len(rig.chunks)
+    rig.wait(lambda: False, 0.5)
+    assert len(rig.chunks) == chunks  # (nor does anything run on it)
