@@ -100,3 +100,27 @@ def test_triton_observe_and_first_step_match_lerobot():
     actions = eng.denoise(prefix, c.noise)  # x_1 = noise + (-1) * v(noise, t=1)
     err = ((c.noise - actions) - c.tensors["debug.velocity"][0]).abs().max().item()
     assert err <= TOL["velocity_vs_lerobot"], f"first velocity: {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("folder", ["lerobot_smolvla_three_cams", "lerobot_smolvla_empty_cam"])
+def test_cuda_engine_with_graphs_matches_lerobot(folder):
+    """On a GPU: the compiled Triton kernels, the GEMM picker and the stage graphs (observe, act, the whole
+    decision) in fp32 against LeRobot's actions, and in bf16 against them by cosine / relative L2 (the parity
+    targets of the project's bf16 paths)."""
+    from lerobot_cases import cosine, rel_l2
+
+    dev = torch.device("cuda")
+    w = model(folder)[1]
+    for dtype, check in ((torch.float32, "abs"), (torch.bfloat16, "cos")):
+        eng = SmolVLAEngine(w.to(device=dev, dtype=dtype), dev, dtype)
+        for name, c in model(folder)[3].items():
+            inputs = [t.to(dev) for t in c.inputs()]
+            whole = eng.sample_actions(*inputs, c.noise.to(dev)).float().cpu()
+            staged = eng.denoise(eng.encode_prefix(*inputs), c.noise.to(dev)).float().cpu()
+            if check == "abs":
+                assert (whole - c.actions).abs().max().item() <= TOL["fp32_vs_lerobot"], (folder, name)
+                assert (staged - c.actions).abs().max().item() <= TOL["fp32_vs_lerobot"], (folder, name)
+            else:
+                assert cosine(whole, c.actions) >= 0.999 and rel_l2(whole, c.actions) <= 2e-2, (folder, name)
+        assert eng.captures >= 3  # observe, act and the decision ran as CUDA graphs
