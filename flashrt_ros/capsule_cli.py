@@ -85,7 +85,7 @@ def capsule_export(args, out=None) -> int:
     from flashrt_ros.srv import ExportCapsule
 
     out = out or sys.stdout
-    request = ExportCapsule.Request(id=args.id, path=os.path.abspath(os.path.expanduser(args.path)))
+    request = ExportCapsule.Request(id=args.id, path=args.path)  # (a relative path is the node's: in its capsule_dir)
     response = _answer(args, "export_capsule", ExportCapsule, request)
     if response is None:
         return 2
@@ -98,7 +98,7 @@ def capsule_import(args, out=None) -> int:
     from flashrt_ros.srv import ImportCapsule
 
     out = out or sys.stdout
-    request = ImportCapsule.Request(path=os.path.abspath(os.path.expanduser(args.path)), tier=args.tier)
+    request = ImportCapsule.Request(path=args.path, tier=args.tier)
     response = _answer(args, "import_capsule", ImportCapsule, request)
     if response is None:
         return 2
@@ -181,11 +181,13 @@ def add_node_verbs(verbs) -> None:
     p.set_defaults(func=capsule_drop)
     p = verbs.add_parser("export", help="write a node's capsule to a folder (on the node's machine)")
     p.add_argument("id", help="capsule id (see `flashrt capsule list`)")
-    p.add_argument("path", help="folder to write (must not exist)")
+    p.add_argument("path", help="folder to write (must not exist), on the node's machine: relative to the node's "
+                   "capsule_dir, or absolute inside capsule_dir or a folder of its capsule_io_dirs")
     common(p)
     p.set_defaults(func=capsule_export)
     p = verbs.add_parser("import", help="load an exported capsule folder into a running node")
-    p.add_argument("path", help="capsule folder (or its manifest.json)")
+    p.add_argument("path", help="capsule folder (or its manifest.json) on the node's machine: relative to the node's "
+                   "capsule_dir, or absolute inside capsule_dir or a folder of its capsule_io_dirs")
     p.add_argument("--tier", default="host", choices=["device", "host", "disk"], help="where to keep it (host)")
     common(p)
     p.set_defaults(func=capsule_import)

@@ -26,7 +26,11 @@ PARAMETERS = {
                          "capsules to make room (the service reply names them)"),
     "capsule_dir": ("", ParameterType.PARAMETER_STRING,
                     "folder of the disk tier, kept across restarts: the capsules found there at configure are "
-                    "listed again; empty = a temporary folder removed at cleanup"),
+                    "listed again; empty = a temporary folder removed at cleanup. ~/export_capsule and "
+                    "~/import_capsule paths are taken relative to it and confined to it (and capsule_io_dirs)"),
+    "capsule_io_dirs": ([""], ParameterType.PARAMETER_STRING_ARRAY,
+                        "more folders ~/export_capsule may write into and ~/import_capsule read from (absolute "
+                        "paths); any other path is refused, as any peer on the ROS domain may call them"),
 }
 
 
@@ -35,6 +39,7 @@ class CapsuleParams:
     budget_mb: dict
     eviction: str
     capsule_dir: str
+    io_dirs: list
 
 
 def declare(node) -> dict[str, str]:
@@ -54,4 +59,8 @@ def read(node) -> CapsuleParams:
     if eviction not in EVICTIONS:
         raise ValueError(f"parameter 'capsule_eviction' must be one of {', '.join(EVICTIONS)}, not '{eviction}'")
     budget = {tier: int(node.get_parameter(BUDGET_PREFIX + tier).value) for tier in DEFAULT_BUDGET_MB}
-    return CapsuleParams(budget, eviction, node.get_parameter("capsule_dir").value)
+    io_dirs = [d for d in node.get_parameter("capsule_io_dirs").value if d]
+    relative = [d for d in io_dirs if not d.startswith(("/", "~"))]
+    if relative:
+        raise ValueError(f"parameter 'capsule_io_dirs' must list absolute folders, not {relative}")
+    return CapsuleParams(budget, eviction, node.get_parameter("capsule_dir").value, io_dirs)

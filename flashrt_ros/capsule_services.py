@@ -42,6 +42,8 @@ class CapsuleServices:
         self._worker.start()
         self.busy = threading.Lock()  # held by the capsule thread for each call (cleanup waits for it)
         self._group = ReentrantCallbackGroup()
+        self._io_base: pathlib.Path | None = None  # capsule_dir: relative export / import paths start there
+        self._io_roots: list[pathlib.Path] = []  # the folders export / import may touch (set at configure)
         self.parameter_errors = capsule_params.declare(node)  # (the node reports them)
         node.add_on_set_parameters_callback(self._on_set_parameters)
         self._create_services()
@@ -73,10 +75,15 @@ class CapsuleServices:
             runtime.close()
             raise
         store, log = runtime.capsules, self.node.get_logger()
+        self._io_base = pathlib.Path(p.capsule_dir).expanduser().resolve() if p.capsule_dir else None
+        self._io_roots = ([self._io_base] if self._io_base else []) + [
+            pathlib.Path(d).expanduser().resolve() for d in p.io_dirs]
         if p.capsule_dir:
             log.info(f"capsule_dir {store.disk_dir}: {len(store.relisted)} capsule(s) listed again")
-        for skipped in store.relist_skipped:
-            log.warning(f"capsule_dir {store.disk_dir}: not listed: {skipped}")
+        notes = [f"removed {r}" for r in store.removed_partial] + [f"not listed: {r}" for r in store.relist_skipped]
+        for note in notes:
+            log.warning(f"capsule_dir {store.disk_dir}: {note}")
+        self.node.health.capsule_dir_notes = notes
 
     def _create_services(self):
         """The services, for the node's whole life (not per configure: a reply still due when the node cleans up
@@ -200,24 +207,37 @@ class CapsuleServices:
         runtime.drop_capsule(request.capsule_id)
         response.message = f"dropped {request.capsule_id}"
 
-    @staticmethod
-    def _export(runtime, request, response):
-        folder = _folder(request.path)
+    def _export(self, runtime, request, response):
+        folder = self._folder(request.path)
         runtime.export_capsule(request.id, folder)
         response.path = str(folder)
         response.message = f"exported {request.id} -> {folder}"
 
-    @staticmethod
-    def _import(runtime, request, response):
-        folder = _folder(request.path)
+    def _import(self, runtime, request, response):
+        folder = self._folder(request.path)
         response.id = runtime.import_capsule(folder, tier=request.tier or "host")
         response.message = f"imported {folder} -> {response.id} ({request.tier or 'host'})" + _dropped(runtime)
 
-
-def _folder(path: str) -> pathlib.Path:
-    if not path.strip():
-        raise ValueError("path: empty; give the capsule folder (on the node's machine)")
-    return pathlib.Path(path).expanduser().resolve()
+    def _folder(self, path: str) -> pathlib.Path:
+        """The folder an export writes or an import reads: a relative path is taken in capsule_dir, and the
+        result (symbolic links and '..' resolved) must lie inside capsule_dir or a capsule_io_dirs folder. Any
+        peer on the ROS domain may call these services: without this they wrote and read wherever the node's user
+        may. Refused here, by name, before anything is read or written."""
+        if not path.strip():
+            raise ValueError("path: empty; give the capsule folder (on the node's machine)")
+        given = pathlib.Path(path).expanduser()
+        if not given.is_absolute():
+            if self._io_base is None:
+                raise ValueError(f"path '{path}' is relative and the node has no capsule_dir to take it in; give "
+                                 "an absolute path inside capsule_io_dirs, or set capsule_dir")
+            given = self._io_base / given
+        folder = given.resolve()
+        if not any(root in folder.parents for root in self._io_roots):
+            allowed = ", ".join(str(r) for r in self._io_roots) or "none: capsule_dir and capsule_io_dirs are unset"
+            raise ValueError(f"path '{path}' ({folder}) is outside the folders capsule export and import may use "
+                             f"({allowed}); refused, nothing read or written (node parameters capsule_dir, "
+                             "capsule_io_dirs)")
+        return folder
 
 
 def _dropped(runtime) -> str:

@@ -96,6 +96,7 @@ class NodeHealth:
         self.last_capsule = ""  # the last capsule call that changed something (a restore changes the actions)
         self.last_capsule_failure = ""
         self.setup_warnings: list[str] = []  # a set-up that runs but is likely wrong (flashrt_ros.setup_checks)
+        self.capsule_dir_notes: list[str] = []  # what configure found in capsule_dir: removed / not listed folders
 
     def reject(self, kind: str, why: str, source: str = "") -> None:
         """Count a refused input of `source` (a topic name; default: the kind) and keep it as its last refusal."""
@@ -169,6 +170,8 @@ class NodeHealth:
             values.append(("capsule.last", self.last_capsule))
         if self.last_capsule_failure:
             values.append(("capsule.last_failure", self.last_capsule_failure))
+        for i, note in enumerate(self.capsule_dir_notes):
+            values.append((f"capsule_dir.{i}", note))
         return values
 
     def message(self, name: str, hardware_id: str, stamp):

@@ -20,9 +20,11 @@ ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 @pytest.fixture
 def capsule_rig(ros_context, tmp_path, monkeypatch):
-    """A node with a 1 MB device budget (6 tiny-model capsules), eviction of the oldest and a capsule_dir."""
+    """A node with a 1 MB device budget (6 tiny-model capsules), eviction of the oldest, a capsule_dir and the test's
+    folder as a capsule_io_dirs folder."""
     folder = tmp_path / "caps"
-    extra = ["-p", "capsule_budget_mb.device:=1", "-p", "capsule_eviction:=oldest", "-p", f"capsule_dir:={folder}"]
+    extra = ["-p", "capsule_budget_mb.device:=1", "-p", "capsule_eviction:=oldest", "-p", f"capsule_dir:={folder}",
+             "-p", f"capsule_io_dirs:=['{tmp_path}']"]  # (exports and imports beside capsule_dir, in the test's folder)
     base = policy_rig.node_command
     monkeypatch.setattr(policy_rig, "node_command", lambda name, **kw: base(name, **kw) + extra)
     rig = Rig(ros_context, "caps_node", str(tmp_path / "caps_node.log"), autostart=True)

@@ -23,6 +23,11 @@ def ids_text(ids: list[str], limit: int = SHOWN_IDS) -> str:
     return shown if len(ids) <= limit else f"{shown} and {len(ids) - limit} more"
 
 
+def _other_files(store, tier: str) -> str:
+    other = store.other_disk_bytes() if tier == "disk" else 0
+    return f"; other files in {store.disk_dir}: {mb_text(other)}" if other else ""
+
+
 def plan(store, tier: str, need: int, protect: set, for_what: str) -> list[tuple]:
     """[(capsule, tier to move it to, or None to drop it)] that make `need` bytes fit in `tier`'s budget.
 
@@ -40,8 +45,8 @@ def plan(store, tier: str, need: int, protect: set, for_what: str) -> list[tuple
                            f"{mb_text(budget)} (capsule_budget_mb[{tier!r}])")
     holders = store.holders(tier)
     full = (f"{for_what}: the {tier} tier is full: its budget of {mb_text(budget)} holds {len(holders)} "
-            f"capsule(s), {mb_text(used)} ({ids_text([c.id for c in holders])}), {mb_text(max(free, 0))} free; "
-            f"this capsule needs {mb_text(need)}")
+            f"capsule(s), {mb_text(used)} ({ids_text([c.id for c in holders])}{_other_files(store, tier)}), "
+            f"{mb_text(max(free, 0))} free; this capsule needs {mb_text(need)}")
     if store.on_full == "refuse":
         raise CapsuleError(f"{full}. Drop or move a capsule, raise capsule_budget_mb[{tier!r}], or set "
                            "capsule_eviction to 'oldest' (drops the tier's oldest capsules)")

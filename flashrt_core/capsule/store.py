@@ -5,13 +5,17 @@ everything it can before the first byte moves, so a refused restore leaves the l
 copies land in place, so CUDA graphs captured over the live buffers stay valid. Budgets bound each tier;
 when one is full the store refuses, evicts the oldest capsules one tier down (device -> host -> disk), or
 drops the tier's oldest, as `on_full` says (see capsule.room); it never drops a capsule unless told to.
-A disk_dir the user names outlives the store: capsules found there when a store opens it are listed again.
+A disk_dir the user names outlives the store: capsules found there when a store opens it are listed again,
+and the temporary folders of a write that was killed (`.ID.tmp-PID-...` of a process that is gone) are removed;
+the disk budget counts whatever lies in the folder, not only the store's capsules.
 `prepare` does at start-up what a first snapshot would otherwise do between two control ticks.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
+import re
 import secrets
 import shutil
 import threading
@@ -29,6 +33,7 @@ from flashrt_core.capsule.timefmt import iso_utc
 from flashrt_core.errors import CapsuleError
 
 TIERS = ("device", "host", "disk")
+_PARTIAL = re.compile(r"^\.(?P<id>.+)\.tmp-(?P<pid>\d+)-[0-9a-f]+$")  # diskfmt.write_capsule's temporary folder
 MEMORY_TIERS = ("device", "host")
 
 
@@ -108,7 +113,9 @@ class CapsuleStore:
         self.last_dropped: list[str] = []  # ids that the last snapshot / fork / import / move dropped for room
         self.relisted: list[str] = []  # ids found in the disk_dir when the store opened it
         self.relist_skipped: list[str] = []  # folders found there that are not capsules of this fingerprint
+        self.removed_partial: list[str] = []  # temporary folders of killed writes found there, removed
         if self.disk_dir is not None and not owns_disk_dir and self.disk_dir.is_dir():
+            self._remove_partial()
             self._relist()
 
     # ---------------------------------------------------------------- public verbs
@@ -339,10 +346,29 @@ class CapsuleStore:
             return cap.id
 
     def used(self, tier: str) -> int:
-        """Bytes the capsules of a tier hold (the ring's reserved slots count as device bytes; spares do not)."""
+        """Bytes the capsules of a tier hold (the ring's reserved slots count as device bytes; spares do not); the
+        disk tier also counts every other file in disk_dir (`other_disk_bytes`)."""
         with self._lock:
             held = sum(c.nbytes for c in self._caps.values() if c.tier == tier and not c.ring)
+            if tier == "disk":
+                held += self.other_disk_bytes()
             return held + (len(self._ring_slots) * self.capsule_bytes if tier == "device" else 0)
+
+    def other_disk_bytes(self) -> int:
+        """Bytes of the files in disk_dir that are not this store's capsules (another store's, another fingerprint's,
+        a folder a write of another process is filling, anything put there): the disk is one, and so its budget.
+        This process's writes in progress are not counted (their capsule is, once listed)."""
+        if self.disk_dir is None or not self.disk_dir.is_dir():
+            return 0
+        with self._lock:
+            own = {c.path.name for c in self._caps.values() if c.tier == "disk" and c.path is not None}
+        mine = f".tmp-{os.getpid()}-"
+        total = 0
+        for entry in os.scandir(self.disk_dir):
+            if entry.name in own or mine in entry.name:
+                continue
+            total += _tree_bytes(entry)
+        return total
 
     # ---------------------------------------------------------------- internals
     def _check_tier(self, tier: str) -> None:
@@ -439,6 +465,18 @@ class CapsuleStore:
         if cap.path is not None:
             shutil.rmtree(cap.path, ignore_errors=True)
 
+    def _remove_partial(self) -> None:
+        """Remove the temporary folders that a write killed before its rename left in disk_dir (a process that is
+        gone: another live one may be writing there now); each is said in `removed_partial`."""
+        for entry in sorted(os.scandir(self.disk_dir), key=lambda e: e.name):
+            match = _PARTIAL.match(entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False) or _process_alive(int(match["pid"])):
+                continue
+            nbytes = _tree_bytes(entry)
+            shutil.rmtree(entry.path, ignore_errors=True)
+            self.removed_partial.append(f"{entry.name}: incomplete capsule {match['id']} ({nbytes} bytes) of a "
+                                        f"write by process {match['pid']} that ended before it was done; removed")
+
     def _relist(self) -> None:
         """List the capsules of this fingerprint already in the disk_dir again (a restart), oldest first. Only
         manifests are read here, and the buffers file's size checked (missing or cut short: not listed, and
@@ -522,6 +560,26 @@ class CapsuleStore:
                 self.last_dropped.append(cap.id)
             else:
                 self._relocate(cap, to)
+
+
+def _tree_bytes(entry) -> int:
+    """Bytes of the files under a directory entry (symbolic links not followed)."""
+    try:
+        if not entry.is_dir(follow_symlinks=False):
+            return entry.stat(follow_symlinks=False).st_size
+        return sum(_tree_bytes(e) for e in os.scandir(entry.path))
+    except OSError:  # (removed meanwhile: a drop, a rename)
+        return 0
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # (another user's process)
+        return True
+    return pid != 0
 
 
 def _signature(live: list) -> list:
