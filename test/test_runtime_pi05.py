@@ -235,8 +235,15 @@ def test_vision_dtype_option():
     fused = Runtime.from_config(CONFIG, seed=0, dtype="bfloat16", options={"engine": "fused"})
     assert fused.binding.policy.weights.patch_w.dtype == torch.bfloat16
     assert fused.binding.policy.weights.vlm_layers[0].qkv_w.dtype == torch.bfloat16
+    assert fused.binding.policy.engine.weights.patch_w.dtype == torch.bfloat16
+    assert fused.binding.policy.engine.buffers.images.dtype == torch.bfloat16
     kept = Runtime.from_config(CONFIG, seed=0, dtype="bfloat16", options={"engine": "fused", "vision_dtype": "float32"})
     assert kept.binding.policy.weights.patch_w.dtype == torch.float32
+    # the engine's own weights and SigLIP input buffer (the policy's copy alone hid that the engine cast them back)
+    engine = kept.binding.policy.engine
+    assert engine.weights.patch_w.dtype == engine.weights.proj_w.dtype == torch.float32
+    assert engine.weights.vision_layers[0].qkv_w.dtype == engine.buffers.images.dtype == torch.float32
+    assert engine.weights.vlm_layers[0].qkv_w.dtype == torch.bfloat16
     with pytest.raises(ContractError, match="model.options.vision_dtype"):
         Runtime.from_config(CONFIG, seed=0, options={"vision_dtype": "fp8"})
 
