@@ -257,6 +257,26 @@ def rgb_to_image(rgb: np.ndarray, image_type, stamp=None, frame_id: str = "", en
     return msg
 
 
+def prompt_text(cdr: bytes) -> str:
+    """A std_msgs/String's text from its serialized bytes (a raw subscription), refusing what rclpy's own
+    conversion would silently change: a NUL byte (the text was cut there) and invalid UTF-8 (each bad byte became
+    U+FFFD). (A Python sender's rclpy cuts at a NUL before sending: that cannot be seen here.)"""
+    if len(cdr) < 8 or cdr[0] != 0 or cdr[1] not in (0, 1):
+        raise ConversionError("prompt: not a serialized std_msgs/String")
+    length = int.from_bytes(cdr[4:8], "little" if cdr[1] == 1 else "big")
+    text = bytes(cdr[8:8 + length])
+    if len(text) != length or length == 0 or text[-1] != 0:
+        raise ConversionError("prompt: malformed std_msgs/String (its length field and data disagree)")
+    text = text[:-1]
+    if b"\x00" in text:
+        raise ConversionError(f"prompt: a NUL byte at byte {text.index(0)} (the text would be cut there); refused")
+    try:
+        return text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"prompt: invalid UTF-8 at byte {exc.start} ({text[exc.start:exc.start + 4]!r}); "
+                              "refused (it would reach the tokenizer as U+FFFD)") from None
+
+
 def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
     """sensor_msgs/JointState -> float32 positions ordered by `joint_names`; every joint must be present,
     and named once."""
@@ -271,17 +291,23 @@ def joint_positions(msg, joint_names: list[str]) -> np.ndarray:
         raise ConversionError(f"JointState names joints {twice} more than once")
     index = {name: i for i, name in enumerate(msg.name)}
     if not joint_names:
-        values = np.asarray(msg.position, dtype=np.float32)
+        values = np.asarray(msg.position, dtype=np.float64)
     else:
         missing = [n for n in joint_names if n not in index]
         if missing:
             raise ConversionError(f"JointState lacks joints {missing} (has {list(msg.name)})")
-        values = np.asarray([msg.position[index[n]] for n in joint_names], dtype=np.float32)
-    if not np.all(np.isfinite(values)):
-        names = list(joint_names) or list(msg.name)  # (in message order: the message's own names, if it has them)
-        bad = [names[i] if i < len(names) else str(i) for i in np.flatnonzero(~np.isfinite(values))]
-        raise ConversionError(f"JointState has non-finite positions for {bad}")
-    return values
+        values = np.asarray([msg.position[index[n]] for n in joint_names], dtype=np.float64)
+    names = list(joint_names) or list(msg.name)  # (in message order: the message's own names, if it has them)
+    # (read as float64, as sent: a finite 1e300 is out of range, not "non-finite" after a cast to float32)
+    for bad, what in ((~np.isfinite(values), "non-finite positions"),
+                      (np.abs(np.nan_to_num(values)) > np.finfo(np.float32).max, "positions out of range")):
+        if bad.any():
+            at = np.flatnonzero(bad)
+            named = [names[i] if i < len(names) else str(i) for i in at]
+            raise ConversionError(f"JointState has {what} for {named}" + (
+                f" ({', '.join(f'{values[i]:g}' for i in at)}: beyond float32's 3.4e38)" if what.endswith("range")
+                else ""))
+    return values.astype(np.float32)
 
 
 def state_vector(msg, dim: int | None = None) -> np.ndarray:

@@ -242,4 +242,16 @@ def validate(values: dict) -> NodeParams:
 def ptype_name(ptype) -> str:
     return {ParameterType.PARAMETER_STRING: "string", ParameterType.PARAMETER_INTEGER: "integer",
             ParameterType.PARAMETER_DOUBLE: "double", ParameterType.PARAMETER_BOOL: "bool",
-            ParameterType.PARAMETER_STRING_ARRAY: "string array"}.get(ptype, str(ptype))
+            ParameterType.PARAMETER_STRING_ARRAY: "string array", ParameterType.PARAMETER_BYTE_ARRAY: "byte array",
+            ParameterType.PARAMETER_BOOL_ARRAY: "bool array", ParameterType.PARAMETER_INTEGER_ARRAY: "integer array",
+            ParameterType.PARAMETER_DOUBLE_ARRAY: "double array"}.get(ptype, str(ptype))
+
+
+def type_error_reason(name: str, value, declared: int) -> str:
+    """rclpy's refusal of a value of another type says type codes ("Wrong parameter type, expected '3' got '4'"):
+    the same, in words."""
+    from rclpy.parameter import Parameter
+
+    given = ptype_name(Parameter.Type.from_parameter_value(value).value) if value is not None else "nothing"
+    # (the prefix is rclpy's: its declare path tells a type error by it)
+    return f"Wrong parameter type: '{name}' must be of type {ptype_name(declared)}, got {given} {value!r}"

@@ -93,7 +93,8 @@ class PolicyNode(LifecycleNode):
             self.get_logger().warning(warning)
         self._prompt_echo = False  # set_parameters of a prompt the runtime already took (from ~/prompt)
         self.add_on_set_parameters_callback(self._on_set_parameters)
-        self.create_subscription(String, "~/prompt", self._on_prompt, 10)
+        # raw: a NUL byte or invalid UTF-8 is refused, not cut or replaced by rclpy's conversion
+        self.create_subscription(String, "~/prompt", self._on_prompt_bytes, 10, raw=True)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         # on the steady clock: /diagnostics goes on (and says so) when ROS time stands still (use_sim_time, no /clock)
         self._clock_watch = ClockWatch()
@@ -373,6 +374,21 @@ class PolicyNode(LifecycleNode):
                 return SetParametersResult(successful=False, reason=why if why.startswith("prompt") else
                                            f"prompt: {why}")
         return SetParametersResult(successful=True)
+
+    def _apply_descriptor(self, parameter, descriptor=None, check_read_only=True):
+        """rclpy's, with a wrong type said in words (its own reason gives type codes: expected '3' got '4')."""
+        result = super()._apply_descriptor(parameter, descriptor, check_read_only)
+        if not result.successful and result.reason.startswith("Wrong parameter type"):
+            declared = (descriptor or self.describe_parameter(parameter.name)).type
+            result.reason = params.type_error_reason(parameter.name, parameter.value, declared)
+        return result
+
+    def _on_prompt_bytes(self, cdr: bytes):
+        try:
+            self._on_prompt(String(data=conversions.prompt_text(cdr)))
+        except conversions.ConversionError as exc:
+            self.health.reject("prompt", str(exc), source=self.resolve_topic_name("~/prompt"))
+            self.get_logger().warning(self.health.last_rejection)
 
     def _on_prompt(self, msg: String):
         with self.runtime_lock:

@@ -239,3 +239,13 @@ def test_a_malformed_manifest_is_a_failed_check_not_a_crash(tmp_path, edit, mess
     assert message in out.getvalue(), out.getvalue()
     with pytest.raises(CapsuleError, match="malformed manifest"):
         CapsuleStore(FP).import_(path)
+
+
+def test_inspect_of_a_plain_file_says_it_is_not_a_capsule_folder(tmp_path):
+    """It said `[Errno 20] Not a directory`."""
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not a capsule")
+    out = io.StringIO()
+    assert capsule_inspect(plain, out=out) == 1
+    assert f"FAIL manifest: {plain} is not a capsule folder (a file;" in out.getvalue()
+    assert "Errno" not in out.getvalue()

@@ -88,6 +88,16 @@ def test_a_wrong_type_fails_configure_with_the_reason_and_a_typo_is_named(ros_co
         assert any("'act_rate_hx' is not a policy_node parameter" in w and "'act_rate_hz'" in w for w in warnings)
         assert any(w.startswith("joint_names is empty") for w in warnings)
         assert node.runtime.stage_rates()["act"] == 10.0
+        # a value of another type set on a running node is said in type names (rclpy's own reason gives codes)
+        wrong = node.set_parameters([Parameter("act_rate_hz", value="fast")])[0]
+        assert not wrong.successful
+        assert wrong.reason == "Wrong parameter type: 'act_rate_hz' must be of type double, got string 'fast'"
+        # a prompt with a NUL byte or invalid UTF-8 (as a C++ sender can send it) is refused, not cut or replaced
+        for data, said in ((b"pick\x00up\x00", "a NUL byte at byte 4"), (b"pick\xffup\x00", "invalid UTF-8 at byte 4")):
+            node._on_prompt_bytes(b"\x00\x01\x00\x00" + len(data).to_bytes(4, "little") + data)
+            assert said in node.health.last_rejection and node.runtime.prompt == "go", node.health.last_rejection
+        node._on_prompt_bytes(b"\x00\x01\x00\x00\x08\x00\x00\x00pick up\x00")
+        assert node.runtime.prompt == "pick up"
         assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS and node.runtime is None
         assert node.trigger_shutdown() == TransitionCallbackReturn.SUCCESS and node.finalized
     finally:

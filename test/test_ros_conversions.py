@@ -231,6 +231,9 @@ def test_joint_states_are_mapped_by_name_and_checked():
     msg.position = [0.25, float("nan"), 1.5]
     with pytest.raises(cv.ConversionError, match=r"non-finite positions for \['a'\]"):
         cv.joint_positions(msg, ["a", "b"])
+    msg.position = [0.25, 1e300, 1.5]  # finite, but no float32: out of range, not "non-finite"
+    with pytest.raises(cv.ConversionError, match=r"positions out of range for \['a'\] \(1e\+300: beyond float32's"):
+        cv.joint_positions(msg, ["a", "b"])
     with pytest.raises(cv.ConversionError, match="3 names but 2 positions"):
         cv.joint_positions(JointState(name=["a", "b", "c"], position=[1.0, 2.0]), [])
 

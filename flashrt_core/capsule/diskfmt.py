@@ -130,7 +130,11 @@ def created_unix(manifest: Mapping) -> float | None:
 
 def read_manifest(path) -> tuple[dict | None, Check]:
     """The manifest and the check of its own integrity; (None, failed check) if unreadable."""
-    file = capsule_dir(path) / MANIFEST
+    folder = capsule_dir(path)
+    if folder.exists() and not folder.is_dir():
+        return None, Check("manifest", False, f"{folder} is not a capsule folder (a file; give the folder an export "
+                                              f"wrote, or its {MANIFEST})")
+    file = folder / MANIFEST
     try:
         manifest = json.loads(file.read_text())
     except FileNotFoundError:
