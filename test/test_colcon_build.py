@@ -22,8 +22,8 @@ PKG = "flashrt_ros"
 PYVER = f"python{sys.version_info.major}.{sys.version_info.minor}"
 # What CMakeLists.txt reads. A copy, as in setup.py: the venv usually lives in the checkout, and CMake refuses
 # exported include directories inside the source tree.
-SOURCES = ["CMakeLists.txt", "package.xml", "cmake", "msg", "srv", "flashrt_core", "flashrt_ros", "launch",
-           "config", "scripts"]
+SOURCES = ["CMakeLists.txt", "package.xml", "cmake", "msg", "srv", "flashrt_core", "flashrt_bench", "flashrt_ros",
+           "launch", "config", "scripts"]
 MESSAGES = sorted(p.stem for p in (REPO / "msg").glob("*.msg"))
 SERVICES = sorted(p.stem for p in (REPO / "srv").glob("*.srv"))
 
