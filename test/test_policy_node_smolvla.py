@@ -45,7 +45,8 @@ def test_node_with_a_smolvla_checkpoint_publishes_the_runtime_chunk(tmp_path, mo
     name = "smolvla_node"
     cams = [f"/{name}/{n}" for n in ("top", "wrist", "side")]
     spawn("flashrt_ros.policy_node", "--ros-args", "-r", f"__node:={name}", "-p", f"checkpoint:={checkpoint}",
-          "-p", "device:=cpu", "-p", "dtype:=float32", "-p", f"seed:={SEED}", "-p", f"camera_topics:=[{','.join(cams)}]",
+          "-p", "device:=cpu", "-p", "dtype:=float32", "-p", f"seed:={SEED}",
+          "-p", f"camera_topics:=[{','.join(cams)}]",
           "-p", f"state_topic:=/{name}/state", "-p", f"prompt:='{TASK}'", "-p", "image_height:=96",
           "-p", "image_width:=96", "-p", "act_rate_hz:=5.0", "-p", "observe_rate_hz:=5.0",
           "-p", "max_observation_age_ms:=5000.0", "-p", "autostart:=true", "-p", "cpu_threads:=1",

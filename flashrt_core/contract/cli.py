@@ -43,12 +43,12 @@ def add_subparsers(subparsers) -> None:
     p = subparsers.add_parser("contract", help="check or simulate an execution contract")
     sub = p.add_subparsers(dest="contract_command", required=True)
     c = sub.add_parser("check", help="validate a contract; exit 1 with the offending field if invalid")
-    c.add_argument("file")
+    c.add_argument("file", help="contract YAML (e.g. config/pi05.yaml)")
     c.add_argument("--checkpoint", default=None,
                    help="check it with this checkpoint folder as model.checkpoint (a contract that needs one)")
     c.set_defaults(func=lambda a: contract_check(a.file, a.checkpoint))
     s = sub.add_parser("simulate", help="which stages run when, on a simulated clock")
-    s.add_argument("file")
+    s.add_argument("file", help="contract YAML (e.g. config/pi05.yaml)")
     s.add_argument("--duration", type=float, required=True, help="simulated seconds")
     s.add_argument("--json", action="store_true", help="print the full report as JSON")
     s.add_argument("--tick-hz", type=float, default=None,

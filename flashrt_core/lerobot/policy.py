@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from flashrt_core.errors import CheckpointError, InputError
-from flashrt_core.lerobot.hub_tokenizer import PALIGEMMA_TOKENIZER, find_tokenizer_file, open_tokenizer, resolve_tokenizer
+from flashrt_core.lerobot.hub_tokenizer import (PALIGEMMA_TOKENIZER, find_tokenizer_file, open_tokenizer,
+                                                resolve_tokenizer)
 from flashrt_core.lerobot.normalize import Normalizer
 from flashrt_core.lerobot.preprocess import preprocess_images
 from flashrt_core.lerobot.processors import Processors
@@ -164,7 +165,8 @@ def choose_tokenizer(config, folder: pathlib.Path | None, tokenizer=None,
     """The one tokenizer rule of the project (policy API and contract runtime alike):
     an explicit tokenizer (object, file or folder) first; then a tokenizer file in the checkpoint folder; a
     LeRobot folder (with its pre-processor file) or a full-size checkpoint: the tokenizer its pre-processor
-    names (its tokenizer step), from the hub cache (CheckpointError listing where it looked); small test models: TinyTokenizer;
+    names (its tokenizer step), from the hub cache (CheckpointError listing where it looked); small test models:
+    TinyTokenizer;
     full size without a checkpoint (benchmarks): WordTokenizer."""
     if tokenizer is not None and not isinstance(tokenizer, (str, os.PathLike)):
         return tokenizer

@@ -544,7 +544,8 @@ def prefix_cache(b) -> PrefixCache:
 
 def device_images(frames: torch.Tensor, present: torch.Tensor, slots: int, size: int, pad: str = "centre"):
     """uint8 frames [views, H, W, 3] + present [views] bool (on device) -> SigLIP input [slots, 3, size, size]
-    in [-1, 1] and masks [slots], as `lerobot.preprocess.preprocess_images` builds them (present cameras first, missing ones
+    in [-1, 1] and masks [slots], as `lerobot.preprocess.preprocess_images` builds them (present cameras first,
+    missing ones
     as -1 images with mask False), without reading the mask on the host."""
     x = frames.permute(0, 3, 1, 2).float() / 255.0
     if tuple(x.shape[-2:]) != (size, size):

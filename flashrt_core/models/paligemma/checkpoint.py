@@ -203,7 +203,8 @@ def load_checkpoint(path: str | os.PathLike, config: PaliGemmaConfig | None = No
     return config, state
 
 
-def save_checkpoint(path: str | os.PathLike, config: PaliGemmaConfig, state_dict: dict[str, torch.Tensor]) -> pathlib.Path:
+def save_checkpoint(path: str | os.PathLike, config: PaliGemmaConfig,
+                    state_dict: dict[str, torch.Tensor]) -> pathlib.Path:
     """Write `model.safetensors`, `dims.json` and a LeRobot-style `config.json` into folder `path`."""
     validate_shapes(config, {k: tuple(t.shape) for k, t in state_dict.items()}, "state_dict")
     path = pathlib.Path(path)

@@ -1,4 +1,5 @@
-"""Tiny random models of the PaliGemma family (the built-in tiny pi0.5, test models): random weights in the LeRobot layout, deterministic from a seed, no downloads.
+"""Tiny random models of the PaliGemma family (the built-in tiny pi0.5, test models): random weights in the
+LeRobot layout, deterministic from a seed, no downloads.
 
 Weights are drawn like the golden fixture's: matrices ~ N(0, 1/fan_in), norm weights and biases non-zero,
 so every path (AdaRMS, time MLP, masks) changes the output. Hugging Face's own init would leave AdaRMS

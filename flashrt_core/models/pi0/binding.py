@@ -52,7 +52,8 @@ class Pi0Binding(PaliGemmaBinding):
         weights = convert(config, state).to(device=self.device, dtype=self.dtype,
                                                 vision_dtype=torch.float32 if vision == "float32" else None)
         engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
-        return Pi0Policy(config, weights, engine, self.device, self.dtype, seed=self.seed, tokenizer=tokenizer, processors=processors)
+        return Pi0Policy(config, weights, engine, self.device, self.dtype, seed=self.seed, tokenizer=tokenizer,
+                         processors=processors)
 
     @classmethod
     def prompt_fits(cls, tokenizer, dims, text: str) -> None:

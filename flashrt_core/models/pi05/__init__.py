@@ -11,7 +11,8 @@ from flashrt_core.models.pi05.config import GemmaConfig, Pi05Config, VisionConfi
 from flashrt_core.lerobot.normalize import FeatureNorm, Normalizer
 from flashrt_core.models.pi05.policy import Pi05Policy, load
 from flashrt_core.lerobot.preprocess import preprocess_images, resize_with_pad
-from flashrt_core.lerobot.tokenize import SentencePieceTokenizer, TinyTokenizer, Tokenizer, WordTokenizer, tokenize_prompt
+from flashrt_core.lerobot.tokenize import (SentencePieceTokenizer, TinyTokenizer, Tokenizer, WordTokenizer,
+                                          tokenize_prompt)
 from flashrt_core.models.pi05.prompt import discretize_state, format_prompt
 from flashrt_core.models.paligemma.reference import PrefixCache
 from flashrt_core.models.paligemma.tiny import build_tiny, tiny_checkpoint
