@@ -11,5 +11,4 @@ from flashrt_core.models.smolvla.reference import PrefixCache
 from flashrt_core.models.smolvla.weights import SmolVLAWeights, check_keys, convert, expected_keys
 
 __all__ = ["load", "SmolVLAPolicy", "SmolVLAConfig", "SigLIPConfig", "LlamaConfig", "SmolVLAWeights", "PrefixCache",
-           "convert",
-           "check_keys", "expected_keys"]
+           "convert", "check_keys", "expected_keys"]
