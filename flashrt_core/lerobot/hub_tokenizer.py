@@ -157,7 +157,7 @@ def resolve_tokenizer(name: str = PALIGEMMA_TOKENIZER, explicit=None, folder=Non
     return open_tokenizer(file)
 
 
-def find_hub_folder(name: str, file: str, explicit=None) -> pathlib.Path:
+def find_hub_folder(name: str, file: str, explicit=None, how: str = "") -> pathlib.Path:
     """The folder holding `file` of the hub repo `name` (a model's own config, say): `explicit` (a folder or the
     file) first, then the hub cache's snapshots; CheckpointError naming every place looked and how to fetch it."""
     if explicit:
@@ -174,4 +174,5 @@ def find_hub_folder(name: str, file: str, explicit=None) -> pathlib.Path:
             if (snap / file).is_file():
                 return snap
     raise CheckpointError(f"{name}: no {file} found; looked in {', '.join(looked)}. Fetch it once with "
-                          f"`hf download {name} {file} tokenizer.json tokenizer_config.json`, or give its folder")
+                          f"`hf download {name} {file} tokenizer.json tokenizer_config.json`, or give its folder"
+                          + (f" ({how})" if how else ""))

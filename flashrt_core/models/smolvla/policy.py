@@ -121,7 +121,8 @@ def read_config(folder, vlm=None) -> SmolVLAConfig:
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{cfg_file}: not readable ({exc})") from None
     name = cfg.get("vlm_model_name") or "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
-    vlm_folder = find_hub_folder(name, VLM_CONFIG, explicit=vlm)
+    vlm_folder = find_hub_folder(name, VLM_CONFIG, explicit=vlm,
+                                 how="contract model.options.vlm, or smolvla.load(DIR, vlm=FOLDER)")
     return SmolVLAConfig.from_lerobot(cfg, json.loads((vlm_folder / VLM_CONFIG).read_text())), vlm_folder
 
 
