@@ -9,10 +9,11 @@ def _add_demo(sub):
     p = sub.add_parser("demo", help="run the policy node with the tiny model on synthetic sensors")
     p.add_argument("--duration", type=float, default=8.0, help="seconds of listening (default 8)")
     p.add_argument("--config", default=None, help="contract YAML (default: the packaged pi05_tiny.yaml)")
-    p.add_argument("--cameras", type=int, default=2)
+    p.add_argument("--cameras", type=int, default=2, help="synthetic camera topics (default 2)")
     p.add_argument("--act-rate", type=float, default=20.0,
                    help="act stage rate (default 20 Hz: the tiny model on a 2-core CPU; GPUs run 50+ Hz)")
-    p.add_argument("--observe-rate", type=float, default=5.0)
+    p.add_argument("--observe-rate", type=float, default=5.0,
+                   help="observe stage rate: cameras -> prefix (default 5 Hz)")
     p.add_argument("--json", default=None, help="also write the summary as JSON here")
 
 

@@ -44,9 +44,9 @@ def add_subparsers(sub) -> None:
 
     m = sub.add_parser("make-bag", help="write a sample rosbag2: synthetic cameras, joints, prompt and actions")
     m.add_argument("out", help="new bag folder (never overwritten)")
-    m.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap")
+    m.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap", help="rosbag2 storage (default mcap)")
     m.add_argument("--duration", type=float, default=10.0, help="seconds of bag time (default 10)")
-    m.add_argument("--cameras", type=int, default=2)
+    m.add_argument("--cameras", type=int, default=2, help="synthetic camera topics (default 2)")
     m.add_argument("--joints", type=int, default=None, help="joints of the synthetic robot (default: the "
                    "contract's state width)")
     m.add_argument("--size", default="240x320", metavar="HxW", help="camera frame size (default 240x320)")
@@ -54,10 +54,11 @@ def add_subparsers(sub) -> None:
     m.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="LeRobot checkpoint folder whose model computes them (its packaged contract unless --config)")
     m.add_argument("--tokenizer", default=None, metavar="PATH", help="the checkpoint's tokenizer file or folder")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--prompt", default="pick up the red cube")
-    m.add_argument("--device", default="cpu")
-    m.add_argument("--no-progress", action="store_true")
+    m.add_argument("--seed", type=int, default=0,
+                   help="seed of the recorded decisions' noise (default 0; replay with the same to match them)")
+    m.add_argument("--prompt", default="pick up the red cube", help="the task, recorded on the prompt topic")
+    m.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N that computes the recorded actions")
+    m.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     m.set_defaults(func=run_make_bag)
 
 

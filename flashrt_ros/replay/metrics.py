@@ -149,7 +149,7 @@ def splice(ticks, action_dt_s: float, index: int | None = None) -> dict:
       how much the new decision changes the plan it replaces;
     - jerk: third difference of the executed stream / dt^3, max over the action columns, at the windows that
       cross a splice (the executed rows k-2 .. k+1 around the first row k of a new chunk), and in all windows.
-    `series` keeps (seconds since the first decision, disagreement, splice jerk) per splice for the plot."""
+    `series` keeps (seconds since the first decision, at t0_ns, disagreement, splice jerk) per splice for the plot."""
     chunks = [(t.t_ns, t.actions if index is None else (t.compare_actions[index] if t.compare_actions else None))
               for t in ticks]
     chunks = [(t, a.astype(np.float64)) for t, a in chunks if a is not None]
@@ -180,6 +180,6 @@ def splice(ticks, action_dt_s: float, index: int | None = None) -> dict:
     at_splice = [float(jerk[k - 2]) for k in starts if 2 <= k <= len(e) - 2]
     out.update(disagreement=percentiles(disagree), splice_jerk=percentiles(at_splice),
                jerk=percentiles(jerk.tolist()),
-               series={"t_s": times, "disagreement": disagree,
+               series={"t_s": times, "t0_ns": int(chunks[0][0]), "disagreement": disagree,
                        "splice_jerk": [float(jerk[k - 2]) if 2 <= k <= len(e) - 2 else None for k in starts]})
     return out

@@ -91,7 +91,7 @@ def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_labe
             ax.plot(_seconds(comp, t0), [t.compare_actions[0][0, j] for t in comp], "x", ms=2.5, color="C3",
                     label=compare_label)
         name = joint_names[j] if j < len(joint_names) else f"action[{j}]"
-        ax.set_ylabel(name, fontsize=8)
+        ax.set_ylabel(f"{name}\n(robot units)", fontsize=8)
         ax.grid(alpha=0.3)
     for ax in axes[joints:]:
         ax.set_visible(False)
@@ -108,23 +108,23 @@ def actions_plot(ticks, pairs, t0: int, path: Path, joint_names=(), compare_labe
     return path
 
 
-def splice_plot(splices: dict, path: Path) -> Path:
+def splice_plot(splices: dict, t0: int, path: Path) -> Path:
     """Per splice: how far the new chunk moved from the old over their overlap, and the executed stream's
-    jerk there (replayed, and the compare configuration when there is one)."""
+    jerk there (replayed, and the compare configuration when there is one), on bag time as the other plots."""
     fig = _figure((11, 4.2))
     top, bottom = fig.subplots(2, 1, sharex=True)
     for k, (who, sp) in enumerate(splices.items()):
         series = sp.get("series", {})
         if not series.get("t_s"):
             continue
-        top.plot(series["t_s"], series["disagreement"], ".-" if k == 0 else "x--", ms=3, lw=0.8,
-                 color=f"C{k}", label=who)
-        jerk = [(t, j) for t, j in zip(series["t_s"], series["splice_jerk"]) if j is not None]
+        x = np.asarray(series["t_s"]) + (series.get("t0_ns", t0) - t0) / 1e9
+        top.plot(x, series["disagreement"], ".-" if k == 0 else "x--", ms=3, lw=0.8, color=f"C{k}", label=who)
+        jerk = [(t, j) for t, j in zip(x, series["splice_jerk"]) if j is not None]
         if jerk:
             bottom.plot(*zip(*jerk), ".-" if k == 0 else "x--", ms=3, lw=0.8, color=f"C{k}", label=who)
-    top.set_ylabel("new vs old chunk\nRMS over overlap", fontsize=8)
-    bottom.set_ylabel("jerk at splice\n(max over joints)", fontsize=8)
-    bottom.set_xlabel("seconds since the first decision")
+    top.set_ylabel("new vs old chunk, RMS\nover overlap (robot units)", fontsize=8)
+    bottom.set_ylabel("jerk at splice, max over\njoints (robot units/s³)", fontsize=8)
+    bottom.set_xlabel("bag time (s)")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:

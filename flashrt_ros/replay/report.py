@@ -59,7 +59,7 @@ class Report:
                                            compare_label=label, note=note))
             splices = self.data.get("splice", {})
             if any(sp.get("series", {}).get("t_s") for sp in splices.values()):
-                made.append(plots.splice_plot(splices, out / "splices.png"))
+                made.append(plots.splice_plot(splices, t0, out / "splices.png"))
         self.data["plots"] = [p.name for p in made]
         chunks = [t.actions for t in self.ticks if t.actions is not None]
         if chunks:  # every decision's whole chunk, row k of `actions` = decisions_table's "chunk": k
