@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
 from lifecycle_msgs.msg import Transition
@@ -227,6 +228,26 @@ class Rig:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@pytest.fixture
+def rig_factory(ros_context, tmp_path):
+    """make(name, **node_kwargs) -> a Rig; every rig made is closed after the test."""
+    rigs = []
+
+    def make(name, **kwargs):
+        rig = Rig(ros_context, name, str(tmp_path / f"{name}.log"), **kwargs)
+        rigs.append(rig)
+        return rig
+
+    yield make
+    for rig in rigs:
+        rig.close()
+
+
+def status_values(status) -> dict:
+    """{key: value} of a DiagnosticStatus ({} for None)."""
+    return {kv.key: kv.value for kv in status.values} if status is not None else {}
 
 
 def actions_of(msg) -> np.ndarray:

@@ -9,28 +9,11 @@ import pytest
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 pytest.importorskip("rclpy")
 
-from policy_rig import Rig  # noqa: E402
+from policy_rig import rig_factory  # noqa: E402,F401
+from policy_rig import status_values as _values  # noqa: E402
 
 ACT_HZ = 10.0
 WINDOW_S = 6.0
-
-
-@pytest.fixture
-def rig_factory(ros_context, tmp_path):
-    rigs = []
-
-    def make(name, **kwargs):
-        rig = Rig(ros_context, name, str(tmp_path / f"{name}.log"), **kwargs)
-        rigs.append(rig)
-        return rig
-
-    yield make
-    for rig in rigs:
-        rig.close()
-
-
-def _values(status) -> dict:
-    return {kv.key: kv.value for kv in status.values} if status is not None else {}
 
 
 def _chunk_window(rig, seconds: float):
@@ -67,7 +50,7 @@ def test_diagnostics_go_on_and_say_so_when_use_sim_time_is_set_and_nothing_publi
 
     rig = rig_factory("simclock_node", autostart=True)
     assert rig.wait(lambda: len(rig.chunks) >= 3, 60), rig.log()
-    assert _values(rig.last_status())["ros_clock"] == "advancing"
+    assert rig.wait(lambda: _values(rig.last_status()).get("ros_clock") == "advancing", 10), rig.last_status()
     sim = Parameter(name="use_sim_time", value=ParameterValue(type=ParameterType.PARAMETER_BOOL, bool_value=True))
     assert rig.call(SetParameters, "set_parameters", SetParameters.Request(parameters=[sim])).results[0].successful
     said = "the node's clock has not advanced for"

@@ -8,30 +8,13 @@ import pytest
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 pytest.importorskip("rclpy")  # the rig below needs it (machines without ROS, e.g. the GPU one, skip)
 
-from policy_rig import ACTIVATE, CLEANUP, CONFIGURE, DEACTIVATE, Rig, actions_of  # noqa: E402
+from policy_rig import ACTIVATE, CLEANUP, CONFIGURE, DEACTIVATE, actions_of, rig_factory  # noqa: E402,F401
+from policy_rig import status_values as _values  # noqa: E402
 
 from flashrt_ros.diagnostics import RECOVERY_S  # noqa: E402
 
 ACT_HZ, OBSERVE_HZ = 20.0, 5.0
 RATE_TOLERANCE = 0.30  # chunk rate on a shared 2-core CI box; the schedule itself is tested exactly elsewhere
-
-
-@pytest.fixture
-def rig_factory(ros_context, tmp_path):
-    rigs = []
-
-    def make(name, **kwargs):
-        rig = Rig(ros_context, name, str(tmp_path / f"{name}.log"), **kwargs)
-        rigs.append(rig)
-        return rig
-
-    yield make
-    for rig in rigs:
-        rig.close()
-
-
-def _values(status) -> dict:
-    return {kv.key: kv.value for kv in status.values}
 
 
 def test_lifecycle_transitions_and_a_failed_configure(rig_factory, tmp_path):
