@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole GPU round on the device machine (see docs/gpu-machine.md): GPU tests, then the benchmarks,
 # JSON results under $OUT, one log ($OUT/round.log), and a summary table printed last.
-#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime|pi0|rtc|precision] [extra pytest args]
+#   FLASHRT_COMMIT=<sha> scripts/gpu_round.sh [tests|bench|all|adopt|w2|compile|views|profile|nopdl|runtime|pi0|rtc|precision|smolvla] [extra pytest args]
 # adopt: bench_adopt with graph capture and the torch.compile baseline in one process (issue 8; ~9 min:
 # compile alone ~330 s; the JSON is rewritten after every phase). compile: bench_pi05 W2 with the
 # lerobot-compile baseline (issue 3; ~7 min). pi0: bench_pi0 W2 with parity (vs the fp32 reference and LeRobot
@@ -96,6 +96,16 @@ fi
 if [[ "$what" == runtime ]]; then  # the contract runtime (both observe modes) and the capsules (~4 min with the cache)
   bench bench_runtime 400 --engine fused --json "$OUT/runtime_pi05_w2_fused.json"
   bench bench_capsule 150 --fused-kv --runtime --json "$OUT/capsule_h200.json"
+fi
+if [[ "$what" == smolvla ]]; then
+  # smolvla_w2_<gpu>.json: SmolVLA W2, the engine vs LeRobot eager and torch.compile, parity (bf16 and fp32), the
+  # per-stage bytes / FLOPs / floors (benchmarks/bench_smolvla.py). The JSON is rewritten after each phase, so a
+  # run that the timeout ends while LeRobot compiles keeps every other number. FLASHRT_SMOLVLA_SKIP_COMPILE=1 leaves
+  # the compiled baseline out; FLASHRT_SMOLVLA_TIMEOUT (default 540 s) bounds it inside one 600 s device call.
+  echo "== bench_smolvla ==" | tee -a "$LOG"
+  timeout "${FLASHRT_SMOLVLA_TIMEOUT:-540}" python3 benchmarks/bench_smolvla.py --out-dir "$OUT" \
+    ${FLASHRT_SMOLVLA_SKIP_COMPILE:+--skip-compile} 2>&1 | tee -a "$LOG" | tail -60
+  status=${PIPESTATUS[0]}
 fi
 if [[ -n "${FLASHRT_KEEP_TUNING:-}" ]]; then
   mkdir -p "$OUT/tuning" && cp .cache/tuning/*.json "$OUT/tuning/" 2>/dev/null
