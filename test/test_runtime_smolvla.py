@@ -57,3 +57,44 @@ def test_the_contract_refuses_what_the_checkpoint_contradicts():
         Runtime.from_config(REPO / "config" / "smolvla.yaml")
     with pytest.raises(ContractError, match="is a smolvla checkpoint"):
         Runtime.from_config(REPO / "config" / "pi05.yaml", checkpoint=str(FOLDER / "checkpoint"))
+
+
+def test_capsules_snapshot_restore_and_fork_smolvla_state(tmp_path):
+    """A SmolVLA runtime's persistent state (its prefix K/V of every expert layer, the masks, the previous
+    chunk) is snapshotted, forked, exported and restored like pi0.5's: a restored or imported branch continues
+    exactly like the undisturbed run from the same ticks."""
+    case = model("lerobot_smolvla_three_cams")[3]["three_96x96"]
+    frames = [case.tensors[f"frame.{n}"].numpy() for n in ("top", "wrist", "side")]
+    rng = np.random.default_rng(3)
+    states = [case.tensors["state_raw"][0].numpy() + rng.normal(0, 0.2, 8).astype(np.float32) for _ in range(6)]
+
+    def ticks(rt, ks):
+        out = []
+        for k in ks:
+            rt.set_observation(images=frames, state=states[k], stamp_ns=1 + k * PERIOD)
+            out.append(rt.step(1 + k * PERIOD).actions)
+        return out
+
+    def fresh():
+        rt = runtime(seed=2)
+        rt.set_prompt("pick up the red cube")
+        return rt
+
+    reference = ticks(fresh(), range(6))
+    rt = fresh()
+    ticks(rt, range(3))
+    cid = rt.snapshot("after_3", tier="device")
+    branch = rt.fork(cid, name="branch")
+    rt.export_capsule(branch, tmp_path / "branch")
+    for name, t in rt.persistent_buffers().items():  # disturb every persistent buffer, the RNG and the clocks
+        t.copy_(torch.full_like(t, 3) if not t.dtype.is_floating_point else torch.randn_like(t))
+    rt.generator.manual_seed(11)
+    rt.step(1 + 2 * PERIOD + PERIOD // 2)
+    rt.restore(cid)
+    for got, want in zip(ticks(rt, range(3, 6)), reference[3:]):
+        assert np.array_equal(got, want)
+    other = fresh()
+    ticks(other, [0, 1, 2])
+    other.restore(other.import_capsule(tmp_path / "branch", tier="device"))
+    for got, want in zip(ticks(other, range(3, 6)), reference[3:]):
+        assert np.array_equal(got, want)
