@@ -19,14 +19,15 @@ TOL = {
 }
 
 
-def load(folder, **kw):
+def load(folder, engine="reference", **kw):
     path = FIXTURES / folder
-    return smolvla_policy.load(path / "checkpoint", vlm=path / "hf_vlm", engine="reference", dtype="float32", **kw)
+    return smolvla_policy.load(path / "checkpoint", vlm=path / "hf_vlm", engine=engine, dtype="float32", **kw)
 
 
+@pytest.mark.parametrize("engine", ["reference", "fused"])
 @pytest.mark.parametrize("folder,case", case_ids(), ids=lambda v: v)
-def test_predict_chunk_is_lerobots_whole_pipeline(folder, case):
-    policy = load(folder)
+def test_predict_chunk_is_lerobots_whole_pipeline(folder, case, engine):
+    policy = load(folder, engine)
     _, _, meta, cases = model(folder)
     c = cases[case]
     rec = next(r for r in meta["cases"] if r["name"] == case)
