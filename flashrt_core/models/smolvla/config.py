@@ -144,6 +144,11 @@ class SmolVLAConfig:
         return not (n > 0 and i % n == 0)
 
     @property
+    def action_dim(self) -> int:
+        """The width of noise and actions (LeRobot's max_action_dim), under the name every policy reads."""
+        return self.max_action_dim
+
+    @property
     def dt(self) -> float:
         return -1.0 / self.num_steps
 
