@@ -195,7 +195,8 @@ class SmolVLAEngine(FlowEngine):
 
     # ---- the act stage --------------------------------------------------------------------------------
     def _act_body(self, prefix_wait=None, rtc: bool = False) -> None:
-        """noise + prefix buffers -> `num_steps` Euler steps of the action expert -> actions."""
+        """noise + prefix buffers -> `num_steps` Euler steps of the action expert -> actions; rtc: each step guided
+        towards the RTC buffers' previous chunk (`set_rtc`; the "act+rtc" graph, LeRobot's real-time chunking)."""
         w, c, buf, be, lin = self.weights, self.config, self.buffers, self.backend, self.linear
         e, eps, chunk = c.expert, c.rms_eps, c.chunk_size
         b = buf.noise.shape[0]

@@ -25,6 +25,7 @@ from flashrt_core.lerobot.policy import (FlowPolicy, checkpoint_folder, choose_t
 from flashrt_core.lerobot.preprocess import preprocess_images
 from flashrt_core.lerobot.processors import read_processors
 from flashrt_core.lerobot.tokenize import tokenize_prompt
+from flashrt_core.models.rtc import RTCInputs, rtc_inputs
 from flashrt_core.models.smolvla.config import SmolVLAConfig
 from flashrt_core.models.smolvla.weights import convert
 
@@ -52,8 +53,9 @@ def smolvla_prompt(task: str) -> str:
 
 class SmolVLAPolicy(FlowPolicy):
     """SmolVLA with LeRobot's `model.sample_actions(images, img_masks, lang_tokens, lang_masks, state, noise=)`,
-    its two stages (`encode_prefix` with the state: it is a prefix token; `denoise(prefix, noise)`) and
-    `predict_chunk` (`FlowPolicy`'s)."""
+    its two stages (`encode_prefix` with the state: it is a prefix token; `denoise(prefix, noise, rtc)`),
+    LeRobot's real-time chunking (`sample_actions(..., inference_delay=, prev_chunk_left_over=,
+    execution_horizon=)` with config.json's rtc_config) and `predict_chunk` (`FlowPolicy`'s)."""
 
     def preprocess_images(self, frames, num_slots: int | None = None):
         return preprocess_images(frames, num_slots or self.config.num_image_slots, self.config.image_size,
@@ -80,25 +82,38 @@ class SmolVLAPolicy(FlowPolicy):
     def encode_prefix(self, images, image_masks, lang_tokens, lang_mask, state):
         return self.engine.encode_prefix(images, image_masks, lang_tokens, lang_mask, self.padded_state(state))
 
-    def denoise(self, prefix, noise: torch.Tensor | None = None, rtc=None) -> torch.Tensor:
-        if rtc is not None:
-            raise InputError("rtc: real-time chunking is not built for SmolVLA yet")
+    def denoise(self, prefix, noise: torch.Tensor | None = None, rtc: RTCInputs | None = None) -> torch.Tensor:
+        """prefix (`encode_prefix`) + noise [B, chunk, max_action_dim] (None: drawn) -> actions; `rtc`
+        (`guidance`): every flow step guided towards the previous chunk (LeRobot's real-time chunking)."""
         if noise is None:
             noise = self.make_noise(prefix.pad_mask.shape[0])
-        return self.engine.denoise(prefix, noise)
+        return self.engine.denoise(prefix, noise, rtc)
+
+    def guidance(self, batch: int, inference_delay=None, prev_chunk_left_over=None, execution_horizon=None):
+        """LeRobot's RTC arguments -> `rtc.RTCInputs` [B, chunk, max_action_dim] (SmolVLA's flow is max_action_dim
+        wide; a narrower previous chunk is zero padded, as LeRobot pads it), or None where RTC is off (no `rtc`
+        options: a previous chunk is ignored, as LeRobot ignores it without rtc_config) or none is given."""
+        if self.rtc is None or prev_chunk_left_over is None:
+            return None
+        return rtc_inputs(prev_chunk_left_over.to(self.device), 0 if inference_delay is None else inference_delay,
+                          execution_horizon, self.rtc, self.config.chunk_size, self.config.max_action_dim, batch)
 
     def sample_actions(self, images, img_masks, lang_tokens, lang_mask, state, noise=None, *, inference_delay=None,
                        prev_chunk_left_over=None, execution_horizon=None) -> torch.Tensor:
         """images [B, S, 3, size, size] in [-1, 1] (or a list of S [B, 3, size, size]), masks [B, S] (or a list),
-        state [B, <= max_state_dim] normalized -> actions [B, chunk, max_action_dim] fp32 in normalized space."""
+        state [B, <= max_state_dim] normalized -> actions [B, chunk, max_action_dim] fp32 in normalized space. With
+        `rtc` options (config.json's rtc_config), LeRobot's real-time chunking arguments guide the chunk towards
+        `prev_chunk_left_over` [B, T <= chunk, <= max_action_dim] (model space)."""
         if isinstance(images, (list, tuple)):
             images = torch.stack(list(images), dim=1)
         if isinstance(img_masks, (list, tuple)):
             img_masks = torch.stack(list(img_masks), dim=1)
         if img_masks is None:
             raise InputError("img_masks: missing (None); give [B, S] bools or a list of S [B] bools")
-        if self.guidance(lang_tokens.shape[0], inference_delay, prev_chunk_left_over, execution_horizon) is not None:
-            raise InputError("rtc: real-time chunking is not built for SmolVLA yet")
+        guide = self.guidance(lang_tokens.shape[0], inference_delay, prev_chunk_left_over, execution_horizon)
+        if guide is not None:  # the two stages (the fused engine's one-graph decision runs the plain flow)
+            prefix = self.encode_prefix(images, img_masks, lang_tokens, lang_mask, state)
+            return self.denoise(prefix, None if noise is None else noise.to(self.device), guide)
         if noise is None:
             noise = self.make_noise(images.shape[0])
         return self.engine.sample_actions(images, img_masks, lang_tokens, lang_mask, self.padded_state(state),

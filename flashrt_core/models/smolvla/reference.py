@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from flashrt_core.models.precision import parse_precision
+from flashrt_core.models.rtc import RTCInputs, guided_step
 from flashrt_core.models.smolvla.config import SmolVLAConfig
 from flashrt_core.models.smolvla.inputs import check_model_inputs, check_noise, check_prefix
 from flashrt_core.models.smolvla.weights import SmolVLAWeights
@@ -220,11 +221,16 @@ def velocity(w: SmolVLAWeights, prefix: PrefixCache, x_t: torch.Tensor, step: in
     return linear(rms_norm(x, w.expert_norm, eps), w.action_out_w, w.action_out_b).float()
 
 
-def denoise(w: SmolVLAWeights, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
-    """Euler-integrate the flow from t=1 (noise [B, chunk, max_action_dim]) to t=0 -> actions (fp32)."""
+def denoise(w: SmolVLAWeights, prefix: PrefixCache, noise: torch.Tensor, rtc: RTCInputs | None = None
+            ) -> torch.Tensor:
+    """Euler-integrate the flow from t=1 (noise [B, chunk, max_action_dim]) to t=0 -> actions (fp32); with `rtc`,
+    every step guided towards the previous chunk (`flashrt_core.models.rtc`: LeRobot's RTC, whose SmolVLA runs
+    the same `euler_integrate` + `RTCProcessor.denoise_step` as pi0.5)."""
+    dt = w.config.dt
     x_t = noise.float()
     for step in range(w.config.num_steps):
-        x_t = x_t + w.config.dt * velocity(w, prefix, x_t, step)
+        v = velocity(w, prefix, x_t, step)
+        x_t = x_t + dt * v if rtc is None else guided_step(x_t, v, rtc, 1.0 + step * dt, dt)
     return x_t
 
 
@@ -246,18 +252,12 @@ class ReferenceEngine:
         return encode_prefix(self.weights, images, image_masks, lang_tokens, lang_mask, state)
 
     @torch.no_grad()
-    def denoise(self, prefix: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
+    def denoise(self, prefix: PrefixCache, noise: torch.Tensor, rtc: RTCInputs | None = None) -> torch.Tensor:
         check_noise(self.weights.config, noise, check_prefix(self.weights.config, prefix))
-        return denoise(self.weights, prefix, noise)
+        return denoise(self.weights, prefix, noise, rtc)
 
     def sample_actions(self, images, image_masks, lang_tokens, lang_mask, state, noise) -> torch.Tensor:
         return self.denoise(self.encode_prefix(images, image_masks, lang_tokens, lang_mask, state), noise)
-
-
-def make_engine(weights: SmolVLAWeights, precision=None) -> ReferenceEngine:
-    """The `SmolVLAPolicy` engine hook (`lerobot.policy.make_engine`): the eager reference (bf16 only: it
-    quantizes nothing)."""
-    return ReferenceEngine(weights)
 
 
 def make_engine(weights: SmolVLAWeights, precision=None) -> ReferenceEngine:
