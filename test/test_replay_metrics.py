@@ -193,6 +193,7 @@ def test_a_short_state_is_refused_not_padded():
 
     class C:
         buffers = {"images": type("B", (), {"shape": (2, 224, 224, 3)}), "state": type("B", (), {"shape": (8,)})}
+        model = type("M", (), {"name": "pi05"})  # (the frames' padding follows the model: contract.bindings.image_pad)
     fit = InputFitter(C())
     assert fit.state(np.ones(8, np.float32), "/j").shape == (8,)
     with pytest.raises(ReplayError, match="never padded"):
