@@ -52,7 +52,8 @@ def add_subparsers(sub) -> None:
     p.add_argument("--act-rate", type=float, help="act stage rate in Hz (default: the contract's)")
     p.add_argument("--observe-rate", type=float, help="observe stage rate in Hz (default: the contract's)")
     p.add_argument("--params-file", help="a ROS parameters YAML for the node (the flags above win over it)")
-    p.add_argument("--node-name", default="policy_node")
+    p.add_argument("--node-name", default="policy_node",
+                   help="the node's name (its topics and services are under it; default policy_node)")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit (0 ok, 1 with the reason)")
     p.set_defaults(func=run_command)
 

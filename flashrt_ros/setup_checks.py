@@ -70,9 +70,11 @@ def grey_camera_warning(topic: str, encoding: str) -> str:
 
 def configured_warnings(p, runtime) -> list[str]:
     """What configure says of node parameters `p` (flashrt_ros.params.NodeParams) with the runtime they built:
-    cameras without a topic, joints in message order, an observe rate past the age limit."""
+    cameras without a topic, joints in message order, an observe rate past the age limit, and what the
+    checkpoint folder says twice and differently (`Processors.notes`)."""
     from flashrt_ros.runtime_loader import action_names, runtime_camera_names
 
+    procs = getattr(runtime.binding, "processors", None)
     return (camera_warnings(runtime_camera_names(runtime), p.camera_topics)
             + joint_warnings(p.joint_names, p.state_topic, action_names(runtime))
-            + rate_warnings(runtime.contract))
+            + rate_warnings(runtime.contract) + list(procs.notes if procs is not None else ()))

@@ -77,7 +77,7 @@ def test_run_without_a_checkpoint_refuses_to_serve_random_weights(tmp_path):
     tiny = flashrt("run", "--dry-run", "--device", "cpu", "--config", "config/pi05_tiny.yaml")
     assert tiny.returncode == 0 and "checkpoint:           none (built-in random weights)" in tiny.stdout, \
         tiny.stdout + tiny.stderr
-    assert "precision:            bf16 (nothing quantized: every part in float32)" in tiny.stdout
+    assert "precision:            preset bf16: nothing quantized, every part in float32" in tiny.stdout
     assert "warning:              no prompt: the node publishes no actions until a task arrives" in tiny.stdout
     told = flashrt("run", "--dry-run", "--device", "cpu", "--config", "config/pi05_tiny.yaml", "--prompt", "fold it")
     assert told.returncode == 0 and "no prompt" not in told.stdout, told.stdout + told.stderr

@@ -54,3 +54,22 @@ def test_the_dry_run_says_the_checkpoints_prompt_length(tmp_path, monkeypatch):
     ck = short_prompt_checkpoint(tmp_path)
     text = format_run(describe_run(REPO / "config" / "pi05.yaml", device="cpu", checkpoint=str(ck)))
     assert "prompt 24 tokens" in text
+
+
+def test_a_config_flag_that_contradicts_the_saved_processor_step_is_said(tmp_path, monkeypatch):
+    """config.json `use_relative_actions: false` beside an enabled relative_actions_processor: LeRobot runs the
+    saved step, so FlashRT does too, and the plan (the dry run, doctor) and the node's set-up warnings say so."""
+    from flashrt_core.lerobot.processors import read_processors
+    from flashrt_core.contract.plan import describe_run, format_run
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache(tmp_path / "hub")))
+    ck = checkpoint_copy(tmp_path)
+    assert read_processors(ck).relative and not read_processors(ck).notes
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["use_relative_actions"] = False
+    (ck / "config.json").write_text(json.dumps(cfg))
+    procs = read_processors(ck)
+    assert procs.relative and len(procs.notes) == 1
+    assert "use_relative_actions is False" in procs.notes[0] and "the processor step decides" in procs.notes[0]
+    text = format_run(describe_run(REPO / "config" / "pi05.yaml", device="cpu", checkpoint=str(ck)))
+    assert "the processor step decides" in text

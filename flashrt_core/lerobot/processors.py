@@ -49,6 +49,7 @@ class Processors:
     normalizer: Normalizer
     source: str
     exclude_joints: tuple[str, ...] = ()  # LeRobot's relative_exclude_joints (names matched as substrings)
+    notes: tuple[str, ...] = ()  # what the folder says twice and differently (the node and the plan warn of it)
 
     @property
     def relative(self) -> bool:
@@ -158,6 +159,12 @@ def read_processors(folder) -> Processors:
 
     rel_conf = pre.get("relative_actions_processor")
     enabled = bool(rel_conf.get("enabled")) if rel_conf is not None else bool(cfg.get("use_relative_actions"))
+    notes = []
+    if rel_conf is not None and "use_relative_actions" in cfg and bool(cfg["use_relative_actions"]) != enabled:
+        # LeRobot runs the saved processor steps whatever config.json's flag says: so does FlashRT, and says so
+        notes.append(f"{cfg_path}: use_relative_actions is {bool(cfg['use_relative_actions'])}, but "
+                     f"{PRE_FILE}'s relative_actions_processor is {'enabled' if enabled else 'disabled'}: the "
+                     f"processor step decides, as in LeRobot (relative actions {'on' if enabled else 'off'})")
     if post and bool(post.get("absolute_actions_processor", {}).get("enabled", False)) != enabled:
         raise CheckpointError(f"{folder}: relative_actions_processor (enabled={enabled}) and "
                               "absolute_actions_processor disagree; the actions would be in the wrong frame")
@@ -191,4 +198,4 @@ def read_processors(folder) -> Processors:
                       tokenizer_name=(str(tok.get("tokenizer_name") or PALIGEMMA_TOKENIZER)
                                       if "tokenizer_processor" in pre else None),
                       tokenizer_max_length=max_len, normalizer=normalizer, source=str(folder),
-                      exclude_joints=tuple(str(x) for x in exclude or []) if enabled else ())
+                      exclude_joints=tuple(str(x) for x in exclude or []) if enabled else (), notes=tuple(notes))

@@ -245,7 +245,7 @@ class FlowBinding(ModelBinding):
         precision = precision_options(model)[0]
         out = {"engine": engine, "vision dtype": model.dtype if vision == "model" else "float32",
                "precision": precision.name if precision.quantized else
-               f"{precision.name} (nothing quantized: every part in {model.dtype})",
+               f"preset {precision.name}: nothing quantized, every part in {model.dtype}",
                "sizes": cls.describe_sizes(config, dims),
                "cameras": list(procs.camera_names) if procs and procs.camera_names
                else [f"slot {i}" for i in range(dims["views"])],
@@ -255,6 +255,8 @@ class FlowBinding(ModelBinding):
         n = procs.normalizer if procs is not None else Normalizer.identity()
         out["normalization"] = f"state {n.state.mode}, action {n.action.mode} ({n.source})"
         out["relative actions"] = procs.describe_relative() if procs is not None else "off"
+        for i, note in enumerate(procs.notes if procs is not None else ()):
+            out[f"checkpoint note {i + 1}"] = note
         out["tokenizer"] = f"{type(tok).__name__} {getattr(tok, 'path', '')}".strip()
         return out
 
@@ -489,7 +491,9 @@ class FlowBinding(ModelBinding):
     def identity(self) -> str:
         """Architecture, sizes and weight precision (a capsule of another precision does not restore here)."""
         ran = self.policy.engine.precision_report["precision"]  # (after a fallback: what runs, not what was asked)
-        sizes = json.dumps(dataclasses.asdict(self.config), sort_keys=True, separators=(",", ":"))
+        to_json = getattr(self.config, "to_json", None)  # (a model's own form keeps its capsules' fingerprints)
+        sizes = (to_json().replace("\n", "").replace(" ", "") if to_json is not None
+                 else json.dumps(dataclasses.asdict(self.config), sort_keys=True, separators=(",", ":")))
         return f"{self.name}:{ran}:" + sizes
 
     def weights(self):
