@@ -30,6 +30,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
+from flashrt_core.contract.bindings import image_pad
 from flashrt_core.lerobot.preprocess import letterbox
 from flashrt_ros import conversions, params, setup_checks
 from flashrt_ros.capsule_services import CapsuleServices
@@ -76,6 +77,7 @@ class PolicyNode(LifecycleNode):
         self._last_stamp: dict[str, int] = {}
         self._fed_stamp = -1
         self._frame_shape = None
+        self._frame_pad = "centre"  # (the model's: contract.bindings.image_pad)
         self._state_dim: int | None = None
         self._action_names: list[str] = []
         self._dirty = False
@@ -135,6 +137,7 @@ class PolicyNode(LifecycleNode):
         with self.runtime_lock:
             self.runtime = runtime
             self._frame_shape = tuple(runtime.contract.buffers["images"].shape[1:])
+            self._frame_pad = image_pad(runtime.contract.model)
             self._state_dim = runtime.contract.buffers["state"].shape[0]
             # chunk columns are named by the checkpoint's action names where it has them, else by joint_names
             self._action_names = action_names(runtime) or list(self.p.joint_names)
@@ -309,14 +312,14 @@ class PolicyNode(LifecycleNode):
 
     def _fit_frame(self, msg):
         """Any size up to conversions.MAX_PIXELS (checked before decoding, from a compressed header), fitted to
-        the contract's frame size by the letterbox the replay uses too (pi0.5's resize-with-pad); None while
+        the contract's frame size by the letterbox the replay uses too (the model's resize-with-pad); None while
         unconfigured. Runs in the FrameFitter's thread."""
         shape = self._frame_shape
         if shape is None:
             return None
         rgb = (conversions.compressed_to_rgb(msg) if isinstance(msg, CompressedImage) else
                conversions.image_to_rgb(msg))
-        return letterbox(rgb, *shape[:2])
+        return letterbox(rgb, *shape[:2], self._frame_pad)
 
     def _store_frame(self, index: int, rgb, stamp: int) -> None:
         if stamp >= self._images.get(index, (None, -1))[1]:  # (sensor lock held)
