@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 
 rclpy = pytest.importorskip("rclpy")
 
@@ -30,6 +31,7 @@ def vlm_hub_cache(dest):
 
 def test_node_with_a_smolvla_checkpoint_publishes_the_runtime_chunk(tmp_path, monkeypatch, ros_node, spawn):
     from flashrt_core import Runtime
+    from flashrt_core.lerobot.preprocess import letterbox
     from sensor_msgs.msg import Image
     from std_msgs.msg import Float64MultiArray
 
@@ -39,7 +41,9 @@ def test_node_with_a_smolvla_checkpoint_publishes_the_runtime_chunk(tmp_path, mo
     monkeypatch.setenv("HF_HUB_CACHE", str(vlm_hub_cache(tmp_path / "hub")))
     checkpoint = tmp_path / "smolvla_ckpt"
     shutil.copytree(FOLDER / "checkpoint", checkpoint)
-    case = model("lerobot_smolvla_three_cams")[3]["three_96x96"]
+    # frames of three sizes: the node letterboxes them to the contract's 96x96 with SmolVLA's own padding (top
+    # and left, as LeRobot pads them; pi0.5's is centred)
+    case = model("lerobot_smolvla_three_cams")[3]["top_120x160_wrist_48x64_side_100x90"]
     frames = [case.tensors[f"frame.{n}"].numpy() for n in ("top", "wrist", "side")]
     state = case.tensors["state_raw"][0].numpy().astype(np.float64)
     name = "smolvla_node"
@@ -74,8 +78,14 @@ def test_node_with_a_smolvla_checkpoint_publishes_the_runtime_chunk(tmp_path, mo
                              checkpoint=str(checkpoint), dtype="float32", seed=SEED,
                              options={"image_height": 96, "image_width": 96})
     rt.set_prompt(TASK)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (as the node's cpu_threads: the bilinear resize's rounding to uint8 follows it)
+    try:
+        fitted = [letterbox(f, 96, 96, "top_left") for f in frames]
+    finally:
+        torch.set_num_threads(threads)
     want = None
     for d in range(msg.decision_id):
-        rt.set_observation(images=frames, state=state.astype(np.float32), stamp_ns=1 + d * 200_000_000)
+        rt.set_observation(images=fitted, state=state.astype(np.float32), stamp_ns=1 + d * 200_000_000)
         want = rt.step(1 + d * 200_000_000).actions
     np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
