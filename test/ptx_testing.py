@@ -257,7 +257,7 @@ def precompile_check() -> dict:
 
 def engine_scan() -> dict:
     """Every kernel a W2-shaped pi0.5 decision (bf16; w4a16: 4-bit expert weights; on sm_100+ also fp8+mxfp4: the
-    scaled dot, the prefix's fp8 GEMMs are cuBLAS's) and a pi0 decision launch
+    scaled dot, the prefix's fp8 GEMMs are cuBLAS's), a pi0 decision and a SmolVLA decision launch
     (full widths and head dims, one layer per tower, a small vocabulary; skinny GEMMs with CONFIGS[0]), each
     distinct compiled form once, with the PTX target it was compiled for: {kernel: [summaries]}."""
     import dataclasses
@@ -289,6 +289,29 @@ def engine_scan() -> dict:
             summary = {**summarize(ptx), **resources(kernel), "target": re.search(r"\.target (\S+)", ptx).group(1)}
             if summary not in out.setdefault(name, []):
                 out[name].append(summary)
+    # SmolVLA's engine at full widths (SigLIP base/16 at 512 px, SmolLM2-360M's heads, the 0.75x expert), one vision
+    # layer and two VLM / expert layers (one self-attention, one cross-attention expert layer), a small vocabulary
+    from flashrt_core.models.smolvla import SmolVLAConfig, convert as smolvla_convert, expected_keys
+    from flashrt_core.models.smolvla.engine import SmolVLAEngine
+
+    sv = SmolVLAConfig.full_size()
+    sv = dataclasses.replace(sv, vocab_size=512, num_image_slots=2, vision=dataclasses.replace(sv.vision, layers=1),
+                             vlm=dataclasses.replace(sv.vlm, depth=2), expert=dataclasses.replace(sv.expert, depth=2))
+    g = torch.Generator().manual_seed(5)
+    state = {k: torch.randn(shape, generator=g) * 0.02 for k, shape in expected_keys(sv).items()}
+    engine = SmolVLAEngine(smolvla_convert(sv, state), device="cpu", dtype=torch.bfloat16, backend="triton",
+                           graphs=False, gemm="triton", tuning_cache=None)
+    n = sv.tokenizer_max_length
+    images = torch.rand(1, 2, 3, sv.image_size, sv.image_size, generator=g) * 2 - 1
+    start = len(COMPILED)
+    engine.sample_actions(images, torch.tensor([[True, False]]), torch.randint(0, 512, (1, n), generator=g),
+                          torch.arange(n)[None] < 12, torch.randn(1, sv.max_state_dim, generator=g),
+                          torch.randn(1, sv.chunk_size, sv.max_action_dim, generator=g))
+    for name, kernel in COMPILED[start:]:
+        ptx = kernel.asm["ptx"]
+        summary = {**summarize(ptx), **resources(kernel), "target": re.search(r"\.target (\S+)", ptx).group(1)}
+        if summary not in out.setdefault(name, []):
+            out[name].append(summary)
     # the fp8 prefix's row quantization (on a CPU the engine takes its torch reference) at the widest input (the
     # attention output into o), and its norms and GeGLU writing e4m3 rows (the W2 prefix: 560 rows)
     from flashrt_core import kernels as K

@@ -114,12 +114,13 @@ def test_gemm_preload_and_4bit_candidates_do_not_spill_at_the_expert_shapes():
 
 
 def test_every_kernel_of_a_w2_decision_compiles_for_sm_90_without_scalar_bf16_loads():
-    """The whole decision at W2's widths and head dims (one layer per tower): every Triton kernel compiles for
-    sm_90 with PDL, none moves bf16 data one element at a time (at most a key mask's bytes in pairs), and none
-    spills registers with the launch choices the engine makes before any tuning."""
+    """The whole decision at W2's widths and head dims (one layer per tower; SmolVLA's at its full widths too):
+    every Triton kernel compiles for sm_90 with PDL, none moves bf16 data one element at a time (at most a key
+    mask's bytes in pairs), and none spills registers with the launch choices the engine makes before any tuning."""
     kernels = _report("--engine")
     assert {"_layer_norm_kernel", "_attention_kernel", "_bias_gelu_kernel", "_rms_norm_kernel",
-            "_qkv_rope_cache_kernel", "_skinny_gemm_kernel", "_ada_rms_norm_kernel"} <= set(kernels)
+            "_qkv_rope_cache_kernel", "_skinny_gemm_kernel", "_ada_rms_norm_kernel",
+            "_swiglu_kernel"} <= set(kernels)  # (the last: SmolVLA's SwiGLU)
     for name, forms in kernels.items():
         for form in forms:
             assert form["has_wait"], name  # launched with PDL: every kernel waits for the one before
