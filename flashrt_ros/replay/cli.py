@@ -42,8 +42,21 @@ def add_subparsers(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run_replay)
 
-    m = sub.add_parser("make-bag", help="write a sample rosbag2: synthetic cameras, joints, prompt and actions")
-    m.add_argument("out", help="new bag folder (never overwritten)")
+    m = sub.add_parser("make-bag", help="write a sample rosbag2 (synthetic cameras, joints, prompt and actions), "
+                                        "or with --from-lerobot one bag per episode of a LeRobot dataset",
+                       description="Write a sample rosbag2 with synthetic sensors and the actions a contract computes "
+                                   "from them; or, with --from-lerobot DATASET, one MCAP bag per episode of a LeRobot "
+                                   "dataset (v3 layout) whose recorded action chunks are the dataset's actions.")
+    m.add_argument("out", help="new bag folder (never overwritten); with --from-lerobot, the folder of the bags")
+    m.add_argument("--from-lerobot", default=None, metavar="DATASET",
+                   help="a LeRobot dataset folder (meta/info.json, data/, videos/): write OUT/episode_XXXXXX bags and "
+                        "OUT/topics.yaml for `flashrt replay --topics`; bags converted before are reused")
+    m.add_argument("--episodes", default=None, metavar="LIST",
+                   help="--from-lerobot: episode indices and ranges, e.g. 0,2,5-7 (default: all)")
+    m.add_argument("--chunk", type=int, default=50,
+                   help="--from-lerobot: dataset actions per recorded chunk (default 50, the models' chunk size)")
+    m.add_argument("--images", choices=("raw", "png", "jpeg"), default="raw",
+                   help="--from-lerobot: frames as sensor_msgs/Image rgb8 (raw, default) or CompressedImage")
     m.add_argument("--storage", choices=("mcap", "sqlite3"), default="mcap", help="rosbag2 storage (default mcap)")
     m.add_argument("--duration", type=float, default=10.0, help="seconds of bag time (default 10)")
     m.add_argument("--cameras", type=int, default=2, help="synthetic camera topics (default 2)")
@@ -102,6 +115,11 @@ def run_make_bag(args) -> int:
     from flashrt_ros.replay.errors import ReplayError
     from flashrt_ros.replay.make_bag import make_bag
 
+    if args.from_lerobot is not None:
+        return run_from_lerobot(args)
+    if args.episodes is not None:
+        print("flashrt make-bag: error: --episodes applies to --from-lerobot", file=sys.stderr)
+        return 1
     try:
         h, _, w = args.size.lower().partition("x")
         height, width = int(h), int(w)
@@ -121,3 +139,41 @@ def run_make_bag(args) -> int:
     for topic, count in out["topics"].items():
         print(f"  {topic}: {count} messages")
     return 0
+
+
+def run_from_lerobot(args) -> int:
+    """make-bag --from-lerobot: one line per episode as it is converted; exit 1 if any failed."""
+    from flashrt_ros.replay import lerobot_dataset
+    from flashrt_ros.replay.errors import ReplayError
+
+    given = [f"--{k}" for k in ("config", "checkpoint", "tokenizer") if getattr(args, k) is not None]
+    if given:  # (the recorded actions are the dataset's: no model computes them)
+        print(f"flashrt make-bag: error: {', '.join(given)} do(es) not apply to --from-lerobot: the recorded "
+              "actions are the dataset's", file=sys.stderr)
+        return 1
+    failed = done = 0
+    try:
+        episodes = lerobot_dataset.parse_episodes(args.episodes) if args.episodes is not None else None
+        ds = lerobot_dataset.open_dataset(args.from_lerobot)
+        print(f"{ds.root}: LeRobot dataset, {ds.fps:g} fps, cameras {', '.join(ds.cameras)}; recorded chunks: "
+              f"{args.chunk} dataset actions from each frame on")
+        for c in lerobot_dataset.convert(ds.root, args.out, episodes=episodes, chunk=args.chunk,
+                                         images=args.images, storage=args.storage):
+            if c.error is not None:
+                failed += 1
+                print(f"  episode {c.episode}: error: {c.error}", file=sys.stderr)
+                continue
+            done += 1
+            if c.summary is None:
+                print(f"  {c.path}: reused (converted before with the same settings)")
+            else:
+                s = c.summary
+                print(f"  {c.path}: {s['frames']} frames, {s['duration_s']:.2f} s, "
+                      f"{s['topics'][lerobot_dataset.ACTIONS_TOPIC]} recorded chunks", flush=True)
+    except ReplayError as e:
+        print(f"flashrt make-bag: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{done} bag(s) in {args.out}" + (f", {failed} episode(s) failed" if failed else "")
+          + f"; replay one with: flashrt replay {args.out}/episode_XXXXXX --topics {args.out}/topics.yaml "
+          f"(a contract acting at {ds.fps:g} Hz decides at every frame)")
+    return 1 if failed else 0
