@@ -1,0 +1,1 @@
+"""What every LeRobot checkpoint shares: processors, normalization, letterbox, tokenizers, the policy API."""
