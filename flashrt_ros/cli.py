@@ -1,4 +1,4 @@
-"""The `flashrt` console script: run, demo, doctor, bench, replay, make-bag, contract, capsule."""
+"""The `flashrt` console script: run, demo, doctor, bench, replay, make-bag, evaluate, contract, capsule."""
 from __future__ import annotations
 
 import argparse
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     d.add_argument("--tokenizer", help="tokenizer.json / tokenizer.model file or folder (default: the hub cache)")
     for module in ("flashrt_core.contract.cli", "flashrt_core.capsule.cli", "flashrt_bench.harness",
-                   "flashrt_ros.replay.cli", "flashrt_ros.run_cli"):
+                   "flashrt_ros.replay.cli", "flashrt_ros.evaluate.cli", "flashrt_ros.run_cli"):
         try:
             mod = __import__(module, fromlist=["add_subparsers"])
         except ModuleNotFoundError as exc:

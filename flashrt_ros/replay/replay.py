@@ -53,20 +53,48 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
         return replay_realtime(bag, config, report_dir=report_dir, topics=topic_map, prompt=prompt, node=node,
                                progress=progress, seed=seed, timeout_s=timeout_s, action_dt_s=action_dt_s,
                                checkpoint=checkpoint)
+    cams = len(topic_map.cameras)
+
+    def runtimes():
+        joints = topic_map.joint_names  # (named joints set the model's widths, as in the node)
+        built = [build_runtime(config, seed=seed, cameras=cams, device=device, checkpoint=checkpoint,
+                               joint_names=joints, tokenizer=tokenizer)]
+        if compare is not None:
+            built.append(build_runtime(compare, seed=seed, cameras=cams, device=device, joint_names=joints))
+        return built
+
+    report = bag_clock_report(bag, runtimes, config=config, compare=compare, topic_map=topic_map, seed=seed,
+                              prompt=prompt, progress=progress, action_dt_s=action_dt_s)
+    error = report.data["error"]  # (also: no decision at all, every one refused)
+    if report_dir is not None:
+        try:
+            report.write(report_dir)
+        except ReplayError:
+            raise
+        except Exception as exc:  # plots of a bag this replay did not foresee: say so, no traceback
+            raise ReplayError(f"{bag}: building the report failed ({type(exc).__name__}: {exc})"
+                              + (f"; the replay itself had failed: {error}" if error else "")) from exc
+    if error:
+        raise ReplayError(error, report=report, report_dir=report_dir)
+    return report
+
+
+def bag_clock_report(bag, runtimes, *, config, topic_map: TopicMap, seed: int, compare=None,
+                     prompt: str | None = None, progress: bool = False, action_dt_s: float = 0.02) -> Report:
+    """The bag-clock replay of `bag` through the runtimes that `runtimes()` returns (the contract under test,
+    then the compare one; called once the bag's topics are checked, so a bag that lacks one costs no model
+    build), and its report. A bag that cannot be replayed gives the partial report with data["error"] set;
+    only a report that cannot be built at all raises ReplayError. `flashrt evaluate` calls this with runtimes
+    it built once and rewound to their fresh state."""
     t_wall = time.perf_counter()
     player = contract = bar = None
     error = None
     source = BagSource(bag, topic_map, need_prompt=prompt is None)
     try:
         source.open()
-        cams = len(topic_map.cameras)
-        joints = topic_map.joint_names  # (named joints set the model's widths, as in the node)
-        runtimes = [build_runtime(config, seed=seed, cameras=cams, device=device, checkpoint=checkpoint,
-                                  joint_names=joints, tokenizer=tokenizer)]
-        if compare is not None:
-            runtimes.append(build_runtime(compare, seed=seed, cameras=cams, device=device, joint_names=joints))
-        contract = runtimes[0].contract
-        player = BagClockPlayer(runtimes, cams, topic_map.joint_names, prompt=prompt)
+        built = runtimes()
+        contract = built[0].contract
+        player = BagClockPlayer(built, len(topic_map.cameras), topic_map.joint_names, prompt=prompt)
         player.progress = bar = Progress(source.info.start_ns, source.info.end_ns, enabled=progress)
         for event in source.events():
             player.push(event)
@@ -80,21 +108,15 @@ def replay(bag, config=None, compare=None, report_dir=None, realtime: bool = Fal
         source.close()
         if bar is not None:
             bar.close(player.last_ns or source.info.start_ns, player.decisions)
-    info = source.info
     try:
-        report = build_report(mode="bag-clock", config=config, seed=seed, topics=topic_map, info=info,
+        report = build_report(mode="bag-clock", config=config, seed=seed, topics=topic_map, info=source.info,
                               player=player, contract=contract, compare_config=compare,
                               wall_s=time.perf_counter() - t_wall, error=error, action_dt_s=action_dt_s)
         if player is not None:
             report.data["input_notes"] = list(player.fit.notes) + player.notes()
-        error = report.data["error"]  # (also: no decision at all, every one refused)
-        if report_dir is not None:
-            report.write(report_dir)
     except ReplayError:
         raise
-    except Exception as exc:  # numbers or plots of a bag this replay did not foresee: say so, no traceback
+    except Exception as exc:  # numbers of a bag this replay did not foresee: say so, no traceback
         raise ReplayError(f"{bag}: building the report failed ({type(exc).__name__}: {exc})"
                           + (f"; the replay itself had failed: {error}" if error else "")) from exc
-    if error:
-        raise ReplayError(error, report=report, report_dir=report_dir)
     return report
