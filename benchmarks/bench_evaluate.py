@@ -16,6 +16,7 @@ import argparse
 import os
 import pathlib
 import platform
+import random
 import shutil
 import sys
 import tempfile
@@ -97,6 +98,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")  # (no ROS graph is used; the rule holds)
+    os.environ.setdefault("ROS_DOMAIN_ID", str(random.randint(1, 200)))
     os.environ.setdefault("ROS_LOG_DIR", tempfile.mkdtemp(prefix="flashrt_roslog_"))
     duration = args.duration or (5.0 if args.gpu else 1.0)
     with tempfile.TemporaryDirectory(prefix="bench_evaluate_") as tmp:

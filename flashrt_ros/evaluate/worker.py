@@ -125,7 +125,8 @@ class BagReplayer:
         the row (`flashrt replay`'s report numbers, stripped) and its arrays. Never raises for a bad bag."""
         started = time.perf_counter()
         row = {"key": unit["key"], "bag": unit["path"], "episode": unit.get("episode"),
-               "worker": {"pid": os.getpid(), "host": socket.gethostname(), "device": self.spec["device"]}}
+               "worker": {"pid": os.getpid(), "host": socket.gethostname(), "device": self.spec["device"],
+                          "threads": self.spec.get("threads")}}
         arrays: dict = {}
         scratch = None
         try:
