@@ -185,8 +185,10 @@ def markdown(d: dict) -> str:
     lines = [f"# Fleet evaluation: {t['bags']} bags", "",
              f"- contract: `{ev.get('config')}`" + (f", checkpoint `{ev['checkpoint']}`" if ev.get("checkpoint") else "")
              + (f"; compared with `{ev['compare']}`" if ev.get("compare") else ""),
-             f"- seed {ev.get('seed')}, device {ev.get('device')}, {ev.get('actors')} replay worker(s)"
-             + (f" on {ev['ray_address']}" if ev.get("ray_address") else " (local Ray cluster)"),
+             f"- seed {ev.get('seed')}, device {ev.get('device')}, "
+             + ((f"{ev['actors']} replay worker(s)" + (f" on {ev['ray_address']}" if ev.get("ray_address")
+                                                        else " (local Ray cluster)"))
+                if ev.get("actors") else "no replay in this run (every bag had its result)"),
              f"- **{t['ok']} ok, {t['errors']} failed**" + (f", {t['without_result']} not replayed yet (run again "
                                                            "with the same --report to continue)"
                                                            if t["without_result"] else "")
@@ -201,7 +203,8 @@ def markdown(d: dict) -> str:
     failed = [f for f in rows if f["status"] != "ok"]
     if failed:
         lines += ["## Bags that could not be replayed", "", "| bag | attempts | error |", "|---|---|---|"]
-        lines += [f"| {_name(f)} | {f['attempts']} | {str(f['error']).replace('|', '/')} |" for f in failed]
+        lines += [f"| {_name(f)} | {f['attempts']} | {' '.join(str(f['error']).replace('|', '/').split())} |"
+                  for f in failed]
         lines.append("")
     dist = d["distributions"]
     if dist.get("decisions", {}).get("n"):
