@@ -48,3 +48,11 @@ def test_policy_node_entry_point_imports():
 
     module = runpy.run_path(str(PREFIX / "lib/flashrt_ros/policy_node"), run_name="not_main")
     assert callable(module["main"])
+
+
+def test_package_xml_is_well_formed_xml():
+    """ament parses package.xml at every install: a malformed one (say, '--' inside a comment) fails `make install`
+    with a parser error far from its cause."""
+    import xml.dom.minidom
+
+    xml.dom.minidom.parse(str(REPO / "package.xml"))
