@@ -395,12 +395,13 @@ def make_fixture(out: Path, hub_cache: Path, seed: int) -> dict:
         tensors[p + "actions_model"] = actions_model
         tensors[p + "actions_robot"] = actions_robot
         valid = int(ids_mask.sum())
+        prompt_str = kw["prompt"][0] if isinstance(kw["prompt"], list) else kw["prompt"]  # to_batch makes it a list
         records.append({
-            "name": name, "task": task, "prompt": kw["prompt"], "noise_seed": noise_seed,
+            "name": name, "task": task, "prompt": prompt_str, "noise_seed": noise_seed,
             "frames": {cam: list(f.shape) for cam, f in frames.items()},
             "concat_order": sorted(cams),
             "valid_tokens": valid, "token_len": int(ids.shape[1]),
-            "prompt_truncated": len(model.tokenizer.tokenizer(kw["prompt"]).input_ids) > POLICY["tokenizer_max_len"],
+            "prompt_truncated": len(model.tokenizer.tokenizer(prompt_str).input_ids) > POLICY["tokenizer_max_len"],
             "video_seq_len": int(cache[0]["k"].shape[1]),
             "shapes": {k[len(p):]: list(v.shape) for k, v in tensors.items() if k.startswith(p)},
             "max_abs": {"actions": float(actions.abs().max()), "actions_robot": float(actions_robot.abs().max()),
@@ -431,7 +432,7 @@ def make_fixture(out: Path, hub_cache: Path, seed: int) -> dict:
 
     # Every input moves the output (case 0): the image, the state, the prompt.
     c0 = CASES[0][0]
-    kw0 = dict(prompt=records[0]["prompt"], input_image=tensors[c0 + ".input_image"], action_horizon=POLICY["action_horizon"],
+    kw0 = dict(prompt=[records[0]["prompt"]], input_image=tensors[c0 + ".input_image"], action_horizon=POLICY["action_horizon"],
                proprio=tensors[c0 + ".state_normalized"], num_inference_steps=POLICY["num_inference_steps"], seed=CASES[0][3])
     sens = {}
     with torch.no_grad():
