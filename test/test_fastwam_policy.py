@@ -147,7 +147,7 @@ def test_a_given_vae_folder_without_its_weights_is_named(tmp_path):
     vae = tmp_path / "vae"
     vae.mkdir()
     shutil.copy(folder() / "hf_wan_vae" / "config.json", vae / "config.json")
-    with pytest.raises(CheckpointError, match=r"Wan2.2 VAE: .*diffusion_pytorch_model.safetensors not found.*"
+    with pytest.raises(CheckpointError, match=r"Wan2.2 VAE: .*diffusion_pytorch_model.safetensors or .*\.index\.json not found.*"
                                               r"`hf download Wan-AI/Wan2.2-TI2V-5B-Diffusers --include 'vae/\*'`"):
         load(vae=vae)
     with pytest.raises(CheckpointError, match="Wan2.2 VAE: .*nowhere is not a folder.*hf download"):

@@ -56,7 +56,7 @@ def letterbox(frame: np.ndarray, height: int, width: int, pad: str = "centre") -
     return out.mul_(255.0).round_().clamp_(0, 255).to(torch.uint8).numpy()
 
 
-def _to_batched_chw_float01(frame, index: int, device) -> torch.Tensor:
+def to_batched_chw_float01(frame, index: int, device) -> torch.Tensor:
     """uint8 HWC / [B,H,W,C] (0..255) or float CHW / [B,C,H,W] (0..1), numpy or torch -> float [B,3,H,W]."""
     t = torch.from_numpy(np.ascontiguousarray(frame)) if isinstance(frame, np.ndarray) else frame
     if not isinstance(t, torch.Tensor):
@@ -97,7 +97,7 @@ def preprocess_images(frames: Sequence, num_slots: int = 3, size: int = 224, dev
     for i, f in enumerate(frames):
         if f is None:
             continue
-        img = _to_batched_chw_float01(f, i, device)
+        img = to_batched_chw_float01(f, i, device)
         if tuple(img.shape[-2:]) != (size, size):
             img = resize_with_pad(img, size, size, pad)
         present.append(img * 2.0 - 1.0)

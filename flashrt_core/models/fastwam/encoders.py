@@ -15,17 +15,20 @@ import torch
 
 from flashrt_core.errors import CheckpointError, InputError
 
-VAE_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
-TEXT_ENCODER_FILES = ("config.json", "model.safetensors")
+# each entry: the file, or the alternatives one of which must be there (the weights whole, or their shard index:
+# the full-size UMT5 encoder and VAE are saved in shards)
+VAE_FILES = ("config.json", ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"))
+TEXT_ENCODER_FILES = ("config.json", ("model.safetensors", "model.safetensors.index.json"))
 TOKENIZER_FILES = ("tokenizer_config.json",)
 
 
-def _folder(folder: str | os.PathLike, files: tuple[str, ...], what: str, repo: str) -> Path:
+def _folder(folder: str | os.PathLike, files: tuple, what: str, repo: str) -> Path:
     path = Path(folder)
-    missing = [f for f in files if not (path / f).is_file()]
+    missing = [" or ".join(str(path / f) for f in ((e,) if isinstance(e, str) else e)) for e in files
+               if not any((path / f).is_file() for f in ((e,) if isinstance(e, str) else e))]
     if missing:
-        raise CheckpointError(f"{what}: {', '.join(str(path / f) for f in missing)} not found "
-                              f"(LeRobot's FastWAM takes it from {repo}; `huggingface-cli download` it)")
+        raise CheckpointError(f"{what}: {'; '.join(missing)} not found "
+                              f"(LeRobot's FastWAM takes it from {repo}; `hf download` it)")
     return path
 
 

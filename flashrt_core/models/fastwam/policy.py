@@ -33,19 +33,17 @@ import torch.nn.functional as F
 from flashrt_core.errors import CheckpointError, InputError
 from flashrt_core.lerobot.hub_tokenizer import find_hub_folder, hub_cache_dirs
 from flashrt_core.lerobot.policy import FlowPolicy, checkpoint_folder, parse_dtype
-from flashrt_core.lerobot.preprocess import _to_batched_chw_float01
+from flashrt_core.lerobot.preprocess import to_batched_chw_float01
 from flashrt_core.lerobot.processors import read_processors
-from flashrt_core.models.fastwam import reference
+from flashrt_core.models.fastwam import encoders, reference
 from flashrt_core.models.fastwam.config import FastWAMConfig
 from flashrt_core.models.fastwam.weights import convert
 
 ENGINE_CHOICES = ("auto", "reference")
 VAE_REPO = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"  # a constant in LeRobot (load_pretrained_wan_vae), not a config field
 PROMPT_TEMPLATE = "A video recorded from a robot's point of view executing the following instruction: {task}"
-# (files each frozen part needs; the first is what the hub cache is searched for)
-VAE_FILES = ("config.json", "diffusion_pytorch_model.safetensors")
-TEXT_ENCODER_FILES = ("config.json", "model.safetensors")
-TOKENIZER_FILES = ("tokenizer_config.json",)
+# (the files each frozen part needs, `encoders`'; the first is what the hub cache is searched for)
+VAE_FILES, TEXT_ENCODER_FILES, TOKENIZER_FILES = encoders.VAE_FILES, encoders.TEXT_ENCODER_FILES, encoders.TOKENIZER_FILES
 
 
 def resolve_engine(name: str | None) -> str:
@@ -222,7 +220,7 @@ def stack_cameras(frames, image_size: tuple[int, int], device=None) -> torch.Ten
     if w // len(frames) < 1:
         raise InputError(f"images: {len(frames)} cameras do not fit side by side in a width of {w}")
     per_cam = (h, w // len(frames))
-    imgs = [resize(_to_batched_chw_float01(f, i, device), per_cam) for i, f in enumerate(frames)]
+    imgs = [resize(to_batched_chw_float01(f, i, device), per_cam) for i, f in enumerate(frames)]
     if len({x.shape[0] for x in imgs}) != 1:
         raise InputError(f"images: batch sizes differ ({', '.join(str(x.shape[0]) for x in imgs)})")
     return resize(torch.cat(imgs, dim=-1), (h, w))
@@ -231,6 +229,15 @@ def stack_cameras(frames, image_size: tuple[int, int], device=None) -> torch.Ten
 # ---- the frozen parts ----------------------------------------------------------------------------------------
 def _fetch_command(repo: str, sub: str | None) -> str:
     return f"`hf download {repo}" + (f" --include '{sub}/*'`" if sub else "`")
+
+
+def _alternatives(files) -> list[tuple[str, ...]]:
+    """Each needed file as its alternatives (a weights file, or its shard index)."""
+    return [(f,) if isinstance(f, str) else tuple(f) for f in files]
+
+
+def _names(files) -> list[str]:
+    return [" or ".join(alts) for alts in _alternatives(files)]
 
 
 def frozen_folder(what: str, repo: str, sub: str | None, files: tuple[str, ...], explicit=None,
@@ -242,7 +249,7 @@ def frozen_folder(what: str, repo: str, sub: str | None, files: tuple[str, ...],
     if explicit is not None:
         folder = pathlib.Path(explicit).expanduser()
         if not folder.is_dir():
-            raise CheckpointError(f"{what}: {folder} is not a folder (it should hold {', '.join(files)}). "
+            raise CheckpointError(f"{what}: {folder} is not a folder (it should hold {', '.join(_names(files))}). "
                                   f"Fetch it once with {fetch}{give}")
     else:
         rel = f"{sub}/{files[0]}" if sub else files[0]
@@ -253,9 +260,10 @@ def frozen_folder(what: str, repo: str, sub: str | None, files: tuple[str, ...],
             raise CheckpointError(f"{what}: {rel} of {repo} not found in the hub cache (looked in {looked}). "
                                   f"Fetch it once with {fetch}{give}") from None
         folder = snap / sub if sub else snap
-    missing = [f for f in files if not (folder / f).is_file()]
+    missing = [" or ".join(str(folder / f) for f in alts) for alts in _alternatives(files)
+               if not any((folder / f).is_file() for f in alts)]
     if missing:
-        raise CheckpointError(f"{what}: {', '.join(str(folder / f) for f in missing)} not found (LeRobot's "
+        raise CheckpointError(f"{what}: {'; '.join(missing)} not found (LeRobot's "
                               f"FastWAM reads it from {repo}" + (f", subfolder {sub}" if sub else "")
                               + f"). Fetch it once with {fetch}{give}")
     return folder
@@ -290,8 +298,6 @@ def load(ckpt_dir: str | os.PathLike, device="cpu", dtype="auto", engine: str = 
     folder without the statistics its config.json normalizes with loads for `sample_actions`; `predict_chunk`
     refuses it by name."""
     from safetensors.torch import load_file
-
-    from flashrt_core.models.fastwam import encoders
 
     if ckpt_dir in (None, ""):
         raise CheckpointError("FastWAM needs a checkpoint folder (there is no built-in FastWAM model)")
