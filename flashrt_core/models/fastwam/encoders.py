@@ -86,3 +86,18 @@ def encode_first_frame(vae, image: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32, device=mu.device).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std, dtype=torch.float32, device=mu.device).view(1, -1, 1, 1, 1)
     return (mu - mean) / std
+
+
+@torch.no_grad()
+def decode_frames(vae, latents: torch.Tensor) -> torch.Tensor:
+    """uint8 frames [B, T, H, W, 3] of standardized latents [B, z_dim, T_lat, h, w] (T = 4 (T_lat - 1) + 1):
+    LeRobot's `_decode_latents` + WanVideoVAE38.decode (z * latents_std + latents_mean in fp32, the VAE's
+    decoder, clamp to [-1, 1], then (x + 1) * 127.5 truncated to uint8)."""
+    if latents.ndim != 5 or latents.shape[1] != vae.config.z_dim:
+        raise InputError(f"latents: expected [B, {vae.config.z_dim}, T, h, w], got {tuple(latents.shape)}")
+    p = next(vae.parameters())
+    z = latents.float()
+    mean = torch.tensor(vae.config.latents_mean, dtype=torch.float32, device=z.device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, dtype=torch.float32, device=z.device).view(1, -1, 1, 1, 1)
+    x = vae.decode((z * std + mean).to(device=p.device, dtype=p.dtype)).sample.float().clamp(-1.0, 1.0)
+    return ((x + 1.0) * 127.5).to(torch.uint8).permute(0, 2, 3, 4, 1).cpu()

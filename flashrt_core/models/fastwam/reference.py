@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from flashrt_core.errors import InputError
 from flashrt_core.models.fastwam.config import FastWAMConfig
-from flashrt_core.models.fastwam.weights import DiTLayer, FastWAMWeights
+from flashrt_core.models.fastwam.weights import DiTLayer, FastWAMWeights, schedule, time_mlp
 
 
 @dataclass
@@ -255,3 +255,77 @@ def denoise(w: FastWAMWeights, cache: VideoCache, noise: torch.Tensor) -> torch.
 def sample_actions(w: FastWAMWeights, video_latents, text_emb, state, noise, text_mask=None) -> torch.Tensor:
     """prefill + denoise: LeRobot's infer_action from the encoders' outputs on."""
     return denoise(w, prefill(w, video_latents, text_emb, state, text_mask), noise)
+
+
+# ---- imagined future (LeRobot's infer_joint video path) ----------------------------------------------------
+def split_mod_tokens(L: DiTLayer, t_mod: torch.Tensor):
+    """As split_mod, with one modulation per token: t_mod [B, S, 6, D] -> six [B, S, D]."""
+    return (L.modulation.to(t_mod.dtype) + t_mod).unbind(-2)
+
+
+def video_velocity(w: FastWAMWeights, latents, context, ctx_mask, timestep) -> torch.Tensor:
+    """The video DiT's output (`pre_dit` + the MoT's video stream + `post_dit`) for latents [B, C, F, h, w] at
+    flow time `timestep` (units of num_train_timesteps), frame 0's tokens at time 0 (separated timesteps).
+    In infer_joint the video tokens never attend to the action tokens (the joint mask's video rows are
+    first_frame_causal over the video only), so the actions do not enter: the video stream runs alone.
+    context / ctx_mask: `build_context`'s. Returns the velocity, shaped as latents."""
+    c, v = w.config, w.config.video
+    x = F.conv3d(latents.to(w.patch_w.dtype), w.patch_w, w.patch_b, stride=c.patch)
+    B = x.shape[0]
+    grid = tuple(x.shape[2:])
+    f, gh, gw = grid
+    tokens_per_frame = gh * gw
+    x = x.flatten(2).transpose(1, 2)  # b c f h w -> b (f h w) c
+    t = torch.full((f, tokens_per_frame), float(timestep), dtype=torch.float32)
+    t[0] = 0.0
+    t_emb, t_mod = time_mlp(w.video_time, v.freq_dim, t.reshape(-1).to(x.device))
+    t_emb = t_emb.to(x.dtype)[None].expand(B, -1, -1)  # [B, S, hidden]
+    t_mod = t_mod.to(x.dtype)[None].expand(B, -1, -1, -1)  # [B, S, 6, hidden]
+    angles = video_rope_angles(c, grid).to(x.device)
+    allowed = video_self_allowed(tokens_per_frame, x.shape[1], x.device)
+    ctx_allowed = ctx_mask[:, None, None, :]
+    video_ctx = embed_context(context, *w.video_text)
+    for L in w.video_layers:
+        mods = split_mod_tokens(L, t_mod)
+        q, k, val = self_qkv(L, modulate(layer_norm(x, v.eps), mods[0], mods[1]), v.heads, v.eps, angles)
+        ck, cv = context_kv(L, video_ctx, v.heads, v.eps)
+        x = block_rest(L, x, attention(q, k, val, allowed), mods, ck, cv, ctx_allowed, v.heads, v.eps)
+    # Head: LN (no affine) * (1 + scale) + shift, (shift, scale) = head modulation [2, D] + per-token t_emb
+    shift, scale = (w.video_head_mod.to(t_emb.dtype) + t_emb[:, :, None]).unbind(-2)
+    out = linear(modulate(layer_norm(x, v.eps), shift, scale), w.video_head_w, w.video_head_b)
+    # unpatchify: [B, f h w, (p q r c)] -> [B, c, f p, h q, w r]
+    p, q_, r = c.patch
+    out = out.reshape(B, f, gh, gw, p, q_, r, -1)
+    return out.permute(0, 7, 1, 4, 2, 5, 3, 6).reshape(B, -1, f * p, gh * q_, gw * r)
+
+
+def imagine(w: FastWAMWeights, first_frame_latents, text_emb, state, video_noise, text_mask=None,
+            shift: float | None = None) -> torch.Tensor:
+    """The imagined future latents [B, C, T, h, w] of LeRobot's `infer_joint`: from video_noise [B, C, T, h, w]
+    (LeRobot draws it with the action noise's seed: randn((1, z_dim, T, h, w)), T = (frames - 1) // 4 + 1),
+    frame 0 replaced by the observed frame's latents before and after every step; `num_steps` Euler steps
+    x += v * (sigma_next - sigma) over the video scheduler's shifted schedule (its infer_shift, default the
+    config's `shift`, as sigma_shift overrides both), the video DiT at per-token timesteps (frame 0 at 0).
+    The joint actions are `denoise`'s: the actions see only the clean first frame, whose K/V are the prefill's."""
+    c = w.config
+    if video_noise.ndim != 5 or video_noise.shape[1] != c.latent_channels or video_noise.shape[2] < 1:
+        raise InputError(f"video_noise: expected [B, {c.latent_channels}, T, h, w], got {tuple(video_noise.shape)}")
+    if first_frame_latents.ndim != 5 or first_frame_latents.shape[2] != 1 or \
+            tuple(first_frame_latents.shape[:2]) + tuple(first_frame_latents.shape[3:]) != \
+            tuple(video_noise.shape[:2]) + tuple(video_noise.shape[3:]):
+        raise InputError(f"first_frame_latents: expected {tuple(video_noise.shape[:2])} + (1,) + "
+                         f"{tuple(video_noise.shape[3:])}, got {tuple(first_frame_latents.shape)}")
+    _, _, _, lh, lw = video_noise.shape
+    if lh % c.patch[1] or lw % c.patch[2]:
+        raise InputError(f"video_noise: latent grid {lh}x{lw} is not a multiple of the patch {c.patch[1:]}")
+    context, mask = build_context(w, text_emb, state, text_mask)
+    if context.shape[0] != video_noise.shape[0]:
+        raise InputError(f"text_emb: batch {context.shape[0]} differs from video_noise's {video_noise.shape[0]}")
+    timesteps, deltas = schedule(c.num_steps, c.shift if shift is None else float(shift), c.num_train_timesteps)
+    first = first_frame_latents.to(torch.float32)
+    x = video_noise.to(torch.float32).clone()
+    x[:, :, :1] = first
+    for t, d in zip(timesteps, deltas):
+        x = x + video_velocity(w, x, context, mask, t) * d.to(x.device)
+        x[:, :, :1] = first
+    return x
