@@ -11,7 +11,7 @@ plus, for the same cases, the exact tensors given to `policy.model.sample_action
 lang_masks, state, noise=noise)` and its output, and intermediates of the first case (prefix embeddings, the
 per-layer prefix K/V cache, the velocity of every Euler step).
 
-Needs the LeRobot 0.6.1 venv (shared/tools/lerobot-venv.sh: lerobot 0.6.1, transformers 5.5.4, tokenizers 0.22.2,
+Needs the LeRobot 0.6.1 venv (a Python 3.11 venv with lerobot 0.6.1: lerobot 0.6.1, transformers 5.5.4, tokenizers 0.22.2,
 torch, num2words). CPU only, fp32, one thread, no network:
 
     ~/.cache/lerobot-py311/bin/python scripts/lerobot_golden/make_smolvla_fixture.py       # from the repository root

@@ -14,7 +14,7 @@ execution_horizon=h)` and `policy.init_rtc_processor()`, in several settings. Ke
 previous chunk [1, chunk, 32]), `<setting>.prev_chunk_left_over` (the argument as given) and `<setting>.actions`;
 the metadata's `settings` (JSON) holds each setting's case and arguments, `versions` the software.
 
-Needs the LeRobot 0.6.1 venv (shared/tools/lerobot-venv.sh). CPU, fp32, no network. From the repository root:
+Needs the LeRobot 0.6.1 venv (a Python 3.11 venv with lerobot 0.6.1). CPU, fp32, no network. From the repository root:
     ~/.cache/lerobot-py311/bin/python scripts/lerobot_golden/make_smolvla_rtc_fixture.py
 """
 from __future__ import annotations
