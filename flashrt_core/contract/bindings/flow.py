@@ -170,6 +170,12 @@ class FlowBinding(ModelBinding):
         return images[None], masks[None], b["lang_tokens"][None], b["lang_mask"][None]
 
     @classmethod
+    def observe_writes(cls, d) -> dict:
+        """What the model's observe stage writes besides the tokens, the state offset and the prefix (SmolVLA: the
+        normalized state its prefix token reads)."""
+        return {}
+
+    @classmethod
     def model_config(cls, model):
         return model_config(cls, model)
 
@@ -203,7 +209,7 @@ class FlowBinding(ModelBinding):
             "prompt": prompt_signature(d),
             "observe": StageSignature(
                 reads={**observe_reads(d), "state": ((d["state_dim"],), "float32")},
-                writes={**token_writes(d), "state_offset": offset, **prefix}),
+                writes={**token_writes(d), **cls.observe_writes(d), "state_offset": offset, **prefix}),
             "act": StageSignature(reads=prefix, writes={"noise": chunk, **rtc_writes(d), "prev_chunk": chunk,
                                                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
@@ -292,9 +298,19 @@ class FlowBinding(ModelBinding):
             self._rtc_dt, ca, cb = rtc.step_factors(config.num_steps, self.rtc.options.max_guidance_weight)
             self._rtc_ca, self._rtc_cb = ca.to(self.device), cb.to(self.device)
 
-    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
-        """The model behind the stages (each model's binding makes its own)."""
+    def model_parts(self) -> tuple:
+        """(convert, make_engine, policy class) of the model: its weights from a LeRobot state dict, its engine
+        by name, its policy (each model's binding)."""
         raise NotImplementedError
+
+    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
+        """The model behind the stages, on the binding's device and dtype (SigLIP in fp32 with vision float32)."""
+        convert, make_engine, policy_class = self.model_parts()
+        weights = convert(config, state).to(device=self.device, dtype=self.dtype,
+                                            vision_dtype=torch.float32 if vision == "float32" else None)
+        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
+        return policy_class(config, weights, engine, self.device, self.dtype, seed=self.seed, tokenizer=tokenizer,
+                            processors=processors)
 
     def check_prompt(self, text: str) -> None:
         self.prompt_fits(self.policy.tokenizer, self.dims, text)

@@ -48,12 +48,8 @@ class Pi0Binding(PaliGemmaBinding):
                         "actions": ((d["chunk"], d["action_dim"]), "float32")}),
         }
 
-    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
-        weights = convert(config, state).to(device=self.device, dtype=self.dtype,
-                                                vision_dtype=torch.float32 if vision == "float32" else None)
-        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
-        return Pi0Policy(config, weights, engine, self.device, self.dtype, seed=self.seed, tokenizer=tokenizer,
-                         processors=processors)
+    def model_parts(self) -> tuple:
+        return convert, make_engine, Pi0Policy
 
     @classmethod
     def prompt_fits(cls, tokenizer, dims, text: str) -> None:

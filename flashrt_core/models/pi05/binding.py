@@ -23,13 +23,8 @@ from flashrt_core.models.pi05.weights import convert
 class Pi05Binding(PaliGemmaBinding):
     name = "pi05"
 
-    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
-        """pi0.5's policy over the binding's weights, on its device and dtype."""
-        weights = convert(config, state).to(device=self.device, dtype=self.dtype,
-                                            vision_dtype=torch.float32 if vision == "float32" else None)
-        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
-        return Pi05Policy(config, weights, engine, self.device, self.dtype,
-                          seed=self.seed, tokenizer=tokenizer, processors=processors)
+    def model_parts(self) -> tuple:
+        return convert, make_engine, Pi05Policy
 
     def check_prompt(self, text: str) -> None:
         self.prompt_fits(self.policy.tokenizer, self.dims, text)

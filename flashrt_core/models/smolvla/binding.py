@@ -15,10 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashrt_core.contract.bindings.flow import (FlowBinding, observe_reads, prefix_signature, prompt_signature,
-                                                rtc_writes, token_writes)
+from flashrt_core.contract.bindings.flow import FlowBinding
 from flashrt_core.contract.inputs import decode_prompt, encode_prompt
-from flashrt_core.contract.spec import StageSignature
 from flashrt_core.errors import ContractError
 from flashrt_core.lerobot.policy import checkpoint_folder, choose_tokenizer, with_processor_settings
 from flashrt_core.lerobot.tokenize import tokenize_prompt
@@ -60,19 +58,8 @@ class SmolVLABinding(FlowBinding):
         return choose_tokenizer(config, checkpoint_folder(model.checkpoint), explicit, procs)
 
     @classmethod
-    def signatures(cls, d, model) -> dict[str, StageSignature]:
-        chunk = ((d["chunk"], d["max_action_dim"]), "float32")
-        offset = ((d["action_dim"],), "float32")
-        prefix = {**prefix_signature(d, model), "action_offset": offset}
-        return {
-            "prompt": prompt_signature(d),
-            "observe": StageSignature(
-                reads={**observe_reads(d), "state": ((d["state_dim"],), "float32")},
-                writes={**token_writes(d), "obs_state": ((d["max_state_dim"],), "float32"), "state_offset": offset,
-                        **prefix}),
-            "act": StageSignature(reads=prefix, writes={"noise": chunk, **rtc_writes(d), "prev_chunk": chunk,
-                                                        "actions": ((d["chunk"], d["action_dim"]), "float32")}),
-        }
+    def observe_writes(cls, d) -> dict:
+        return {"obs_state": ((d["max_state_dim"],), "float32")}
 
     @classmethod
     def dims(cls, model) -> dict[str, int]:
@@ -83,12 +70,8 @@ class SmolVLABinding(FlowBinding):
 
         return load_file(str(checkpoint_folder(model.checkpoint) / "model.safetensors"))
 
-    def make_policy(self, config, state, engine_name: str, vision: str, tokenizer, processors):
-        weights = convert(config, state).to(device=self.device, dtype=self.dtype,
-                                            vision_dtype=torch.float32 if vision == "float32" else None)
-        engine = make_engine(engine_name, weights, self.precision, self.precision_gate)
-        return SmolVLAPolicy(config, weights, engine, self.device, self.dtype, seed=self.seed, tokenizer=tokenizer,
-                             processors=processors)
+    def model_parts(self) -> tuple:
+        return convert, make_engine, SmolVLAPolicy
 
     @classmethod
     def prompt_fits(cls, tokenizer, dims, text: str) -> None:
