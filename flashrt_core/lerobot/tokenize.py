@@ -98,3 +98,11 @@ def tokenize_prompt(tokenizer: Tokenizer, text: str, max_len: int, truncate: boo
     mask = torch.zeros(1, max_len, dtype=torch.bool)
     mask[0, :n] = True
     return tokens, mask
+
+
+def newline_prompt(task: str) -> str:
+    """What LeRobot's new-line processor step (pi0's, SmolVLA's) makes of a task: the task with a newline appended
+    unless it ends with one."""
+    if not isinstance(task, str):
+        raise InputError(f"task: expected a string, got {type(task).__name__}")
+    return task if task.endswith("\n") else task + "\n"

@@ -16,7 +16,7 @@ from flashrt_core.lerobot import policy as lerobot_policy
 from flashrt_core.lerobot.policy import (FlowPolicy, checkpoint_folder, choose_tokenizer, parse_dtype,
                                          rtc_options, with_processor_settings)
 from flashrt_core.lerobot.processors import read_processors
-from flashrt_core.lerobot.tokenize import tokenize_prompt
+from flashrt_core.lerobot.tokenize import newline_prompt, tokenize_prompt
 from flashrt_core.models.paligemma.checkpoint import load_checkpoint
 from flashrt_core.models.paligemma.inputs import check_model_inputs
 from flashrt_core.models.pi0.weights import convert
@@ -36,11 +36,7 @@ def make_engine(name: str, weights, precision=None, gate: dict | None = None):
     return lerobot_policy.make_engine(ENGINES, name, weights, precision, gate)
 
 
-def pi0_prompt(task: str) -> str:
-    """The text LeRobot's pi0 tokenizes: the task, with a newline appended unless it ends with one."""
-    if not isinstance(task, str):
-        raise InputError(f"task: expected a string, got {type(task).__name__}")
-    return task if task.endswith("\n") else task + "\n"
+pi0_prompt = newline_prompt  # the text LeRobot's pi0 tokenizes (its pi0_new_line_processor)
 
 
 class Pi0Policy(FlowPolicy):

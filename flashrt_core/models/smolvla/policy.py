@@ -24,7 +24,7 @@ from flashrt_core.lerobot.policy import (FlowPolicy, checkpoint_folder, choose_t
                                          rtc_options, with_processor_settings)
 from flashrt_core.lerobot.preprocess import preprocess_images
 from flashrt_core.lerobot.processors import read_processors
-from flashrt_core.lerobot.tokenize import tokenize_prompt
+from flashrt_core.lerobot.tokenize import newline_prompt, tokenize_prompt
 from flashrt_core.models.rtc import RTCInputs, rtc_inputs
 from flashrt_core.models.smolvla.config import SmolVLAConfig
 from flashrt_core.models.smolvla.weights import convert
@@ -44,11 +44,7 @@ def make_engine(name: str, weights, precision=None, gate: dict | None = None):
     return lerobot_policy.make_engine(ENGINES, name, weights, precision, gate)
 
 
-def smolvla_prompt(task: str) -> str:
-    """The text LeRobot's SmolVLA tokenizes: the task, with a newline appended unless it ends with one."""
-    if not isinstance(task, str):
-        raise InputError(f"task: expected a string, got {type(task).__name__}")
-    return task if task.endswith("\n") else task + "\n"
+smolvla_prompt = newline_prompt  # the text LeRobot's SmolVLA tokenizes (its smolvla_new_line_processor)
 
 
 class SmolVLAPolicy(FlowPolicy):
